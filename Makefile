@@ -1,0 +1,28 @@
+# convowatch — the two set-up commands are `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+# llama-cpp-python has no wheel on PyPI; its default build crashes on this CPU (AMX), so pin the ISA.
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+                    -DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX_VNNI=ON
+PYTEST_ARGS ?=
+
+.PHONY: install test bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip wheel
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install --quiet -e ".[test,llama-server]"
+	touch $@
+
+install: $(VENV)/.installed
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: install
+	$(PY) bench/llm_rubric_table1.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,134 @@
+"""Conversations as the judges see them, and their rendering to a transcript.
+
+A `Conversation` is an immutable, ordered list of `Turn`s plus free-form
+attributes (product, model version, ...). `render_transcript` turns it into
+the text a judge reads, with delimiters that a turn's own text cannot forge.
+
+Truncation policy (for conversations longer than a judge's context):
+the first turn (it usually states the user's need) and the *last* turns are
+always kept; turns are dropped from the middle, oldest first, and replaced by
+one explicit marker line saying how many turns were omitted. If the first and
+last turn alone are still too long, each kept turn's text is cut from its
+middle with a marker. The last turns are never silently cut.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, Mapping
+
+Role = Literal["user", "assistant", "system", "tool"]
+ROLES: tuple[str, ...] = ("user", "assistant", "system", "tool")
+
+_TURN_OPEN = "<<<{role} turn {index}>>>"
+_TURN_CLOSE = "<<<end {role} turn {index}>>>"
+_OMITTED = "<<<{n} turn(s) omitted here to fit the judge's context>>>"
+_CUT = " [... {n} characters omitted ...] "
+
+
+class ConversationError(ValueError):
+    """A conversation that cannot be built or rendered (bad role, empty, ...)."""
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One message in a conversation."""
+
+    role: Role
+    text: str
+    timestamp: datetime | None = None
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ConversationError(f"unknown role {self.role!r}; expected one of {ROLES}")
+        if not isinstance(self.text, str):
+            raise ConversationError(f"turn text must be a string, got {type(self.text).__name__}")
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """An ordered conversation with an id and attributes (product, model_version, ...)."""
+
+    id: str
+    turns: tuple[Turn, ...]
+    attributes: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            raise ConversationError("conversation id must be a non-empty string")
+        object.__setattr__(self, "turns", tuple(self.turns))
+        object.__setattr__(self, "attributes", dict(self.attributes))
+
+    @classmethod
+    def from_messages(
+        cls, id: str, messages: list[Mapping[str, Any]], attributes: Mapping[str, str] | None = None
+    ) -> "Conversation":
+        """Build from OpenAI-style ``[{"role": ..., "content": ...}]`` messages."""
+        turns = []
+        for i, m in enumerate(messages):
+            if "role" not in m or "content" not in m:
+                raise ConversationError(f"message {i} of {id!r} needs 'role' and 'content'")
+            turns.append(Turn(role=m["role"], text=m["content"]))
+        return cls(id=id, turns=tuple(turns), attributes=attributes or {})
+
+    def content_hash(self) -> str:
+        """Stable hash of roles and texts (not timestamps or attributes): a cache key."""
+        payload = json.dumps([[t.role, t.text] for t in self.turns], ensure_ascii=False)
+        return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
+
+
+def _render_turn(index: int, turn: Turn, text: str | None = None) -> str:
+    body = turn.text if text is None else text
+    # A turn's text must not be able to close its own block: neutralise the marker prefix.
+    body = body.replace("<<<", "< < <")
+    return f"{_TURN_OPEN.format(role=turn.role, index=index)}\n{body}\n{_TURN_CLOSE.format(role=turn.role, index=index)}"
+
+
+def _cut_middle(text: str, keep: int) -> str:
+    if len(text) <= keep:
+        return text
+    head = keep // 2
+    tail = keep - head
+    return text[:head] + _CUT.format(n=len(text) - keep) + text[len(text) - tail :]
+
+
+def render_transcript(conversation: Conversation, max_chars: int | None = None) -> str:
+    """Render turns with unambiguous delimiters, truncated to ``max_chars`` per the module policy."""
+    if not conversation.turns:
+        raise ConversationError(f"conversation {conversation.id!r} has no turns")
+    blocks = [_render_turn(i, t) for i, t in enumerate(conversation.turns)]
+    full = "\n".join(blocks)
+    if max_chars is None or len(full) <= max_chars:
+        return full
+
+    n = len(blocks)
+    # Keep turn 0 and as many of the last turns as fit; drop from the middle.
+    kept_tail: list[int] = []
+    budget = max_chars - len(blocks[0]) - len(_OMITTED.format(n=n)) - 2
+    for i in range(n - 1, 0, -1):
+        cost = len(blocks[i]) + 1
+        if cost > budget:
+            break
+        kept_tail.insert(0, i)
+        budget -= cost
+    if kept_tail:
+        omitted = (kept_tail[0] - 1) if kept_tail else 0
+        parts = [blocks[0]]
+        if omitted:
+            parts.append(_OMITTED.format(n=omitted))
+        parts += [blocks[i] for i in kept_tail]
+        return "\n".join(parts)
+
+    # Even first + last do not fit: keep both, each cut in its middle.
+    first, last = conversation.turns[0], conversation.turns[-1]
+    overhead = len(_render_turn(0, first, "")) + len(_render_turn(n - 1, last, "")) + len(_OMITTED.format(n=n)) + 2
+    per_turn = max((max_chars - overhead) // 2 - len(_CUT.format(n=10**9)), 0)
+    parts = [_render_turn(0, first, _cut_middle(first.text, per_turn))]
+    if n > 2:
+        parts.append(_OMITTED.format(n=n - 2))
+    if n > 1:
+        parts.append(_render_turn(n - 1, last, _cut_middle(last.text, per_turn)))
+    return "\n".join(parts)

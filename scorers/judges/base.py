@@ -1,0 +1,117 @@
+"""The judge protocol: a conversation and questions in, answer distributions out.
+
+Every backend (OpenAI-compatible HTTP, local transformers, recorded replay)
+returns a `Judgement`: for each question, one probability per option *as the
+model gave it* (not renormalised: the mass the options failed to cover is
+information, LLM-Rubric §3), the covered mass, and provenance.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol, Sequence, runtime_checkable
+
+from scorers.conversation import Conversation
+from scorers.questions import Question
+
+
+class JudgeError(RuntimeError):
+    """Base class for judge failures. ``transient`` failures are worth retrying later."""
+
+    transient: bool = False
+
+
+class JudgeUnavailable(JudgeError):
+    """The judge could not be reached or kept failing (timeouts, 429, 5xx) after retries."""
+
+    transient = True
+
+
+class JudgeAuthError(JudgeError):
+    """The judge refused the credentials (bad or missing API key)."""
+
+
+class JudgeModelNotFound(JudgeError):
+    """The judge does not serve the requested model."""
+
+
+class JudgeReplyError(JudgeError):
+    """The judge replied, but not in a usable form (no logprobs, wrong number of answer lines, ...)."""
+
+
+class UnknownConversation(JudgeError):
+    """A recorded judge has no answers for this conversation or question."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A judge's distribution over one question's options (in the question's option order)."""
+
+    question_id: str
+    probabilities: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        probs = tuple(float(p) for p in self.probabilities)
+        object.__setattr__(self, "probabilities", probs)
+        if any(not math.isfinite(p) or p < 0.0 for p in probs):
+            raise JudgeReplyError(f"{self.question_id}: probabilities must be finite and >= 0, got {probs}")
+        if sum(probs) > 1.0 + 1e-6:
+            raise JudgeReplyError(f"{self.question_id}: probabilities sum to {sum(probs):.6f} > 1")
+
+    @property
+    def covered_mass(self) -> float:
+        """Probability mass the options received (1 - mass on other tokens)."""
+        return float(sum(self.probabilities))
+
+    def expected_value(self, values: Sequence[float]) -> float:
+        """Expected option value under the distribution renormalised over the covered mass.
+
+        Raises `JudgeReplyError` when the options received no mass at all.
+        """
+        mass = self.covered_mass
+        if mass <= 0.0:
+            raise JudgeReplyError(f"{self.question_id}: no probability mass on any option")
+        return sum(p * v for p, v in zip(self.probabilities, values)) / mass
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Who answered and at what cost."""
+
+    judge: str
+    model: str
+    latency_s: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    calls: int = 0
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """All answers of one judge about one conversation."""
+
+    conversation_id: str
+    answers: Mapping[str, Answer]
+    provenance: Provenance
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    def probability_vector(self, question_ids: Sequence[str], n_options: Mapping[str, int]) -> list[float]:
+        """Concatenate answer distributions in ``question_ids`` order (calibration input ``x``)."""
+        out: list[float] = []
+        for qid in question_ids:
+            probs = self.answers[qid].probabilities
+            width = n_options[qid]
+            out.extend(list(probs[:width]) + [0.0] * (width - len(probs)))
+        return out
+
+
+@runtime_checkable
+class Judge(Protocol):
+    """Anything that can answer multiple-choice questions about a conversation."""
+
+    name: str
+
+    def judge(self, conversation: Conversation, questions: Sequence[Question]) -> Judgement:
+        """Answer every question about ``conversation``; raise a `JudgeError` on failure."""
+        ...

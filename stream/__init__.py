@@ -1,0 +1,1 @@
+"""convowatch's streaming service and CLI (wires scorers/ and dashboards/)."""
