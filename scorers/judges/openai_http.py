@@ -1,0 +1,363 @@
+"""A judge behind any OpenAI-compatible chat-completions endpoint (OpenAI, vLLM, llama.cpp server, ...).
+
+Answer distributions come from token log-probabilities, not from the reply
+text: the request asks for ``logprobs=True, top_logprobs=k`` at temperature 0,
+and an option's probability is read at the *answer position*.
+
+Option matching. An option's probability is the sum of ``exp(logprob)`` over
+the top-k entries at the answer position whose token text, stripped of
+whitespace, equals the option key; so ``"1"`` and ``" 1"`` both count for key
+``"1"`` (distinct tokens are disjoint events, so the sum is a probability).
+Options absent from the top-k get 0 and nothing is renormalised: the mass the
+options failed to cover stays visible (`Answer.covered_mass`). Every returned
+alternative is used, even past k (llama.cpp appends the sampled token). A key must be
+one token for the model; a key its tokenizer splits (e.g. ``"10"`` into
+``"1"``, ``"0"``) cannot be read at one position and would be credited to
+whichever key matches its first token.
+
+Modes. ``questions_per_call=1`` asks each question in its own call
+(`single_question_prompt`; ``max_tokens=1``; the answer position is the first
+generated token). ``questions_per_call=n>1`` asks batches of n questions per
+call (`multi_question_prompt`): the reply must hold one line ``<i>: <answer>``
+per question; the answer position of question i is the token that starts
+right after ``<i>:`` and any spaces, found by walking the returned tokens.
+Batches of one conversation run in parallel threads. A model too weak to
+keep the line format can be held to it server-side through ``extra_body``
+(e.g. a llama.cpp ``grammar``); logprobs stay the model's own distribution.
+
+Failures. 429, 408, 5xx, timeouts and connection errors are retried with
+exponential backoff and full jitter (delay before retry r is uniform in
+``[0, min(backoff_max_s, backoff_initial_s * 2**r)]``), at most
+``max_retries`` times, then `JudgeUnavailable`. The openai client's own
+retries are disabled so this is the only policy. Not retried: 401/403
+(`JudgeAuthError`), 404 or a ``model_not_found`` error code
+(`JudgeModelNotFound`), other 4xx (`JudgeError`), and unusable replies
+(`JudgeReplyError`): at temperature 0 the same request yields the same reply,
+so retrying a malformed one would only spend another call. One semaphore per
+judge instance caps requests in flight across all threads using it. The API
+key is handed to the client and never put in messages, logs or ``repr``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import openai
+from openai.types.chat import ChatCompletion
+from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenLogprob, TopLogprob
+
+from scorers.conversation import Conversation, render_transcript
+from scorers.judges.base import (
+    Answer,
+    JudgeAuthError,
+    JudgeError,
+    Judgement,
+    JudgeModelNotFound,
+    JudgeReplyError,
+    JudgeUnavailable,
+    Provenance,
+)
+from scorers.judges.prompt import PROMPT_VERSION, multi_question_prompt, single_question_prompt
+from scorers.questions import Question
+
+log = logging.getLogger(__name__)
+
+JUDGE_NAME = "openai"
+# Sent when the endpoint needs no key: the openai client refuses to run without one,
+# and falling back to OPENAI_API_KEY from the environment would bypass our settings.
+NO_API_KEY = "no-key"
+MAX_TOP_LOGPROBS = 20  # the OpenAI API's limit
+SINGLE_MAX_TOKENS = 1
+# A line "12: 3\n" is ~5 tokens; the slack lets a model add a few stray tokens.
+TOKENS_PER_ANSWER_LINE = 8
+MULTI_EXTRA_TOKENS = 8
+RETRYABLE_STATUS = frozenset({408, 429})  # plus every 5xx
+REPLY_EXCERPT_CHARS = 200
+_ANSWER_LINE = re.compile(r"^[ \t]*(\d+)[ \t]*:[ \t]*", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class _BatchResult:
+    answers: tuple[Answer, ...]
+    prompt_tokens: int
+    completion_tokens: int
+    attempts: int
+
+
+def option_probabilities(top: Sequence[TopLogprob], option_keys: Sequence[str]) -> tuple[float, ...]:
+    """Probability of each option key among the top-k alternatives at one position (module docstring rule)."""
+    index = {key: i for i, key in enumerate(option_keys)}
+    mass = [0.0] * len(option_keys)
+    for alt in top:
+        i = index.get(alt.token.strip())
+        if i is not None:
+            mass[i] += math.exp(alt.logprob)
+    return tuple(mass)
+
+
+def answer_positions(tokens: Sequence[str], n_questions: int) -> list[int]:
+    """Index of the token that starts each of ``n_questions`` answer lines ``<i>: <answer>``.
+
+    The first line numbered i counts; lines numbered outside ``1..n_questions``
+    are ignored. Raises `JudgeReplyError` naming the missing lines, or when an
+    answer does not start at a token boundary (its distribution cannot be read).
+    """
+    text = "".join(tokens)
+    starts: list[int] = []
+    offset = 0
+    for tok in tokens:
+        starts.append(offset)
+        offset += len(tok)
+    found: dict[int, int] = {}
+    for m in _ANSWER_LINE.finditer(text):
+        number, answer_at = int(m.group(1)), m.end()
+        if not 1 <= number <= n_questions or number in found or answer_at >= len(text):
+            continue
+        if text[answer_at] == "\n":
+            continue  # "3:" with nothing after it: no answer on this line
+        token_index = _token_starting_at(starts, tokens, answer_at)
+        if token_index is None:
+            raise JudgeReplyError(
+                f"answer {number} does not start at a token boundary, so its distribution cannot be read: {_excerpt(text)!r}"
+            )
+        found[number] = token_index
+    missing = [i for i in range(1, n_questions + 1) if i not in found]
+    if missing:
+        raise JudgeReplyError(f"reply lacks answer line(s) {missing} of {n_questions}: {_excerpt(text)!r}")
+    return [found[i] for i in range(1, n_questions + 1)]
+
+
+def _token_starting_at(starts: Sequence[int], tokens: Sequence[str], char: int) -> int | None:
+    """The token whose first non-whitespace character is at ``char`` (a leading space may be in the token)."""
+    for i, (start, tok) in enumerate(zip(starts, tokens)):
+        if start > char:
+            return None
+        if start + len(tok) > char:
+            return i if tok[: char - start].strip() == "" else None
+    return None
+
+
+def _excerpt(text: str) -> str:
+    return text if len(text) <= REPLY_EXCERPT_CHARS else text[:REPLY_EXCERPT_CHARS] + "..."
+
+
+class OpenAIJudge:
+    """Answers questions through an OpenAI-compatible ``/chat/completions`` endpoint with logprobs."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        questions_per_call: int = 1,
+        top_logprobs: int = 20,
+        max_concurrency: int = 4,
+        max_retries: int = 5,
+        backoff_initial_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+        timeout_s: float = 60.0,
+        max_transcript_chars: int | None = 24_000,
+        extra_body: Mapping[str, Any] | None = None,
+        name: str = JUDGE_NAME,
+        rng: random.Random | None = None,
+    ) -> None:
+        """``extra_body`` adds server-specific JSON fields to every request (e.g. llama.cpp's
+        ``grammar`` or vLLM's ``guided_regex``); ``rng`` seeds the backoff jitter."""
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
+        if not model:
+            raise ValueError("model must be a non-empty string")
+        _require(questions_per_call >= 1, "questions_per_call", questions_per_call, ">= 1")
+        _require(1 <= top_logprobs <= MAX_TOP_LOGPROBS, "top_logprobs", top_logprobs, f"in 1..{MAX_TOP_LOGPROBS}")
+        _require(max_concurrency >= 1, "max_concurrency", max_concurrency, ">= 1")
+        _require(max_retries >= 0, "max_retries", max_retries, ">= 0")
+        _require(backoff_initial_s > 0, "backoff_initial_s", backoff_initial_s, "> 0")
+        _require(backoff_max_s > 0, "backoff_max_s", backoff_max_s, "> 0")
+        _require(timeout_s > 0, "timeout_s", timeout_s, "> 0")
+        self.name = name
+        self.base_url = base_url
+        self.model = model
+        self.questions_per_call = questions_per_call
+        self.top_logprobs = top_logprobs
+        self.max_concurrency = max_concurrency
+        self.max_retries = max_retries
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.timeout_s = timeout_s
+        self.max_transcript_chars = max_transcript_chars
+        self.extra_body = dict(extra_body or {})
+        self._rng = rng or random.Random()
+        self._slots = threading.BoundedSemaphore(max_concurrency)
+        self._client = openai.OpenAI(
+            base_url=base_url, api_key=api_key or NO_API_KEY, timeout=timeout_s, max_retries=0
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"OpenAIJudge(base_url={self.base_url!r}, model={self.model!r}, "
+            f"questions_per_call={self.questions_per_call}, max_concurrency={self.max_concurrency})"
+        )
+
+    def close(self) -> None:
+        """Close the HTTP connection pool."""
+        self._client.close()
+
+    def __enter__(self) -> "OpenAIJudge":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def judge(self, conversation: Conversation, questions: Sequence[Question]) -> Judgement:
+        """Answer every question about ``conversation``; raise a `JudgeError` on failure."""
+        questions = tuple(questions)
+        ids = [q.id for q in questions]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"question ids must be unique, got {ids}")
+        transcript = render_transcript(conversation, max_chars=self.max_transcript_chars)
+        size = self.questions_per_call
+        batches = [questions[i : i + size] for i in range(0, len(questions), size)]
+        started = time.perf_counter()
+        results = self._run_batches(transcript, batches)
+        latency = time.perf_counter() - started
+        return Judgement(
+            conversation_id=conversation.id,
+            answers={a.question_id: a for r in results for a in r.answers},
+            provenance=Provenance(
+                judge=self.name,
+                model=self.model,
+                latency_s=latency,
+                prompt_tokens=sum(r.prompt_tokens for r in results),
+                completion_tokens=sum(r.completion_tokens for r in results),
+                calls=len(results),
+            ),
+            extra={
+                "prompt_version": PROMPT_VERSION,
+                "questions_per_call": str(size),
+                "attempts": str(sum(r.attempts for r in results)),
+            },
+        )
+
+    def _run_batches(self, transcript: str, batches: Sequence[tuple[Question, ...]]) -> list[_BatchResult]:
+        if len(batches) <= 1:
+            return [self._ask(transcript, b) for b in batches]
+        workers = min(self.max_concurrency, len(batches))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="openai-judge") as pool:
+            futures = [pool.submit(self._ask, transcript, b) for b in batches]
+            try:
+                return [f.result() for f in futures]
+            except BaseException:
+                for f in futures:
+                    f.cancel()
+                raise
+
+    def _ask(self, transcript: str, batch: tuple[Question, ...]) -> _BatchResult:
+        if self.questions_per_call == 1:
+            prompt, max_tokens = single_question_prompt(transcript, batch[0]), SINGLE_MAX_TOKENS
+        else:
+            # Batches of one judge always use the multi-line prompt, even a short last batch,
+            # so a question's prompt format depends on the configuration only.
+            prompt = multi_question_prompt(transcript, batch)
+            max_tokens = TOKENS_PER_ANSWER_LINE * len(batch) + MULTI_EXTRA_TOKENS
+        completion, attempts = self._complete(prompt, max_tokens)
+        content = self._token_logprobs(completion)
+        if self.questions_per_call == 1:
+            positions = [0]
+        else:
+            positions = answer_positions([t.token for t in content], len(batch))
+        answers = []
+        for q, pos in zip(batch, positions):
+            top = content[pos].top_logprobs
+            if not top:
+                raise JudgeReplyError(
+                    f"judge {self.model!r} returned no top_logprobs at the answer to {q.id!r}; "
+                    "the endpoint must support top_logprobs"
+                )
+            answers.append(Answer(question_id=q.id, probabilities=option_probabilities(top, q.option_keys)))
+        usage = completion.usage
+        return _BatchResult(
+            answers=tuple(answers),
+            prompt_tokens=usage.prompt_tokens if usage else 0,
+            completion_tokens=usage.completion_tokens if usage else 0,
+            attempts=attempts,
+        )
+
+    def _token_logprobs(self, completion: ChatCompletion) -> list[ChatCompletionTokenLogprob]:
+        if not completion.choices:
+            raise JudgeReplyError(f"judge {self.model!r} replied with no choices")
+        logprobs = completion.choices[0].logprobs
+        content = logprobs.content if logprobs is not None else None
+        if not content:
+            raise JudgeReplyError(
+                f"judge {self.model!r} replied without token logprobs; the endpoint must support "
+                "logprobs=True with top_logprobs"
+            )
+        return list(content)
+
+    def _complete(self, prompt: str, max_tokens: int) -> tuple[ChatCompletion, int]:
+        """One chat completion under the retry policy; returns it and the number of attempts."""
+        attempts = self.max_retries + 1
+        for attempt in range(attempts):
+            try:
+                with self._slots:
+                    completion = self._client.chat.completions.create(
+                        model=self.model,
+                        messages=[{"role": "user", "content": prompt}],
+                        temperature=0,
+                        max_tokens=max_tokens,
+                        logprobs=True,
+                        top_logprobs=self.top_logprobs,
+                        extra_body=self.extra_body or None,
+                    )
+            except openai.APIError as e:
+                reason, last_error = self._transient_reason(e), e
+            else:
+                if not isinstance(completion, ChatCompletion):
+                    raise JudgeReplyError(f"judge {self.model!r} sent a reply that is not a chat completion")
+                return completion, attempt + 1
+            if attempt + 1 == attempts:
+                raise JudgeUnavailable(
+                    f"judge {self.model!r} at {self.base_url} still failing after {attempts} attempt(s): {reason}"
+                ) from last_error
+            delay = self._rng.uniform(0.0, min(self.backoff_max_s, self.backoff_initial_s * 2**attempt))
+            log.warning(
+                "judge %r at %s: attempt %d/%d failed (%s); retrying in %.2fs",
+                self.model, self.base_url, attempt + 1, attempts, reason, delay,
+            )
+            time.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _transient_reason(self, e: openai.APIError) -> str:
+        """Describe a retryable failure, or raise the non-retryable `JudgeError` it maps to."""
+        if isinstance(e, openai.APITimeoutError):
+            return f"timed out after {self.timeout_s}s"
+        if isinstance(e, openai.APIConnectionError):
+            return f"connection error: {e.__cause__ or e}"
+        if isinstance(e, openai.APIStatusError):
+            status = e.status_code
+            detail = e.message  # "Error code: <status> - <server's message>"
+            if status in RETRYABLE_STATUS or status >= 500:
+                return detail
+            if status in (401, 403):
+                raise JudgeAuthError(f"judge at {self.base_url} refused the API key ({detail})") from e
+            if status == 404 or e.code == "model_not_found":
+                raise JudgeModelNotFound(
+                    f"judge at {self.base_url} does not serve model {self.model!r} ({detail}); "
+                    "check the model name and that base_url is the API root (e.g. ending in /v1)"
+                ) from e
+            raise JudgeError(f"judge at {self.base_url} rejected the request ({detail})") from e
+        raise JudgeReplyError(f"judge {self.model!r} at {self.base_url} sent an unusable reply: {e}") from e
+
+
+def _require(ok: bool, field: str, value: object, rule: str) -> None:
+    if not ok:
+        raise ValueError(f"{field} must be {rule}, got {value!r}")

@@ -1,0 +1,337 @@
+"""The OpenAI-compatible HTTP judge against a real llama-cpp-python server running Gemma 3 270M.
+
+Gemma 3 270M is a *base* model: its answers to rubric questions carry no
+signal. These tests check plumbing (requests, logprob reading, answer-line
+walking, errors, retries, concurrency), never answer quality.
+
+Faults the real server cannot be made to produce on demand (rate limits,
+outages, slow replies, an unknown-model 404, a reply without logprobs) come
+from `ScriptedServer`, a real HTTP server on 127.0.0.1 that the test scripts;
+each such test says so. Everything else goes to the real server, sometimes
+through a transparent forwarding `ScriptedServer` so the test can see the raw
+reply the judge received.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import threading
+import urllib.request
+from typing import Any, Iterator
+
+import pytest
+from openai.types.chat.chat_completion_token_logprob import TopLogprob
+
+from scorers.conversation import Conversation, render_transcript
+from scorers.judges.base import JudgeAuthError, JudgeModelNotFound, JudgeReplyError, JudgeUnavailable
+from scorers.judges.openai_http import OpenAIJudge, answer_positions, option_probabilities
+from scorers.judges.prompt import single_question_prompt
+from scorers.questions import likert_question
+from tests.servers import LlamaServer, Received, Reply, ScriptedServer, forward, free_port
+
+CONVERSATION = Conversation.from_messages(
+    "reverse-list",
+    [
+        {"role": "user", "content": "How do I reverse a list in Python?"},
+        {"role": "assistant", "content": "Use my_list.reverse() to reverse it in place, or my_list[::-1] for a reversed copy."},
+    ],
+)
+OTHER_CONVERSATION = Conversation.from_messages(
+    "greeting", [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello! How can I help?"}]
+)
+QUESTIONS = (
+    likert_question("answers", "The assistant answers the user's question."),
+    likert_question("rude", "The assistant is rude."),
+    likert_question("code", "The assistant gives a working code example."),
+)
+# Gemma 270M base does not follow the multi-line reply format on its own (it echoes the
+# instructions), so multi-question tests constrain its output with a llama.cpp GBNF grammar,
+# sent through the judge's `extra_body` as a deployment with a weak local model would.
+# The logprobs llama.cpp returns are the model's unconstrained distribution.
+# repeat_penalty=1 turns off llama.cpp's default penalty (1.1), so the sampled digit is the argmax.
+MULTI_LINE_OPTIONS = {
+    "grammar": "root ::= " + " ".join(f'"{i}: " [1-5] "\\n"' for i in range(1, len(QUESTIONS) + 1)),
+    "repeat_penalty": 1.0,
+}
+FAST_BACKOFF = dict(backoff_initial_s=0.01, backoff_max_s=0.05)
+OPENAI_404_MODEL = {  # the body api.openai.com sends for an unknown model
+    "error": {
+        "message": "The model `no-such-model` does not exist or you do not have access to it.",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "model_not_found",
+    }
+}
+OPENAI_429 = {"error": {"message": "Rate limit reached for requests", "type": "requests", "param": None, "code": "rate_limit_exceeded"}}
+OPENAI_503 = {"error": {"message": "The server is overloaded or not ready yet.", "type": "server_error", "param": None, "code": None}}
+
+
+def _json(status: int, body: dict[str, Any], delay_s: float = 0.0) -> Reply:
+    return Reply(status, json.dumps(body).encode(), delay_s=delay_s)
+
+
+def _upstream(server: LlamaServer) -> str:
+    return server.url.removesuffix("/v1")
+
+
+def _judge(url: str, server: LlamaServer, **kw: Any) -> OpenAIJudge:
+    params: dict[str, Any] = dict(base_url=url, model=server.model, api_key=server.api_key, max_retries=0)
+    params.update(kw)
+    return OpenAIJudge(**params)
+
+
+def _expected(top: list[dict[str, Any]], keys: tuple[str, ...]) -> list[float]:
+    """Test-side reading of option probabilities from raw JSON top_logprobs."""
+    return [sum(math.exp(t["logprob"]) for t in top if t["token"].strip() == k) for k in keys]
+
+
+def _raw_chat(server: LlamaServer, prompt: str, **fields: Any) -> bytes:
+    body = {"model": server.model, "messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": 1}
+    body.update(fields)
+    request = urllib.request.Request(
+        f"{server.url}/chat/completions", data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {server.api_key}"},
+    )
+    with urllib.request.urlopen(request, timeout=300) as response:
+        return response.read()
+
+
+@pytest.fixture(autouse=True)
+def _server_alive(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Tests using the real server fail with its log tail if it has died."""
+    server = request.getfixturevalue("llama_server") if "llama_server" in request.fixturenames else None
+    if server is not None:
+        server.assert_alive()
+    yield
+    if server is not None:
+        server.assert_alive()
+
+
+@pytest.fixture(scope="module")
+def recorded_reply(llama_server: LlamaServer) -> bytes:
+    """A real single-question reply with logprobs, recorded from the llama server."""
+    prompt = single_question_prompt(render_transcript(CONVERSATION), QUESTIONS[0])
+    return _raw_chat(llama_server, prompt, logprobs=True, top_logprobs=20)
+
+
+# ---------------------------------------------------------------- the real server
+
+
+@pytest.mark.slow
+def test_single_question_mode_reads_the_first_token_distribution(llama_server: LlamaServer, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    with ScriptedServer(lambda i, r: forward(_upstream(llama_server), r)) as proxy:
+        judge = _judge(proxy.url + "/v1", llama_server, questions_per_call=1, max_concurrency=2)
+        judgement = judge.judge(CONVERSATION, QUESTIONS[:2])
+
+    assert set(judgement.answers) == {"answers", "rude"}
+    assert judgement.provenance.calls == 2 and len(proxy.received) == 2
+    assert judgement.provenance.prompt_tokens > 0
+    assert judgement.provenance.completion_tokens == 2  # max_tokens=1: only the answer token is generated
+    assert judgement.provenance.model == llama_server.model and judgement.provenance.latency_s > 0
+    for index, request in enumerate(proxy.received):
+        sent = json.loads(request.body)
+        assert sent["logprobs"] is True and sent["top_logprobs"] == 20 and sent["temperature"] == 0
+        question = next(q for q in QUESTIONS if q.text in sent["messages"][0]["content"])
+        raw = json.loads(proxy.replies[index].body)
+        top = raw["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+        answer = judgement.answers[question.id]
+        assert len(answer.probabilities) == question.n_options
+        assert all(0.0 <= p <= 1.0 for p in answer.probabilities)
+        assert answer.covered_mass <= 1.0 + 1e-6
+        assert answer.probabilities == pytest.approx(_expected(top, question.option_keys), abs=1e-12)
+    # The prompt ends in "Answer: " with options 1-5: some digit is among the top-20 somewhere.
+    assert max(a.covered_mass for a in judgement.answers.values()) > 0
+    assert llama_server.api_key not in caplog.text and llama_server.api_key not in repr(judge)
+
+
+@pytest.mark.slow
+def test_multi_question_mode_reads_each_answer_line(llama_server: LlamaServer) -> None:
+    with ScriptedServer(lambda i, r: forward(_upstream(llama_server), r)) as proxy:
+        judge = _judge(
+            proxy.url + "/v1", llama_server, questions_per_call=len(QUESTIONS), extra_body=MULTI_LINE_OPTIONS
+        )
+        judgement = judge.judge(CONVERSATION, QUESTIONS)
+
+    assert judgement.provenance.calls == 1 and len(proxy.received) == 1
+    assert judgement.provenance.prompt_tokens > 0 and judgement.provenance.completion_tokens > 0
+    content = json.loads(proxy.replies[0].body)["choices"][0]["logprobs"]["content"]
+    reply = "".join(t["token"] for t in content)
+    assert re.fullmatch(r"1: [1-5]\n2: [1-5]\n3: [1-5]\n", reply), reply
+    # Independent walk: an answer token is one that follows "<n>: " at a line start.
+    answer_tokens, text = [], ""
+    for token in content:
+        if re.search(r"(^|\n)\d+: $", text):
+            answer_tokens.append(token)
+        text += token["token"]
+    assert len(answer_tokens) == len(QUESTIONS)
+    for question, token in zip(QUESTIONS, answer_tokens):
+        answer = judgement.answers[question.id]
+        assert len(answer.probabilities) == question.n_options
+        assert all(0.0 <= p <= 1.0 for p in answer.probabilities) and answer.covered_mass <= 1.0 + 1e-6
+        assert answer.probabilities == pytest.approx(_expected(token["top_logprobs"], question.option_keys), abs=1e-12)
+        # At temperature 0 the grammar picks the most likely allowed digit: it must be the argmax option.
+        printed = token["token"].strip()
+        assert question.option_keys[max(range(question.n_options), key=answer.probabilities.__getitem__)] == printed
+        assert answer.covered_mass > 0
+
+
+@pytest.mark.slow
+def test_bad_api_key_is_an_auth_error_not_retried_and_not_leaked(llama_server: LlamaServer, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    wrong_key = "wrong-" + llama_server.api_key[::-1]
+    with ScriptedServer(lambda i, r: forward(_upstream(llama_server), r)) as proxy:
+        judge = _judge(proxy.url + "/v1", llama_server, api_key=wrong_key, max_retries=3, **FAST_BACKOFF)
+        with pytest.raises(JudgeAuthError) as err:
+            judge.judge(CONVERSATION, QUESTIONS[:1])
+    assert len(proxy.received) == 1  # the real server answered 401: not retried
+    assert proxy.replies[0].status == 401
+    assert wrong_key not in str(err.value) and wrong_key not in caplog.text and wrong_key not in repr(judge)
+
+
+@pytest.mark.slow
+def test_llama_server_ignores_the_model_name(llama_server: LlamaServer) -> None:
+    """Documents why the unknown-model test below needs a double: llama_cpp.server answers with its
+    default model whatever model is named (llama_cpp/server/model.py, LlamaProxy.__call__)."""
+    judge = _judge(llama_server.url, llama_server, model="no-such-model")
+    judgement = judge.judge(CONVERSATION, QUESTIONS[:1])
+    assert judgement.provenance.calls == 1
+
+
+# ---------------------------------------------------------------- scripted faults
+
+
+def test_unknown_model_is_model_not_found_not_retried() -> None:
+    """Double: a server returning OpenAI's real 404 body, since llama_cpp.server cannot produce it."""
+    with ScriptedServer(lambda i, r: _json(404, OPENAI_404_MODEL)) as fake:
+        judge = OpenAIJudge(base_url=fake.url + "/v1", model="no-such-model", api_key="k", max_retries=3, **FAST_BACKOFF)
+        with pytest.raises(JudgeModelNotFound, match="no-such-model"):
+            judge.judge(CONVERSATION, QUESTIONS[:1])
+    assert len(fake.received) == 1
+
+
+@pytest.mark.slow
+def test_transient_errors_are_retried_until_the_real_server_answers(llama_server: LlamaServer) -> None:
+    """Double for the faults only: a 429 then a 503 (OpenAI's bodies), then requests go to the real server."""
+    faults = [_json(429, OPENAI_429), _json(503, OPENAI_503)]
+
+    def respond(index: int, request: Received) -> Reply:
+        return faults[index] if index < len(faults) else forward(_upstream(llama_server), request)
+
+    with ScriptedServer(respond) as proxy:
+        judge = _judge(proxy.url + "/v1", llama_server, max_retries=2, **FAST_BACKOFF)
+        judgement = judge.judge(CONVERSATION, QUESTIONS[:1])
+    assert len(proxy.received) == 3
+    assert judgement.extra["attempts"] == "3" and judgement.provenance.calls == 1
+    assert len(judgement.answers["answers"].probabilities) == 5
+
+
+@pytest.mark.parametrize("max_retries", [0, 2])
+def test_persistent_outage_gives_up_after_max_retries(max_retries: int) -> None:
+    """Double: a server that always answers 503, which a real server does only when broken."""
+    with ScriptedServer(lambda i, r: _json(503, OPENAI_503)) as fake:
+        judge = OpenAIJudge(base_url=fake.url + "/v1", model="m", max_retries=max_retries, **FAST_BACKOFF)
+        with pytest.raises(JudgeUnavailable, match="503") as err:
+            judge.judge(CONVERSATION, QUESTIONS[:1])
+    assert len(fake.received) == max_retries + 1
+    assert err.value.transient
+
+
+@pytest.mark.slow
+def test_slow_server_times_out_is_retried_then_unavailable(recorded_reply: bytes) -> None:
+    """Double: a server that holds a real recorded reply longer than the judge's timeout."""
+    with ScriptedServer(lambda i, r: Reply(200, recorded_reply, delay_s=1.5)) as slow:
+        judge = OpenAIJudge(base_url=slow.url + "/v1", model="m", timeout_s=0.3, max_retries=1, **FAST_BACKOFF)
+        with pytest.raises(JudgeUnavailable, match="timed out"):
+            judge.judge(CONVERSATION, QUESTIONS[:1])
+        assert len(slow.received) == 2
+
+
+def test_refused_connection_is_unavailable() -> None:
+    """Real fault: nothing listens on the port."""
+    judge = OpenAIJudge(base_url=f"http://127.0.0.1:{free_port()}/v1", model="m", max_retries=1, **FAST_BACKOFF)
+    with pytest.raises(JudgeUnavailable, match="connection error"):
+        judge.judge(CONVERSATION, QUESTIONS[:1])
+
+
+@pytest.mark.slow
+def test_concurrency_limit_is_shared_by_all_calls_of_one_judge(recorded_reply: bytes) -> None:
+    """Double: a server replaying a real recorded reply slowly, so overlapping requests are visible."""
+    questions = [likert_question(f"q{i}", f"Statement {i}.") for i in range(4)]
+    with ScriptedServer(lambda i, r: Reply(200, recorded_reply, delay_s=0.2)) as fake:
+        judge = OpenAIJudge(base_url=fake.url + "/v1", model="m", max_concurrency=2, max_retries=0)
+        results: dict[str, Any] = {}
+
+        def run(conversation: Conversation) -> None:
+            results[conversation.id] = judge.judge(conversation, questions)
+
+        threads = [threading.Thread(target=run, args=(c,)) for c in (CONVERSATION, OTHER_CONVERSATION)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert len(fake.received) == 8
+    assert fake.max_in_flight == 2  # a limit per judge() call would let the two conversations reach 4
+    assert all(len(j.answers) == 4 and j.provenance.calls == 4 for j in results.values())
+
+
+@pytest.mark.slow
+def test_reply_without_logprobs_is_a_reply_error_not_retried(llama_server: LlamaServer) -> None:
+    """Double: replays a real llama.cpp reply made without logprobs, as a server that ignores the
+    logprobs request would send it (llama.cpp itself always honours the request)."""
+    prompt = single_question_prompt(render_transcript(CONVERSATION), QUESTIONS[0])
+    bare = _raw_chat(llama_server, prompt)
+    assert json.loads(bare)["choices"][0].get("logprobs") is None
+    with ScriptedServer(lambda i, r: Reply(200, bare)) as fake:
+        judge = OpenAIJudge(base_url=fake.url + "/v1", model="m", max_retries=3, **FAST_BACKOFF)
+        with pytest.raises(JudgeReplyError, match="without token logprobs"):
+            judge.judge(CONVERSATION, QUESTIONS[:1])
+    assert len(fake.received) == 1
+
+
+# ---------------------------------------------------------------- pure reading rules
+
+
+def test_option_tokens_with_and_without_leading_space_are_summed() -> None:
+    top = [TopLogprob(token="1", logprob=math.log(0.2)), TopLogprob(token=" 1", logprob=math.log(0.1)),
+           TopLogprob(token="2", logprob=math.log(0.3)), TopLogprob(token="You", logprob=math.log(0.4))]
+    assert option_probabilities(top, ("1", "2", "3")) == pytest.approx((0.3, 0.3, 0.0))
+
+
+@pytest.mark.parametrize(
+    "tokens, expected",
+    [
+        (["1", ":", " ", "4", "\n", "2", ":", " ", "1", "\n"], [3, 8]),  # Gemma / llama.cpp style
+        (["1", ":", " 4", "\n", "2", ":", " 1"], [2, 6]),  # GPT style: the space rides on the digit
+        (["Sure", ".\n", "2", ": ", "5", "\n", "1", ":", " 3", "\n", "2", ":", " 1"], [8, 4]),  # first line numbered i counts
+    ],
+)
+def test_answer_positions_walk_the_reply_tokens(tokens: list[str], expected: list[int]) -> None:
+    assert answer_positions(tokens, len(expected)) == expected
+
+
+@pytest.mark.parametrize(
+    "tokens, message",
+    [
+        (["1", ":", " 4", "\n"], r"lacks answer line\(s\) \[2\]"),
+        (["1", ":", " 4", "\n", "2", ":", "\n"], r"lacks answer line\(s\) \[2\]"),
+        (["1", ":3", "\n", "2", ":", " 1"], "token boundary"),
+    ],
+)
+def test_unreadable_replies_are_reply_errors(tokens: list[str], message: str) -> None:
+    with pytest.raises(JudgeReplyError, match=message):
+        answer_positions(tokens, 2)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("questions_per_call", 0), ("top_logprobs", 21), ("max_concurrency", 0), ("max_retries", -1), ("timeout_s", 0), ("base_url", "localhost:8000")],
+)
+def test_bad_parameters_name_the_field(field: str, value: object) -> None:
+    params: dict[str, Any] = dict(base_url="http://127.0.0.1:1/v1", model="m")
+    params[field] = value
+    with pytest.raises(ValueError, match=field):
+        OpenAIJudge(**params)
