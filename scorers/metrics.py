@@ -1,0 +1,191 @@
+"""Evaluation metrics for calibrated predictions of human answers.
+
+Regression-style agreement (RMSE, Pearson, Spearman, Kendall — the columns of
+LLM-Rubric's Table 1), the RMSE floor a predictor with correlation r cannot
+beat, smooth ECE (Błasiok & Nakkiran 2023, via ``relplot``), and a percentile
+bootstrap for confidence intervals.
+
+Calibration of a K-option question is reduced to K binary problems
+(one-vs-rest): for option k the forecast is p̂(y = k) and the outcome is
+1[y = k]; `smece_one_vs_rest` returns each option's smECE and `smece_multiclass`
+their mean. This is how LLM-Rubric reports calibration (one curve per answer
+value).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import relplot
+from numpy.typing import ArrayLike
+from scipy import stats
+
+DEFAULT_BOOTSTRAP_SAMPLES = 1000
+DEFAULT_CI_LEVEL = 0.95
+
+
+class MetricError(ValueError):
+    """Inputs a metric cannot be computed on (mismatched lengths, empty, out of range)."""
+
+
+def _pair(y: ArrayLike, yhat: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    a = np.asarray(y, dtype=np.float64).reshape(-1)
+    b = np.asarray(yhat, dtype=np.float64).reshape(-1)
+    if a.shape != b.shape:
+        raise MetricError(f"y and yhat differ in length: {a.size} vs {b.size}")
+    if a.size == 0:
+        raise MetricError("need at least one value")
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+        raise MetricError("values must be finite")
+    return a, b
+
+
+def rmse(y: ArrayLike, yhat: ArrayLike) -> float:
+    """Root mean squared error."""
+    a, b = _pair(y, yhat)
+    return float(np.sqrt(np.mean((a - b) ** 2)))
+
+
+def _constant(a: np.ndarray) -> bool:
+    return bool(np.all(a == a[0]))
+
+
+def pearson(y: ArrayLike, yhat: ArrayLike) -> float:
+    """Pearson correlation; NaN when either side is constant (correlation undefined)."""
+    a, b = _pair(y, yhat)
+    if a.size < 2 or _constant(a) or _constant(b):
+        return math.nan
+    return float(stats.pearsonr(a, b).statistic)
+
+
+def spearman(y: ArrayLike, yhat: ArrayLike) -> float:
+    """Spearman rank correlation; NaN when either side is constant."""
+    a, b = _pair(y, yhat)
+    if a.size < 2 or _constant(a) or _constant(b):
+        return math.nan
+    return float(stats.spearmanr(a, b).statistic)
+
+
+def kendall(y: ArrayLike, yhat: ArrayLike) -> float:
+    """Kendall's tau-b (scipy's default, handles ties); NaN when either side is constant."""
+    a, b = _pair(y, yhat)
+    if a.size < 2 or _constant(a) or _constant(b):
+        return math.nan
+    return float(stats.kendalltau(a, b).statistic)
+
+
+def rmse_lower_bound(y: ArrayLike, r: float) -> float:
+    """SD(y)·√(1−r²): no affine function of a predictor with correlation r gets a lower RMSE.
+
+    SD is the population standard deviation (ddof=0), matching RMSE's 1/n.
+    """
+    a = np.asarray(y, dtype=np.float64).reshape(-1)
+    if a.size == 0:
+        raise MetricError("need at least one value")
+    if math.isnan(r):
+        r = 0.0
+    if not -1.0 <= r <= 1.0:
+        raise MetricError(f"correlation must be in [-1, 1], got {r}")
+    return float(np.std(a) * math.sqrt(1.0 - r * r))
+
+
+def agreement(y: ArrayLike, yhat: ArrayLike) -> dict[str, float]:
+    """RMSE, Pearson, Spearman, Kendall and the RMSE bound at the measured Pearson r."""
+    r = pearson(y, yhat)
+    return {
+        "rmse": rmse(y, yhat),
+        "rmse_bound": rmse_lower_bound(y, r),
+        "pearson": r,
+        "spearman": spearman(y, yhat),
+        "kendall": kendall(y, yhat),
+    }
+
+
+def smece(forecasts: ArrayLike, outcomes: ArrayLike) -> float:
+    """Smooth ECE of binary forecasts in [0, 1] against 0/1 outcomes (``relplot.smECE``)."""
+    o, f = _pair(outcomes, forecasts)
+    if np.any((f < 0) | (f > 1)):
+        raise MetricError("forecasts must be probabilities in [0, 1]")
+    if np.any((o != 0) & (o != 1)):
+        raise MetricError("outcomes must be 0 or 1")
+    return float(relplot.smECE(f, o))
+
+
+def smece_one_vs_rest(probabilities: ArrayLike, answers: ArrayLike) -> list[float]:
+    """smECE of p̂(y = k) against 1[y = k], for each option k (answers are 1..K)."""
+    p = np.asarray(probabilities, dtype=np.float64)
+    y = np.asarray(answers).reshape(-1)
+    if p.ndim != 2 or p.shape[0] != y.size:
+        raise MetricError(f"probabilities must be (n, K) with n = len(answers); got {p.shape} and {y.size}")
+    n_options = p.shape[1]
+    if np.any((y < 1) | (y > n_options)) or np.any(y != np.round(y)):
+        raise MetricError(f"answers must be whole numbers in 1..{n_options}")
+    return [smece(p[:, k], (y == k + 1).astype(np.float64)) for k in range(n_options)]
+
+
+def smece_multiclass(probabilities: ArrayLike, answers: ArrayLike) -> float:
+    """Mean over options of the one-vs-rest smECE."""
+    return float(np.mean(smece_one_vs_rest(probabilities, answers)))
+
+
+@dataclass(frozen=True)
+class ConfidenceInterval:
+    """A point estimate with a percentile-bootstrap interval."""
+
+    estimate: float
+    low: float
+    high: float
+    level: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {"estimate": self.estimate, "low": self.low, "high": self.high, "level": self.level}
+
+
+def bootstrap_ci(
+    metric: Callable[..., float],
+    *arrays: ArrayLike,
+    n_samples: int = DEFAULT_BOOTSTRAP_SAMPLES,
+    level: float = DEFAULT_CI_LEVEL,
+    seed: int = 0,
+    groups: Sequence | None = None,
+) -> ConfidenceInterval:
+    """Percentile bootstrap CI of ``metric(*arrays)``, resampling rows with replacement.
+
+    With ``groups`` (e.g. conversation ids) whole groups are resampled, which
+    keeps correlated rows together. Resamples where the metric is NaN (e.g. a
+    constant resample for a correlation) are skipped.
+    """
+    cols = [np.asarray(a) for a in arrays]
+    if not cols:
+        raise MetricError("bootstrap_ci needs at least one array")
+    n = len(cols[0])
+    if any(len(c) != n for c in cols):
+        raise MetricError("arrays differ in length")
+    if n == 0:
+        raise MetricError("need at least one row")
+    if not 0 < level < 1:
+        raise MetricError(f"level must be in (0, 1), got {level}")
+    rng = np.random.default_rng(seed)
+    if groups is None:
+        members = [np.array([i]) for i in range(n)]
+    else:
+        g = np.asarray(groups)
+        if len(g) != n:
+            raise MetricError("groups differs in length from the arrays")
+        _, inverse = np.unique(g, return_inverse=True)
+        members = [np.flatnonzero(inverse == k) for k in range(inverse.max() + 1)]
+    values = []
+    for _ in range(n_samples):
+        pick = rng.integers(0, len(members), size=len(members))
+        idx = np.concatenate([members[k] for k in pick])
+        v = metric(*(c[idx] for c in cols))
+        if not math.isnan(v):
+            values.append(v)
+    if not values:
+        raise MetricError("the metric was NaN on every bootstrap sample")
+    tail = (1 - level) / 2
+    lo, hi = np.quantile(values, [tail, 1 - tail])
+    return ConfidenceInterval(estimate=float(metric(*cols)), low=float(lo), high=float(hi), level=level)
