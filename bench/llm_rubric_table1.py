@@ -17,6 +17,10 @@ a new section — e.g. RUBICON — is one more function appended there):
    argmax / expected LLM Q0, judge-mean baseline, calibrated Q0 only,
    LLM-Rubric per seed (mean ± SD) and the seeds' ensemble, bootstrap CIs.
 4. ``per_dimension``: Table 3 — fine-tune on each Qi, evaluate on real Qi.
+5. ``rubicon``: RUBICON's threshold/window machinery on the same data: Q1–Q8
+   as SAT rubrics scored by the recorded GPT-3.5 judge, a conversation
+   negative when its judges' mean Q0 <= 2; θ and the 0.9-precision windows are
+   fitted on synthetic and applied to real (ΔNetSAT, YR@90, A/P/R/F1).
 
 Run: ``.venv/bin/python bench/llm_rubric_table1.py [--quick] [--jobs N]``;
 writes ``bench/results/llm_rubric_table1.json`` and prints the table and the
@@ -55,7 +59,18 @@ from scorers.calibration import (  # noqa: E402
     predict_labels,
     select_hyperparameters,
 )
-from scorers.llm_rubric_data import MAIN_QUESTION, RubricData, load_split  # noqa: E402
+from scorers.conversation import Conversation  # noqa: E402
+from scorers.judges.recorded import RecordedJudge  # noqa: E402
+from scorers.llm_rubric_data import (  # noqa: E402
+    MAIN_QUESTION,
+    QUESTIONS_FILE,
+    SPLIT_FILES,
+    RubricData,
+    dimension_rubric_set,
+    load_split,
+    satisfaction_labels,
+)
+from scorers.rubrics import RubricSet, evaluate  # noqa: E402
 
 DEFAULT_DATA_DIR = ROOT.parent / "shared" / "data" / "llm-rubric"
 DEFAULT_OUTPUT = ROOT / "bench" / "results" / "llm_rubric_table1.json"
@@ -385,7 +400,40 @@ def per_dimension(ctx: BenchContext) -> None:
     ctx.log(f"[{ctx.elapsed():6.0f}s] per-dimension evaluation done")
 
 
-SECTIONS: list[Callable[[BenchContext], None]] = [hyperparameters, synthetic_cv, real_table1, per_dimension]
+RUBICON_PRECISION = 0.9
+
+
+def _netsats(rubric_set: RubricSet, data_dir: Path, split: str, data: RubricData) -> tuple[np.ndarray, np.ndarray]:
+    """NetSAT per labelled conversation from the recorded judge, and the satisfaction labels."""
+    judge = RecordedJudge.from_tsv(data_dir / SPLIT_FILES[split][0])
+    labels = satisfaction_labels(data)
+    ids = sorted(labels)
+    questions = list(rubric_set.questions())
+    netsats = np.array([rubric_set.netsat(judge.judge(Conversation(t, ()), questions)) for t in ids])
+    return netsats, np.array([labels[t] for t in ids])
+
+
+def rubicon(ctx: BenchContext) -> None:
+    data_dir = ctx.args.data_dir
+    draft = dimension_rubric_set(data_dir / QUESTIONS_FILE)
+    s_netsat, s_label = _netsats(draft, data_dir, "synth", ctx.synth)
+    r_netsat, r_label = _netsats(draft, data_dir, "real", ctx.real)
+    fitted = draft.fit_windows(s_netsat, s_label, precision=RUBICON_PRECISION)
+    w = fitted.windows
+    out: dict[str, Any] = {
+        "rubric_set_version": fitted.version,
+        "precision_target": RUBICON_PRECISION,
+        "threshold": w.threshold,
+        "dsat_upper": w.dsat_upper,
+        "sat_lower": w.sat_lower,
+    }
+    for name, netsat, label in (("synthetic_fit", s_netsat, s_label), ("real", r_netsat, r_label)):
+        m = evaluate(netsat, label, fitted)
+        out[name] = {**m.__dict__, "netsat_min": float(netsat.min()), "netsat_max": float(netsat.max())}
+    ctx.results["rubicon"] = out
+
+
+SECTIONS: list[Callable[[BenchContext], None]] = [hyperparameters, synthetic_cv, real_table1, per_dimension, rubicon]
 
 
 # ---------------------------------------------------------------------------
@@ -451,6 +499,25 @@ def print_report(ctx: BenchContext) -> None:
             a, b = r["llm_rubric"], r["expected_llm"]
             ctx.log(f"  {q:<10}{r['n_labels']:>5}  {a['rmse']:7.3f} {a['pearson']:8.3f} {a['spearman']:9.3f} | "
                     f"{b['rmse']:9.3f} {b['pearson']:8.3f}")
+    if "rubicon" in ctx.results:
+        _print_rubicon(ctx)
+
+
+def _print_rubicon(ctx: BenchContext) -> None:
+    r = ctx.results["rubicon"]
+
+    def edge(v: float | None) -> str:
+        return "none" if v is None else f"{v:.2f}"
+
+    ctx.log(f"\nRUBICON on the same data: Q1-Q8 as SAT rubrics (recorded GPT-3.5), negative = judges' mean Q0 <= 2; "
+            f"fitted on synthetic: θ={r['threshold']:.2f}, dsat window <= {edge(r['dsat_upper'])}, sat window >= {edge(r['sat_lower'])} "
+            f"at P={r['precision_target']}")
+    ctx.log(f"  {'data':<16}{'n':>5}{'pos':>5}  {'NetSAT range':>15}  {'ΔNetSAT':>8} {'YR@90':>6} {'A':>6} {'P':>6} {'R':>6} {'F1':>6}")
+    for name in ("synthetic_fit", "real"):
+        m = r[name]
+        ctx.log(f"  {name:<16}{m['n']:>5}{m['n_positive']:>5}  {m['netsat_min']:6.1f}..{m['netsat_max']:6.1f}  "
+                f"{m['delta_netsat']:8.2f} {m['yield_rate']:6.1%} {m['accuracy']:6.3f} {_fmt(m['precision']).strip():>6} "
+                f"{m['recall']:6.3f} {_fmt(m['f1']).strip():>6}")
 
 
 def _jsonable(value: Any) -> Any:

@@ -21,8 +21,10 @@ Every loader takes paths, so the same code reads any files of this shape.
 
 from __future__ import annotations
 
+import ast
 import csv
 import hashlib
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,8 +32,10 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from scorers.conversation import Conversation, ConversationError
 from scorers.judges.recorded import AnswerTableError, load_answer_table
 from scorers.questions import QuestionError, load_questions
+from scorers.rubrics import Polarity, Rubric, RubricSet, Scale
 
 QUESTION_IDS: tuple[str, ...] = ("Q0", "Q1", "Q2", "Q3", "Q4", "Q5", "Q6", "Q7", "Q8")
 MAIN_QUESTION = "Q0"
@@ -309,3 +313,71 @@ def load_split(
     features = load_features(data_dir / evaluations, n_options, question_ids)
     labels = load_labels(data_dir / judgments, n_options, question_ids)
     return build_data(features, labels, n_options, question_ids)
+
+
+# ---------------------------------------------------------------------------
+# RUBICON view of the same release: Q1-Q8 as SAT rubrics, satisfaction from Q0
+
+DIMENSION_QUESTIONS: tuple[str, ...] = ("Q1", "Q2", "Q3", "Q4", "Q5", "Q6", "Q7", "Q8")
+# Q8 ("appropriate number of turns") is not ordinal: 1 = fewer would do, 2 = more needed, 3 = appropriate.
+Q8_SCORES: tuple[float, ...] = (0.0, 0.0, 10.0)
+NEGATIVE_MAX_MEAN_Q0 = 2.0  # a conversation whose judges' mean Q0 is <= 2 counts as dissatisfied
+REAL_CONVERSATIONS_FILE = "real_data.json"
+
+
+def dimension_rubric_set(questions_path: str | Path, question_ids: Sequence[str] = DIMENSION_QUESTIONS) -> RubricSet:
+    """An (unfitted) rubric set with each LLM-Rubric dimension question as a SAT rubric.
+
+    Ordinal questions spread their options evenly over [0, 10]; Q8 scores only
+    its "appropriate" option as good.
+    """
+    try:
+        questions = load_questions(questions_path)
+    except QuestionError as e:
+        raise RubricDataError(str(e)) from e
+    rubrics = []
+    for qid in question_ids:
+        if qid not in questions:
+            raise RubricDataError(f"{questions_path}: no definition for question {qid}")
+        q = questions[qid]
+        scale = Scale(q.option_keys, q.option_labels, Q8_SCORES) if qid == "Q8" else Scale.linear(q.option_keys, q.option_labels)
+        rubrics.append(Rubric(id=qid, text=q.text, polarity=Polarity.SAT, scale=scale))
+    return RubricSet(tuple(rubrics), metadata={"source": "LLM-Rubric questions Q1-Q8 as SAT rubrics"})
+
+
+def mean_answers(data: RubricData, question: str = MAIN_QUESTION) -> dict[str, float]:
+    """Each conversation's mean human answer to ``question`` (conversations without one are absent)."""
+    answers: dict[str, list[int]] = {}
+    for lab in data.labels_for(question):
+        answers.setdefault(lab.text_id, []).append(lab.answer)
+    return {tid: float(np.mean(a)) for tid, a in answers.items()}
+
+
+def satisfaction_labels(data: RubricData, negative_max: float = NEGATIVE_MAX_MEAN_Q0) -> dict[str, bool]:
+    """``{text_id: positive}``: negative when the judges' mean Q0 is <= ``negative_max``."""
+    return {tid: mean > negative_max for tid, mean in mean_answers(data).items()}
+
+
+def load_real_conversations(path: str | Path) -> dict[str, Conversation]:
+    """The real conversations (``real_data.json``) as `Conversation`s keyed by ``_id``.
+
+    ``messages`` is stored as a Python-literal string in the release; the
+    assistant variant is kept as attribute ``dialogue_version``.
+    """
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise RubricDataError(f"{path}: cannot read: {e}") from e
+    out: dict[str, Conversation] = {}
+    for i, item in enumerate(raw):
+        try:
+            messages = item["messages"]
+            if isinstance(messages, str):
+                messages = ast.literal_eval(messages)
+            out[item["_id"]] = Conversation.from_messages(
+                item["_id"], messages, {"dialogue_version": str(item.get("dialogue_version", "")), "topic": str(item.get("topic", ""))}
+            )
+        except (KeyError, TypeError, ValueError, SyntaxError, ConversationError) as e:
+            raise RubricDataError(f"{path}: conversation [{i}]: {e}") from e
+    return out
