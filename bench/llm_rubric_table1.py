@@ -52,6 +52,7 @@ import torch  # noqa: E402
 
 from scorers import metrics  # noqa: E402
 from scorers.calibration import (  # noqa: E402
+    PAPER_GRID,
     CalibrationNetwork,
     HeldOutPredictions,
     conversation_folds,
@@ -82,10 +83,10 @@ CV_CRITERION = "rmse"
 # pre-training and 30 fine-tuning epochs: a 50-epoch pre-training variant never beat 20 in synthetic
 # CV in an earlier full run and cost most of the time); a second family uses early stopping (epochs
 # become maxima, the best held-out loss is restored). CV picks between them like any other setting.
-_HIDDEN = {"h1": [10, 25, 50, 100], "h2": [10, 25, 50, 100]}
+_HIDDEN = {"h1": PAPER_GRID["h1"], "h2": PAPER_GRID["h2"]}
 FULL_GRIDS: dict[str, list[dict[str, list[Any]]]] = {
     "llm_rubric": [
-        {**_HIDDEN, "batch_size": [32, 64], "learning_rate": [1e-3, 3e-3]},
+        PAPER_GRID,
         {**_HIDDEN, "early_stopping": [True], "pretrain_epochs": [100], "finetune_epochs": [100], "patience": [20]},
     ],
     # Q0-only input: 4 features instead of 35, so a smaller grid suffices.

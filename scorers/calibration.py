@@ -792,9 +792,21 @@ class HyperparameterSearch:
     best_params: dict[str, Any]
     criterion: str
     results: list[dict[str, Any]] = field(default_factory=list)  # {"params": ..., "scores": ...}
+    best_scores: dict[str, float] = field(default_factory=dict)
 
 
 Grid = Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Sequence[Any]]]
+
+# The paper's grid (§4): every (h1, h2) pair in {10, 25, 50, 100}², two batch sizes, two Adam rates.
+PAPER_GRID: dict[str, list[Any]] = {
+    "h1": [10, 25, 50, 100],
+    "h2": [10, 25, 50, 100],
+    "batch_size": [32, 64],
+    "learning_rate": [1e-3, 3e-3],
+}
+# A 6-candidate subset for quick runs and CI: the hidden sizes that CV preferred on LLM-Rubric's data.
+SMALL_GRID: dict[str, list[Any]] = {"h1": [10, 25, 50], "h2": [25, 50], "learning_rate": [1e-3]}
+NAMED_GRIDS: dict[str, dict[str, list[Any]]] = {"paper": PAPER_GRID, "small": SMALL_GRID}
 
 
 def parameter_grid(grid: Grid) -> list[dict[str, Any]]:
@@ -870,4 +882,5 @@ def select_hyperparameters(
         return math.inf if math.isnan(v) else sign * v
 
     best = min(results, key=key)
-    return HyperparameterSearch(best_params={**base.get_params(), **best["params"]}, criterion=criterion, results=results)
+    return HyperparameterSearch(best_params={**base.get_params(), **best["params"]}, criterion=criterion, results=results,
+                                best_scores=best["scores"])

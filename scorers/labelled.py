@@ -21,7 +21,7 @@ from typing import Any, Iterable, Sequence
 
 from scorers.conversation import Conversation, ConversationError, Turn
 
-_LABELS = {"positive": True, "negative": False, True: True, False: False, 1: True, 0: False}
+_LABELS = {"positive": True, "negative": False, True: True, False: False}
 
 
 class LabelledDataError(ValueError):

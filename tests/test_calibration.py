@@ -35,8 +35,8 @@ from scorers.conversation import Conversation, Turn
 from scorers.judges import RecordedJudge
 from scorers.llm_rubric_data import Label, RubricData, build_data, load_features, load_labels, load_n_options, load_split
 from scorers.questions import load_questions
+from tests.data_paths import LLM_RUBRIC as DATA
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "llm-rubric"
 QUESTIONS = ("Q0", "Q1")
 N_OPTIONS = {"Q0": 4, "Q1": 4}
 FAST = dict(h1=16, h2=16, batch_size=32, learning_rate=1e-2, pretrain_epochs=15, finetune_epochs=15)

@@ -19,10 +19,10 @@ from scorers.conversation import Conversation
 from scorers.judges.base import JudgeError, Judgement
 from scorers.judges.local import LocalJudge, LocalModelError, OptionTokenError, PromptTooLong
 from scorers.questions import Question, likert_question, load_questions
+from tests.data_paths import LLM_RUBRIC as DATA
 
 pytestmark = pytest.mark.slow
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "llm-rubric"
 CACHE_ENV = "CONVOWATCH_TEST_CACHE"
 # Gemma 3 270M's sliding-attention window: a prefix longer than this exercises the sliding cache layers.
 GEMMA_SLIDING_WINDOW = 512

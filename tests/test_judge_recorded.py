@@ -1,6 +1,5 @@
 """The recorded judge replays GPT-3.5's real answer distributions from the LLM-Rubric release."""
 
-from pathlib import Path
 
 import pytest
 
@@ -9,8 +8,8 @@ from scorers.judges import RecordedJudge, UnknownConversation, load_answer_table
 from scorers.judges.base import Answer, JudgeReplyError
 from scorers.judges.recorded import AnswerTableError
 from scorers.questions import Question, load_questions
+from tests.data_paths import LLM_RUBRIC as DATA
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "llm-rubric"
 REAL_TSV = DATA / "gpt-3.5-turbo-16k_real_evaluations_FIXED.tsv"
 
 

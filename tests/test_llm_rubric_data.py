@@ -19,8 +19,8 @@ from scorers.llm_rubric_data import (
     load_n_options,
     load_split,
 )
+from tests.data_paths import LLM_RUBRIC as DATA
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "llm-rubric"
 REAL_EVALS = DATA / "gpt-3.5-turbo-16k_real_evaluations_FIXED.tsv"
 REAL_HUMANS = DATA / "human_judges_real_convs_FIXED_ANON.tsv"
 SYNTH_HUMANS = DATA / "human_judges_synth_all_FIXED_ANON.tsv"

@@ -36,9 +36,9 @@ from scorers.rubrics import (
     precision_curves,
     schema,
 )
+from tests.data_paths import LLM_RUBRIC as DATA
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "llm-rubric"
 REAL_TSV = DATA / "gpt-3.5-turbo-16k_real_evaluations_FIXED.tsv"
 PROVENANCE = Provenance(judge="hand", model="hand")
 

@@ -1,0 +1,370 @@
+"""The `convowatch` command line: the one place that wires scorers, stream and dashboards.
+
+Run ``convowatch --help`` (or ``convowatch COMMAND --help``) for a tour.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import click
+import numpy as np
+
+from scorers import metrics
+from scorers.calibration import (
+    NAMED_GRIDS,
+    CalibrationError,
+    CalibrationNetwork,
+    parameter_grid,
+    predict_labels,
+    select_hyperparameters,
+)
+from scorers.conversation import Conversation
+from scorers.judges.base import Judge, JudgeError
+from scorers.labelled import (
+    LabelledConversation,
+    LabelledDataError,
+    load_labelled_jsonl,
+    require_both_classes,
+    write_labelled_jsonl,
+)
+from scorers.llm_rubric_data import (
+    NEGATIVE_MAX_MEAN_Q0,
+    OPTIONAL_QUESTIONS,
+    QUESTIONS_FILE,
+    REAL_CONVERSATIONS_FILE,
+    RubricData,
+    RubricDataError,
+    build_data,
+    dimension_rubric_set,
+    load_features,
+    load_labels,
+    load_real_conversations,
+    load_split,
+    satisfaction_labels,
+)
+from scorers.questions import QuestionError, load_questions
+from scorers.rubrics import DEFAULT_PRECISION, RubricSet, RubricSetError, evaluate
+from stream.judge_factory import judge_from_settings
+from stream.settings import Settings, SettingsError, load_settings
+
+log = logging.getLogger("convowatch")
+
+# Errors that mean "your input or configuration is wrong": printed as one line, exit code 2.
+USER_ERRORS: tuple[type[Exception], ...] = (
+    SettingsError,
+    RubricSetError,
+    LabelledDataError,
+    RubricDataError,
+    QuestionError,
+    CalibrationError,
+    JudgeError,
+    FileNotFoundError,
+)
+
+
+class _Context:
+    """Settings, loaded on first use and then kept for the invocation."""
+
+    def __init__(self) -> None:
+        self._settings: Settings | None = None
+
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            self._settings = load_settings()
+        return self._settings
+
+    def judge(self) -> Judge:
+        return judge_from_settings(self.settings.judge, self.settings.cache_dir)
+
+
+def _fail(message: str) -> None:
+    click.echo(f"convowatch: error: {message}", err=True)
+    sys.exit(2)
+
+
+def _progress(iterable, label: str, length: int | None = None):
+    return click.progressbar(iterable, label=label, length=length, file=sys.stderr, show_pos=True)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", is_flag=True, help="Log debug detail to stderr.")
+@click.pass_context
+def cli(ctx: click.Context, verbose: bool) -> None:
+    """convowatch: a streaming quality monitor for chat conversations.
+
+    \b
+    Settings come from CONVOWATCH_* environment variables (nested with "__",
+    e.g. CONVOWATCH_JUDGE__BACKEND=openai) and an optional YAML/TOML file named
+    by CONVOWATCH_CONFIG. See `convowatch config` for the values in effect.
+    """
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    ctx.obj = _Context()
+
+
+@cli.command("config")
+@click.pass_obj
+def config_cmd(obj: _Context) -> None:
+    """Print the settings in effect (secrets masked)."""
+    click.echo(json.dumps(obj.settings.redacted(), indent=2))
+
+
+# ------------------------------------------------------------------ rubrics
+
+
+@cli.group()
+def rubrics() -> None:
+    """Rubric sets (RUBICON): score conversations, fit thresholds and windows, evaluate."""
+
+
+def _netsats(rubric_set: RubricSet, items: Sequence[LabelledConversation], judge: Judge) -> np.ndarray:
+    questions = list(rubric_set.questions())
+    out = np.empty(len(items))
+    with _progress(items, "judging") as bar:
+        for i, item in enumerate(bar):
+            out[i] = rubric_set.netsat(judge.judge(item.conversation, questions))
+    return out
+
+
+@rubrics.command("fit")
+@click.option("--rubric-set", "rubric_set_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
+              help="Rubric-set JSON whose rubrics to keep (its threshold and windows are replaced).")
+@click.option("--labelled", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
+              help="Labelled conversations (JSONL: conversation_id, label positive/negative, turns).")
+@click.option("--precision", type=click.FloatRange(0.5, 1.0, max_open=True), default=DEFAULT_PRECISION, show_default=True,
+              help="Target precision P of the confidence windows.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="Where to write the fitted rubric set.")
+@click.pass_obj
+def rubrics_fit(obj: _Context, rubric_set_path: Path, labelled: Path, precision: float, out: Path) -> None:
+    """Fit the threshold θ and the confidence windows of a rubric set on labelled conversations.
+
+    Every conversation is scored with the configured judge; θ is the midpoint
+    of the two class means, and the windows are the NetSAT ranges where
+    precision on this data reaches P.
+    """
+    judge = obj.judge()  # configuration errors first, before any work
+    rubric_set = RubricSet.load(rubric_set_path)
+    items = load_labelled_jsonl(labelled)
+    require_both_classes(items, str(labelled))
+    netsats = _netsats(rubric_set, items, judge)
+    labels = np.array([i.positive for i in items])
+    fitted = rubric_set.fit_windows(netsats, labels, precision=precision)
+    fitted.save(out)
+    w = fitted.windows
+    click.echo(f"wrote {out} (version {fitted.version}): θ={w.threshold:.2f}, "
+               f"dsat window ≤ {_edge(w.dsat_upper)}, sat window ≥ {_edge(w.sat_lower)} at P={precision}")
+
+
+def _edge(value: float | None) -> str:
+    return "none (no NetSAT reaches the precision)" if value is None else f"{value:.2f}"
+
+
+@rubrics.command("evaluate")
+@click.option("--rubric-set", "rubric_set_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
+              help="A fitted rubric-set JSON (threshold and windows).")
+@click.option("--labelled", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
+              help="Labelled conversations (JSONL: conversation_id, label positive/negative, turns).")
+@click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
+@click.pass_obj
+def rubrics_evaluate(obj: _Context, rubric_set_path: Path, labelled: Path, as_json: bool) -> None:
+    """Score labelled conversations with a rubric set and report RUBICON's metrics.
+
+    \b
+    ΔNetSAT   mean NetSAT of positives minus mean of negatives (separation)
+    YR@P      share of conversations outside the uncertainty window
+    A/P/R/F1  of the threshold classifier; P/R/F1 are for the satisfied class
+    """
+    judge = obj.judge()  # configuration errors first, before any work
+    rubric_set = RubricSet.load(rubric_set_path)
+    items = load_labelled_jsonl(labelled)
+    require_both_classes(items, str(labelled))
+    netsats = _netsats(rubric_set, items, judge)
+    m = evaluate(netsats, np.array([i.positive for i in items]), rubric_set)
+    if as_json:
+        click.echo(json.dumps({"rubric_set": rubric_set.version, **m.__dict__}, indent=2))
+        return
+    click.echo(f"rubric set {rubric_set.version}: {m.n} conversations ({m.n_positive} positive)")
+    click.echo(f"ΔNetSAT {m.delta_netsat:.2f}  YR@{rubric_set.precision:.0%} {m.yield_rate:.1%}  "
+               f"A {m.accuracy:.3f}  P {m.precision:.3f}  R {m.recall:.3f}  F1 {m.f1:.3f}")
+
+
+# ------------------------------------------------------------------ calibrate
+
+_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
+
+
+def _calibration_options(fn):
+    """Options shared by `calibrate train` and `calibrate evaluate`: the two input files."""
+    fn = click.option("--human-labels", type=_FILE, required=True,
+                      help="Human judgments TSV: text_id, annotator_id and one column per question (answers 1..K, 0 = n/a).")(fn)
+    fn = click.option("--judge-answers", type=_FILE, required=True,
+                      help="The judge's answer distributions TSV: text_id, criterion, answer1_prob..answerK_prob.")(fn)
+    return fn
+
+
+def _load_calibration_data(judge_answers: Path, human_labels: Path, n_options: dict[str, int], optional: Sequence[str]) -> RubricData:
+    question_ids = tuple(n_options)
+    features = load_features(judge_answers, n_options, question_ids, optional_questions=optional)
+    labels = load_labels(human_labels, n_options, question_ids)
+    data = build_data(features, labels, n_options, question_ids)
+    if not data.labels:
+        raise RubricDataError(f"no human label in {human_labels} belongs to a conversation in {judge_answers}")
+    click.echo(f"{len(data.features)} conversations, {len(data.labels)} labels from {len(data.judges)} human judges"
+               + (f" ({data.dropped_labels} labels dropped: conversation has no judge answers)" if data.dropped_labels else ""),
+               err=True)
+    return data
+
+
+def _score_line(scores: dict[str, float]) -> str:
+    return "  ".join(f"{k} {v:.3f}" for k, v in scores.items())
+
+
+@cli.group()
+def calibrate() -> None:
+    """Calibration network (LLM-Rubric): turn judge answer distributions into calibrated
+    predictions of what human judges would answer."""
+
+
+@calibrate.command("train")
+@_calibration_options
+@click.option("--questions", type=_FILE, required=True,
+              help="questions.json: every question's options (the network's inputs and outputs).")
+@click.option("--main-question", default="Q0", show_default=True, help="The question fine-tuned last (overall satisfaction).")
+@click.option("--optional-questions", default=",".join(sorted(OPTIONAL_QUESTIONS)), show_default=True,
+              help="Questions the judge may not have been asked (their input is then all zeros), comma-separated.")
+@click.option("--grid", type=click.Choice(["paper", "small", "none"]), default="small", show_default=True,
+              help="Hyperparameter grid searched by k-fold CV: paper (64 candidates), small (6), none (defaults).")
+@click.option("--folds", type=click.IntRange(2, 20), default=5, show_default=True, help="Cross-validation folds (split by conversation).")
+@click.option("--members", type=click.IntRange(1, 50), default=1, show_default=True,
+              help="Networks trained from different seeds and averaged (an ensemble).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Directory to write the calibrator to.")
+def calibrate_train(judge_answers: Path, human_labels: Path, questions: Path, main_question: str, optional_questions: str,
+                    grid: str, folds: int, members: int, seed: int, out: Path) -> None:
+    """Train a calibration network on judge answers paired with human labels.
+
+    \b
+    1. choose hyperparameters by k-fold cross-validation (--grid),
+    2. pre-train on every question, then fine-tune on --main-question,
+    3. save weights + metadata (questions, judges, data hash) to --out.
+
+    \b
+    Example (LLM-Rubric's synthetic data):
+      convowatch calibrate train \\
+        --judge-answers gpt-3.5-turbo-16k_synth_evaluations_FIXED.tsv \\
+        --human-labels human_judges_synth_all_FIXED_ANON.tsv \\
+        --questions questions.json --out calibrator/
+    """
+    n_options = {q.id: q.n_options for q in load_questions(questions).values()}
+    if main_question not in n_options:
+        raise RubricDataError(f"--main-question {main_question!r} is not in {questions} ({', '.join(n_options)})")
+    optional = [q for q in optional_questions.split(",") if q]
+    data = _load_calibration_data(judge_answers, human_labels, n_options, optional)
+    base = CalibrationNetwork(main_question=main_question, seed=seed)
+    params: dict = {}
+    if grid != "none":
+        candidates = NAMED_GRIDS[grid]
+        with _progress(None, f"cross-validating ({folds} folds)", length=_grid_size(candidates)) as bar:
+            search = select_hyperparameters(data, candidates, base=base, k=folds, seed=seed,
+                                            on_candidate=lambda i, n, p, s: bar.update(1))
+        params = dict(search.best_params)
+        chosen = {k: params[k] for k in candidates}
+        click.echo(f"chosen by {folds}-fold CV: {chosen}; CV {_score_line(search.best_scores)}", err=True)
+    model = base.clone(**{**params, "n_members": members})
+    with _progress(None, "training", length=_training_steps(model)) as bar:
+        model.fit(data, progress=lambda p: bar.update(1))
+    model.save(out)
+    click.echo(f"wrote calibrator {model.version_} to {out}")
+
+
+def _grid_size(grid) -> int:
+    return len(parameter_grid(grid))
+
+
+def _training_steps(model: CalibrationNetwork) -> int:
+    return model.n_members * (model.pretrain_epochs + model.finetune_epochs)
+
+
+@calibrate.command("evaluate")
+@click.option("--calibrator", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
+              help="Directory written by `calibrate train`.")
+@_calibration_options
+@click.option("--question", default=None, help="Question to evaluate (default: the calibrator's main question).")
+@click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
+def calibrate_evaluate(calibrator: Path, judge_answers: Path, human_labels: Path, question: str | None, as_json: bool) -> None:
+    """Compare a calibrator's predictions with held-out human labels.
+
+    Each label is predicted with its own human judge's weights (an unknown
+    judge gets the judge-independent weights). Reports RMSE of the expected
+    answer, Pearson, Spearman, Kendall, NLL and smECE, and the smallest RMSE
+    any predictor with that Pearson could reach on these labels.
+    """
+    model = CalibrationNetwork.load(calibrator)
+    data = _load_calibration_data(judge_answers, human_labels, dict(model.n_options_),
+                                  [q for q in model.question_ids_ if q in OPTIONAL_QUESTIONS])
+    held = predict_labels(model, data, question)
+    scores = held.scores()
+    scores["rmse_bound"] = metrics.rmse_lower_bound(held.answers, scores["pearson"])
+    if as_json:
+        click.echo(json.dumps({"calibrator": model.version_, "question": held.question, "n": len(held.answers), **scores}, indent=2))
+        return
+    click.echo(f"calibrator {model.version_}, {held.question}, {len(held.answers)} labels")
+    click.echo(_score_line(scores))
+
+
+# ------------------------------------------------------------------ data
+
+
+@cli.group()
+def data() -> None:
+    """Convert public data sets into convowatch's input formats."""
+
+
+@data.command("llm-rubric")
+@click.option("--data-dir", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
+              help="The LLM-Rubric release directory (questions.json, *_FIXED*.tsv, real_data.json).")
+@click.option("--split", type=click.Choice(["real", "synth"]), required=True)
+@click.option("--negative-max-q0", type=float, default=NEGATIVE_MAX_MEAN_Q0, show_default=True,
+              help="A conversation is negative when its human judges' mean Q0 is at most this.")
+@click.option("--labelled-out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Where to write labelled conversations (JSONL).")
+@click.option("--rubric-set-out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write an unfitted rubric set with Q1-Q8 as SAT rubrics.")
+def data_llm_rubric(data_dir: Path, split: str, negative_max_q0: float, labelled_out: Path, rubric_set_out: Path | None) -> None:
+    """Labelled conversations (and a Q1-Q8 rubric set) from the LLM-Rubric release.
+
+    Real conversations carry their turns; synthetic ones are published without
+    text, so they can only be judged by the recorded judge (which answers by id).
+    """
+    split_data = load_split(data_dir, split)
+    labels = satisfaction_labels(split_data, negative_max_q0)
+    texts = load_real_conversations(data_dir / REAL_CONVERSATIONS_FILE) if split == "real" else {}
+    items = [LabelledConversation(texts.get(tid) or Conversation(tid, ()), positive) for tid, positive in sorted(labels.items())]
+    n = write_labelled_jsonl(labelled_out, items)
+    click.echo(f"wrote {n} labelled conversations ({sum(labels.values())} positive) to {labelled_out}")
+    if rubric_set_out is not None:
+        rubric_set = dimension_rubric_set(data_dir / QUESTIONS_FILE)
+        rubric_set.save(rubric_set_out)
+        click.echo(f"wrote rubric set {rubric_set.version} to {rubric_set_out}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console-script entry point: user errors become one clear line and exit code 2."""
+    try:
+        cli.main(args=argv, prog_name="convowatch", standalone_mode=False)
+    except click.exceptions.Abort:
+        _fail("aborted")
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except USER_ERRORS as e:
+        _fail(str(e))
+
+
+if __name__ == "__main__":
+    main()
