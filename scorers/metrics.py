@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import relplot
@@ -53,28 +53,26 @@ def _constant(a: np.ndarray) -> bool:
     return bool(np.all(a == a[0]))
 
 
-def pearson(y: ArrayLike, yhat: ArrayLike) -> float:
-    """Pearson correlation; NaN when either side is constant (correlation undefined)."""
+def _correlation(test: Callable[..., Any], y: ArrayLike, yhat: ArrayLike) -> float:
     a, b = _pair(y, yhat)
     if a.size < 2 or _constant(a) or _constant(b):
-        return math.nan
-    return float(stats.pearsonr(a, b).statistic)
+        return math.nan  # undefined for a constant side
+    return float(test(a, b).statistic)
+
+
+def pearson(y: ArrayLike, yhat: ArrayLike) -> float:
+    """Pearson correlation; NaN when either side is constant (correlation undefined)."""
+    return _correlation(stats.pearsonr, y, yhat)
 
 
 def spearman(y: ArrayLike, yhat: ArrayLike) -> float:
     """Spearman rank correlation; NaN when either side is constant."""
-    a, b = _pair(y, yhat)
-    if a.size < 2 or _constant(a) or _constant(b):
-        return math.nan
-    return float(stats.spearmanr(a, b).statistic)
+    return _correlation(stats.spearmanr, y, yhat)
 
 
 def kendall(y: ArrayLike, yhat: ArrayLike) -> float:
     """Kendall's tau-b (scipy's default, handles ties); NaN when either side is constant."""
-    a, b = _pair(y, yhat)
-    if a.size < 2 or _constant(a) or _constant(b):
-        return math.nan
-    return float(stats.kendalltau(a, b).statistic)
+    return _correlation(stats.kendalltau, y, yhat)
 
 
 def rmse_lower_bound(y: ArrayLike, r: float) -> float:
