@@ -23,6 +23,7 @@ test: install
 
 bench: install
 	$(PY) bench/llm_rubric_table1.py
+	$(PY) bench/local_judge_latency.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -52,8 +52,6 @@ from scorers.rubrics import DEFAULT_PRECISION, RubricSet, RubricSetError, evalua
 from stream.judge_factory import judge_from_settings
 from stream.settings import Settings, SettingsError, load_settings
 
-log = logging.getLogger("convowatch")
-
 # Errors that mean "your input or configuration is wrong": printed as one line, exit code 2.
 USER_ERRORS: tuple[type[Exception], ...] = (
     SettingsError,
@@ -199,7 +197,9 @@ _FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 
 
 def _calibration_options(fn):
-    """Options shared by `calibrate train` and `calibrate evaluate`: the two input files."""
+    """Options shared by `calibrate train` and `calibrate evaluate`: the input files."""
+    fn = click.option("--optional-questions", default=",".join(sorted(OPTIONAL_QUESTIONS)), show_default=True,
+                      help="Questions the judge may not have been asked (their input is then all zeros), comma-separated.")(fn)
     fn = click.option("--human-labels", type=_FILE, required=True,
                       help="Human judgments TSV: text_id, annotator_id and one column per question (answers 1..K, 0 = n/a).")(fn)
     fn = click.option("--judge-answers", type=_FILE, required=True,
@@ -207,8 +207,9 @@ def _calibration_options(fn):
     return fn
 
 
-def _load_calibration_data(judge_answers: Path, human_labels: Path, n_options: dict[str, int], optional: Sequence[str]) -> RubricData:
+def _load_calibration_data(judge_answers: Path, human_labels: Path, n_options: dict[str, int], optional_questions: str) -> RubricData:
     question_ids = tuple(n_options)
+    optional = [q.strip() for q in optional_questions.split(",") if q.strip()]
     features = load_features(judge_answers, n_options, question_ids, optional_questions=optional)
     labels = load_labels(human_labels, n_options, question_ids)
     data = build_data(features, labels, n_options, question_ids)
@@ -235,8 +236,6 @@ def calibrate() -> None:
 @click.option("--questions", type=_FILE, required=True,
               help="questions.json: every question's options (the network's inputs and outputs).")
 @click.option("--main-question", default="Q0", show_default=True, help="The question fine-tuned last (overall satisfaction).")
-@click.option("--optional-questions", default=",".join(sorted(OPTIONAL_QUESTIONS)), show_default=True,
-              help="Questions the judge may not have been asked (their input is then all zeros), comma-separated.")
 @click.option("--grid", type=click.Choice(["paper", "small", "none"]), default="small", show_default=True,
               help="Hyperparameter grid searched by k-fold CV: paper (64 candidates), small (6), none (defaults).")
 @click.option("--folds", type=click.IntRange(2, 20), default=5, show_default=True, help="Cross-validation folds (split by conversation).")
@@ -263,13 +262,12 @@ def calibrate_train(judge_answers: Path, human_labels: Path, questions: Path, ma
     n_options = {q.id: q.n_options for q in load_questions(questions).values()}
     if main_question not in n_options:
         raise RubricDataError(f"--main-question {main_question!r} is not in {questions} ({', '.join(n_options)})")
-    optional = [q for q in optional_questions.split(",") if q]
-    data = _load_calibration_data(judge_answers, human_labels, n_options, optional)
+    data = _load_calibration_data(judge_answers, human_labels, n_options, optional_questions)
     base = CalibrationNetwork(main_question=main_question, seed=seed)
     params: dict = {}
     if grid != "none":
         candidates = NAMED_GRIDS[grid]
-        with _progress(None, f"cross-validating ({folds} folds)", length=_grid_size(candidates)) as bar:
+        with _progress(None, f"cross-validating ({folds} folds)", length=len(parameter_grid(candidates))) as bar:
             search = select_hyperparameters(data, candidates, base=base, k=folds, seed=seed,
                                             on_candidate=lambda i, n, p, s: bar.update(1))
         params = dict(search.best_params)
@@ -282,10 +280,6 @@ def calibrate_train(judge_answers: Path, human_labels: Path, questions: Path, ma
     click.echo(f"wrote calibrator {model.version_} to {out}")
 
 
-def _grid_size(grid) -> int:
-    return len(parameter_grid(grid))
-
-
 def _training_steps(model: CalibrationNetwork) -> int:
     return model.n_members * (model.pretrain_epochs + model.finetune_epochs)
 
@@ -296,7 +290,8 @@ def _training_steps(model: CalibrationNetwork) -> int:
 @_calibration_options
 @click.option("--question", default=None, help="Question to evaluate (default: the calibrator's main question).")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
-def calibrate_evaluate(calibrator: Path, judge_answers: Path, human_labels: Path, question: str | None, as_json: bool) -> None:
+def calibrate_evaluate(calibrator: Path, judge_answers: Path, human_labels: Path, optional_questions: str,
+                       question: str | None, as_json: bool) -> None:
     """Compare a calibrator's predictions with held-out human labels.
 
     Each label is predicted with its own human judge's weights (an unknown
@@ -305,8 +300,7 @@ def calibrate_evaluate(calibrator: Path, judge_answers: Path, human_labels: Path
     any predictor with that Pearson could reach on these labels.
     """
     model = CalibrationNetwork.load(calibrator)
-    data = _load_calibration_data(judge_answers, human_labels, dict(model.n_options_),
-                                  [q for q in model.question_ids_ if q in OPTIONAL_QUESTIONS])
+    data = _load_calibration_data(judge_answers, human_labels, dict(model.n_options_), optional_questions)
     held = predict_labels(model, data, question)
     scores = held.scores()
     scores["rmse_bound"] = metrics.rmse_lower_bound(held.answers, scores["pearson"])
