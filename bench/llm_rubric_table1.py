@@ -409,8 +409,7 @@ def _netsats(rubric_set: RubricSet, data_dir: Path, split: str, data: RubricData
     judge = RecordedJudge.from_tsv(data_dir / SPLIT_FILES[split][0])
     labels = satisfaction_labels(data)
     ids = sorted(labels)
-    questions = list(rubric_set.questions())
-    netsats = np.array([rubric_set.netsat(judge.judge(Conversation(t, ()), questions)) for t in ids])
+    netsats = rubric_set.netsats(judge, (Conversation(t, ()) for t in ids))
     return netsats, np.array([labels[t] for t in ids])
 
 

@@ -36,12 +36,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Iterable, Literal, Mapping, Sequence
 
 import jsonschema
 import numpy as np
 
-from scorers.judges.base import Answer, Judgement, JudgeReplyError
+from scorers.conversation import Conversation
+from scorers.judges.base import Answer, Judge, Judgement, JudgeReplyError
 from scorers.questions import LIKERT_5, Question, likert_question
 
 SCHEMA_VERSION = 1
@@ -456,6 +457,11 @@ class RubricSet:
     def netsat(self, judgement: Judgement) -> float:
         """Σ SAT ratings − Σ DSAT ratings for one judged conversation."""
         return float(sum(r.score(self._answer(judgement, r)) for r in self.rubrics))
+
+    def netsats(self, judge: Judge, conversations: Iterable[Conversation]) -> np.ndarray:
+        """NetSAT of each conversation, asking ``judge`` this set's questions (in iteration order)."""
+        questions = list(self.questions())
+        return np.array([self.netsat(judge.judge(c, questions)) for c in conversations], dtype=float)
 
     def label(self, netsat: float) -> Label:
         return self.windows.label(netsat)

@@ -121,12 +121,8 @@ def rubrics() -> None:
 
 
 def _netsats(rubric_set: RubricSet, items: Sequence[LabelledConversation], judge: Judge) -> np.ndarray:
-    questions = list(rubric_set.questions())
-    out = np.empty(len(items))
     with _progress(items, "judging") as bar:
-        for i, item in enumerate(bar):
-            out[i] = rubric_set.netsat(judge.judge(item.conversation, questions))
-    return out
+        return rubric_set.netsats(judge, (item.conversation for item in bar))
 
 
 @rubrics.command("fit")

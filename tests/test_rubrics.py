@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from scorers.conversation import Conversation
 from scorers.judges import RecordedJudge
 from scorers.judges.base import Answer, Judgement, JudgeReplyError, Provenance
-from scorers.questions import likert_question, load_questions
+from scorers.llm_rubric_data import dimension_rubric_set, load_real_conversations
+from scorers.questions import likert_question
 from scorers.rubrics import (
     LIKERT_SCALE,
     RUBRIC_ID_PATTERN,
@@ -508,23 +509,19 @@ def test_documented_example_loads(tmp_path):
 @pytest.fixture(scope="module")
 def llm_rubric_set() -> RubricSet:
     """LLM-Rubric's Q1–Q8 as SAT rubrics: Q1–Q7 on 4-option ordinal scales, Q8 with 3 = the only good option."""
-    questions = load_questions(DATA / "questions.json")
-    rubrics = []
-    for qid in ("Q1", "Q2", "Q3", "Q4", "Q5", "Q6", "Q7", "Q8"):
-        q = questions[qid]
-        scale = (
-            Scale(q.option_keys, q.option_labels, (0, 0, 10))
-            if qid == "Q8"
-            else Scale.linear(q.option_keys, q.option_labels)
-        )
-        rubrics.append(Rubric(qid, q.text, Polarity.SAT, scale))
-    return RubricSet(tuple(rubrics), metadata={"judge": REAL_TSV.stem})
+    return dimension_rubric_set(DATA / "questions.json")
 
 
 @pytest.fixture(scope="module")
 def real_conversations() -> list[Conversation]:
-    raw = json.loads((DATA / "real_data.json").read_text(encoding="utf-8"))
-    return [Conversation.from_messages(c["_id"], c["messages"]) for c in raw]
+    return list(load_real_conversations(DATA / "real_data.json").values())
+
+
+def test_netsats_scores_each_conversation_with_the_judge(llm_rubric_set, real_conversations):
+    judge = RecordedJudge.from_tsv(REAL_TSV)
+    first = real_conversations[:5]
+    expected = [llm_rubric_set.netsat(judge.judge(c, llm_rubric_set.questions())) for c in first]
+    assert llm_rubric_set.netsats(judge, iter(first)).tolist() == pytest.approx(expected)
 
 
 def test_scoring_a_recorded_judgement_matches_the_file(llm_rubric_set, real_conversations):
