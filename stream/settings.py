@@ -52,12 +52,81 @@ class JudgeSettings(BaseModel):
     max_transcript_chars: int = Field(default=24_000, ge=200)
 
 
+class KafkaSettings(BaseModel):
+    """The broker, topic names and client tuning. Defaults suit a real Apache Kafka."""
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    events_topic: str = "convowatch.events"
+    closed_topic: str = "convowatch.closed"
+    scores_topic: str = "convowatch.scores"
+    dead_letter_topic: str = "convowatch.dead-letters"
+    partitions: int = Field(default=4, ge=1, description="Partitions of each topic created on start (= max workers).")
+    replication_factor: int = Field(default=1, ge=1)
+    app_id: str = Field(default="convowatch", description="Faust app id = the workers' consumer group.")
+    sink_group: str = "convowatch-sink"
+    session_timeout_s: float = Field(default=30.0, gt=0)
+    heartbeat_interval_s: float = Field(default=3.0, gt=0)
+    max_poll_interval_s: float = Field(default=300.0, gt=0)
+    commit_interval_s: float = Field(default=2.0, gt=0)
+    # Max bytes per producer batch. tansu (embedded stack) loses Faust table updates on
+    # recovery unless this is 1 (one record per batch); real Kafka wants the default.
+    producer_max_batch_size: int = Field(default=16384, ge=1)
+
+
+class AssemblySettings(BaseModel):
+    """How events become conversations."""
+
+    idle_timeout_s: float = Field(default=1800.0, gt=0, description="Close a conversation this long after its last event.")
+    idle_check_interval_s: float = Field(default=10.0, gt=0)
+    max_turns: int = Field(default=200, ge=1, description="A conversation is closed (cause max_turns) when it reaches this many turns.")
+    max_text_bytes: int = Field(default=32_768, ge=1, description="Turn texts larger than this (UTF-8 bytes) are dead-lettered.")
+    max_event_bytes: int = Field(default=262_144, ge=1, description="Whole events larger than this are dead-lettered.")
+    closed_retention_s: float = Field(
+        default=86_400.0, gt=0, description="How long a closed conversation is remembered to recognise late and redelivered events."
+    )
+
+
+class ScoringSettings(BaseModel):
+    """Retries and aggregation when scoring closed conversations."""
+
+    max_attempts: int = Field(default=5, ge=1, description="Judge attempts per conversation before it is stored as unscored.")
+    retry_initial_s: float = Field(default=1.0, gt=0)
+    retry_max_s: float = Field(default=60.0, gt=0)
+    concurrency: int = Field(default=1, ge=1, description="Conversations scored at once per worker.")
+    trusted_judges: list[str] = Field(default_factory=list, description="Human judges the calibrator aggregates over; empty = shared weights.")
+    dissatisfied_max_value: float = Field(default=2.0, description="Main-question answers <= this count as dissatisfied.")
+    questions: Path | None = Field(default=None, description="Questions file defining the calibrator's questions (their texts for the judge).")
+
+
+class StoreSettings(BaseModel):
+    """Where scores are written (ClickHouse)."""
+
+    dsn: str = Field(default="chdb://.convowatch/clickhouse", description="chdb://DIR (embedded) or http(s)://user:pass@host:port.")
+    database: str = "convowatch"
+    batch_size: int = Field(default=500, ge=1)
+    flush_interval_s: float = Field(default=1.0, gt=0)
+
+
+class MetricsSettings(BaseModel):
+    """The Prometheus endpoint and its label policy."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=9464, ge=0, le=65535, description="0 = no /metrics endpoint.")
+    label_attributes: list[str] = Field(default_factory=lambda: ["product", "model_version"])
+    max_label_values: int = Field(default=50, ge=1, description="Distinct values per attribute label; more are reported as 'other'.")
+
+
 class Settings(BaseSettings):
     """All of convowatch's configuration."""
 
     model_config = SettingsConfigDict(env_prefix="CONVOWATCH_", env_nested_delimiter="__", extra="forbid")
 
     judge: JudgeSettings = Field(default_factory=JudgeSettings)
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    assembly: AssemblySettings = Field(default_factory=AssemblySettings)
+    scoring: ScoringSettings = Field(default_factory=ScoringSettings)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     rubric_set: Path | None = None
     calibrator: Path | None = None
     cache_dir: Path = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "convowatch"

@@ -1,0 +1,1 @@
+"""The embedded local stack: tansu (Kafka protocol), Prometheus and Alertmanager as plain processes."""

@@ -1,0 +1,225 @@
+"""Detached server processes tracked by pid files in a state directory.
+
+A service ``name`` owns ``<state_dir>/<name>.pid`` (the pid, nothing else),
+``<state_dir>/<name>.json`` (pid, url and argv, so ``status`` can report the
+URL a service was really started with) and ``<state_dir>/<name>.log`` (its
+stdout and stderr, truncated at each start). Processes run in their own
+session so they outlive the command that started them and ignore its Ctrl-C.
+
+A pid is trusted only while that process is alive, not a zombie, and its
+executable is one of the names the caller expects (so a recycled pid is never
+signalled); otherwise the pid file is stale and is removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+LOCALHOST = "127.0.0.1"
+LOG_TAIL_LINES = 20
+STOP_TIMEOUT_S = 10.0
+KILL_TIMEOUT_S = 5.0
+PROBE_INTERVAL_S = 0.1
+
+# Popen objects of processes started by this Python process, so stopping one reaps it (no zombie, no ResourceWarning).
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+class StackError(RuntimeError):
+    """A local-stack service could not be started, found or stopped; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Tracked:
+    """What the state directory records about a running service."""
+
+    pid: int
+    url: str
+
+
+def pid_path(state_dir: Path, name: str) -> Path:
+    return state_dir / f"{name}.pid"
+
+
+def record_path(state_dir: Path, name: str) -> Path:
+    return state_dir / f"{name}.json"
+
+
+def log_path(state_dir: Path, name: str) -> Path:
+    return state_dir / f"{name}.log"
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a log file (or a note that it cannot be read)."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        return f"(cannot read {path}: {e})"
+    tail = text.splitlines()[-lines:]
+    return "\n".join(tail) if tail else f"({path} is empty)"
+
+
+def port_in_use(port: int, host: str = LOCALHOST) -> bool:
+    """True if a server could not bind ``host:port`` right now (SO_REUSEADDR, like the servers themselves)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def tcp_accepts(port: int, host: str = LOCALHOST, timeout_s: float = 1.0) -> bool:
+    """True if a TCP connection to ``host:port`` succeeds right now."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status of a child of this process that has exited (so it is not a zombie)."""
+    child = _CHILDREN.get(pid)
+    if child is not None and child.poll() is not None:
+        del _CHILDREN[pid]
+
+
+def process_alive(pid: int, executables: Sequence[str]) -> bool:
+    """True if ``pid`` runs and (where /proc exists) is not a zombie and runs one of ``executables`` (basenames)."""
+    _reap(pid)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists but belongs to another user: the /proc check below decides
+    proc = Path("/proc")
+    if not (proc / "self").exists():
+        return True  # no procfs (not Linux): existence is all we can check
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+        argv0 = (proc / str(pid) / "cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
+    except OSError:
+        return False
+    if stat[stat.rfind(")") + 2 :].startswith("Z"):
+        return False
+    return os.path.basename(argv0) in executables
+
+
+def read_tracked(state_dir: Path, name: str, executables: Sequence[str]) -> Tracked | None:
+    """The running service ``name`` recorded in ``state_dir``, or None; stale pid files are removed."""
+    path = pid_path(state_dir, name)
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return None
+    try:
+        pid = int(text)
+    except ValueError:
+        raise StackError(f"{path} does not hold a pid (it reads {text[:40]!r}); remove it and retry") from None
+    if not process_alive(pid, executables):
+        forget(state_dir, name)
+        return None
+    url = ""
+    try:
+        url = str(json.loads(record_path(state_dir, name).read_text()).get("url", ""))
+    except (OSError, ValueError, AttributeError):
+        pass  # the pid file alone is enough to manage the process; the caller knows the configured URL
+    return Tracked(pid, url)
+
+
+def forget(state_dir: Path, name: str) -> None:
+    """Remove the pid file and record of ``name``."""
+    pid_path(state_dir, name).unlink(missing_ok=True)
+    record_path(state_dir, name).unlink(missing_ok=True)
+
+
+def launch(state_dir: Path, name: str, argv: Sequence[str], url: str, cwd: Path) -> subprocess.Popen[bytes]:
+    """Start ``argv`` detached (own session), output to ``<name>.log``, and record its pid and URL."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    cwd.mkdir(parents=True, exist_ok=True)
+    with open(log_path(state_dir, name), "wb") as out:
+        try:
+            process = subprocess.Popen(
+                list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                cwd=cwd, start_new_session=True,
+            )
+        except OSError as e:
+            raise StackError(f"cannot start {name} ({argv[0]}): {e}") from e
+    _CHILDREN[process.pid] = process
+    _write_atomic(pid_path(state_dir, name), f"{process.pid}\n")
+    _write_atomic(record_path(state_dir, name), json.dumps({"pid": process.pid, "url": url, "argv": list(argv)}, indent=2) + "\n")
+    return process
+
+
+def wait_ready(
+    state_dir: Path,
+    name: str,
+    process: subprocess.Popen[bytes],
+    executables: Sequence[str],
+    ready: Callable[[], bool],
+    timeout_s: float,
+) -> None:
+    """Return once ``ready()`` is true; if the process exits or the timeout passes, stop it and raise with its log tail."""
+    log = log_path(state_dir, name)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            forget(state_dir, name)
+            _CHILDREN.pop(process.pid, None)
+            raise StackError(
+                f"{name} exited with code {process.returncode} while starting; last {LOG_TAIL_LINES} lines of {log}:\n"
+                f"{log_tail(log)}"
+            )
+        if ready():
+            return
+        time.sleep(PROBE_INTERVAL_S)
+    terminate(process.pid, executables)
+    forget(state_dir, name)
+    raise StackError(f"{name} was not ready after {timeout_s:.0f} s; last {LOG_TAIL_LINES} lines of {log}:\n{log_tail(log)}")
+
+
+def terminate(pid: int, executables: Sequence[str], timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM ``pid``, wait up to ``timeout_s``, then SIGKILL; raise StackError if it still runs."""
+    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, KILL_TIMEOUT_S)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            _reap(pid)
+            return
+        if _wait_gone(pid, executables, wait_s):
+            return
+    raise StackError(f"process {pid} survived SIGKILL for {KILL_TIMEOUT_S:.0f} s")
+
+
+def _wait_gone(pid: int, executables: Sequence[str], timeout_s: float) -> bool:
+    child = _CHILDREN.get(pid)
+    if child is not None:
+        try:
+            child.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return False
+        _CHILDREN.pop(pid, None)
+        return True
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not process_alive(pid, executables):
+            return True
+        time.sleep(PROBE_INTERVAL_S)
+    return False
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

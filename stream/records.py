@@ -1,0 +1,189 @@
+"""Records that travel between the service's stages, as JSON on Kafka topics.
+
+* `ClosedConversation` — on the closed-conversations topic: the assembled
+  conversation (ordered turns, attributes) and why it was closed.
+* `ScoreRecord` — on the scores topic: everything the scorer produced for one
+  closed conversation (or why it could not), with the versions that produced
+  it. The sink writes these rows to ClickHouse; downstream consumers read the
+  same topic.
+
+Both are plain data with ``to_json``/``from_json``; times are UTC epoch
+seconds (floats) so the records stay language-neutral.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from scorers.conversation import Conversation, Turn
+
+RECORD_VERSION = 1
+
+CloseCause = Literal["end", "idle_timeout", "max_turns"]
+ScoreStatus = Literal["scored", "unscored"]
+
+
+class RecordError(ValueError):
+    """A record on an internal topic that cannot be decoded."""
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    index: int
+    role: str
+    text: str
+    timestamp: float
+
+
+@dataclass(frozen=True)
+class ClosedConversation:
+    """An assembled conversation, ready to score."""
+
+    conversation_id: str
+    turns: tuple[TurnRecord, ...]
+    attributes: dict[str, str]
+    close_cause: CloseCause
+    closed_at: float
+    first_event_at: float
+    last_event_at: float
+    missing_turn_indices: tuple[int, ...] = ()
+
+    def to_conversation(self) -> Conversation:
+        """The scoring library's view: turns in index order, attributes kept."""
+        return Conversation(
+            id=self.conversation_id,
+            turns=tuple(
+                Turn(role=t.role, text=t.text, timestamp=datetime.fromtimestamp(t.timestamp, tz=timezone.utc)) for t in self.turns
+            ),
+            attributes=self.attributes,
+        )
+
+    def to_json(self) -> bytes:
+        return _dump({"record_version": RECORD_VERSION, **asdict(self)})
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ClosedConversation":
+        try:
+            return cls(
+                conversation_id=str(d["conversation_id"]),
+                turns=tuple(TurnRecord(**t) for t in d["turns"]),
+                attributes={str(k): str(v) for k, v in d["attributes"].items()},
+                close_cause=d["close_cause"],
+                closed_at=float(d["closed_at"]),
+                first_event_at=float(d["first_event_at"]),
+                last_event_at=float(d["last_event_at"]),
+                missing_turn_indices=tuple(int(i) for i in d.get("missing_turn_indices", ())),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise RecordError(f"not a closed-conversation record: {e!r}") from e
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> "ClosedConversation":
+        return cls.from_dict(_load(raw))
+
+
+@dataclass(frozen=True)
+class DimensionPrediction:
+    """The calibrator's predicted distribution of a human answer to one question."""
+
+    question_id: str
+    probabilities: tuple[float, ...]
+    expected_value: float
+
+
+@dataclass(frozen=True)
+class RubricHit:
+    """One rubric's signed score (DSAT rubrics negative) in a conversation's NetSAT."""
+
+    rubric_id: str
+    polarity: str
+    score: float
+
+
+@dataclass(frozen=True)
+class ScoreRecord:
+    """The outcome of scoring one closed conversation; ``status`` says whether it was scored."""
+
+    conversation: ClosedConversation
+    status: ScoreStatus
+    scorer_version: str
+    judge: str
+    rubric_set_version: str
+    calibrator_version: str
+    scored_at: float
+    attempts: int
+    unscored_reason: str = ""
+    netsat: float | None = None
+    label: str = ""  # sat | dsat | uncertain ('' when unscored)
+    threshold_label: str = ""  # sat | dsat by θ alone
+    main_question_id: str = ""
+    main_probabilities: tuple[float, ...] = ()
+    main_expected_value: float | None = None
+    dissatisfaction_probability: float | None = None
+    dimensions: tuple[DimensionPrediction, ...] = ()
+    rubrics: tuple[RubricHit, ...] = ()
+    judge_calls: int = 0
+    judge_prompt_tokens: int = 0
+    judge_completion_tokens: int = 0
+    judge_latency_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def conversation_id(self) -> str:
+        return self.conversation.conversation_id
+
+    def to_json(self) -> bytes:
+        return _dump({"record_version": RECORD_VERSION, **asdict(self)})
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> "ScoreRecord":
+        d = _load(raw)
+        try:
+            return cls(
+                conversation=ClosedConversation.from_dict(d["conversation"]),
+                status=d["status"],
+                scorer_version=d["scorer_version"],
+                judge=d["judge"],
+                rubric_set_version=d["rubric_set_version"],
+                calibrator_version=d["calibrator_version"],
+                scored_at=float(d["scored_at"]),
+                attempts=int(d["attempts"]),
+                unscored_reason=d.get("unscored_reason", ""),
+                netsat=d.get("netsat"),
+                label=d.get("label", ""),
+                threshold_label=d.get("threshold_label", ""),
+                main_question_id=d.get("main_question_id", ""),
+                main_probabilities=tuple(d.get("main_probabilities", ())),
+                main_expected_value=d.get("main_expected_value"),
+                dissatisfaction_probability=d.get("dissatisfaction_probability"),
+                dimensions=tuple(DimensionPrediction(**{**x, "probabilities": tuple(x["probabilities"])}) for x in d.get("dimensions", ())),
+                rubrics=tuple(RubricHit(**x) for x in d.get("rubrics", ())),
+                judge_calls=int(d.get("judge_calls", 0)),
+                judge_prompt_tokens=int(d.get("judge_prompt_tokens", 0)),
+                judge_completion_tokens=int(d.get("judge_completion_tokens", 0)),
+                judge_latency_s=float(d.get("judge_latency_s", 0.0)),
+                extra=dict(d.get("extra", {})),
+            )
+        except RecordError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise RecordError(f"not a score record: {e!r}") from e
+
+
+def _dump(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def _load(raw: bytes) -> dict[str, Any]:
+    try:
+        d = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RecordError(f"not JSON: {e}") from e
+    if not isinstance(d, dict):
+        raise RecordError("record must be a JSON object")
+    if d.get("record_version") != RECORD_VERSION:
+        raise RecordError(f"record_version {d.get('record_version')!r} is not {RECORD_VERSION}")
+    return d

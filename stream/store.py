@@ -1,0 +1,705 @@
+"""convowatch's ClickHouse store: score rows in, deduplicated reads out.
+
+The sink writes each `ScoreRecord` as rows in four tables (conversations,
+conversation_scores, dimension_predictions, rubric_scores) and user feedback
+in a fifth, all ReplacingMergeTree keyed so that writing the same record again
+(re-delivery after a crash, re-scoring) replaces rather than adds: read them
+with ``FINAL`` (see docs/clickhouse-schema.md).
+
+The DSN picks the engine: ``chdb://DIR`` is chDB, ClickHouse running inside
+this process on a data directory (relative DIRs resolve against the current
+directory); ``http(s)://user:pass@host:port`` is a ClickHouse server. chDB
+has two hard limits that surface here as `StoreError`: one engine (one
+directory) per process, and one process per directory. Several stores on the
+same directory in one process are fine: they share the engine, each with its
+own connection and default database.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from urllib.parse import urlsplit, urlunsplit
+
+import clickhouse_connect
+from clickhouse_connect.driver.exceptions import Error as ClickHouseDriverError
+
+from stream.records import ClosedConversation, RubricHit, ScoreRecord
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
+
+    from stream.settings import StoreSettings
+
+
+class StoreError(RuntimeError):
+    """The store cannot be opened, migrated, written or read; the message says which and why."""
+
+
+class RejectedRowError(StoreError):
+    """A score record or feedback row the store refuses (bad value): retrying the same batch cannot succeed."""
+
+
+# --- schema -------------------------------------------------------------------------------------
+
+_TS = "DateTime64(6, 'UTC')"
+_LC = "LowCardinality(String)"
+
+# conversation_scores' version: a scored row beats an unscored one whatever their times (a later
+# failed re-score must not hide a good score, nor orphan its dimension/rubric rows); among rows of
+# the same status the later scored_at wins.
+SCORED_BIT = 1 << 62
+_SCORE_VERSION = f"bitOr(toUInt64(status = 'scored') * {SCORED_BIT}, toUInt64(toUnixTimestamp64Micro(scored_at)))"
+
+MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "0001_initial",
+        (
+            f"""CREATE TABLE IF NOT EXISTS {{db}}.conversations (
+                conversation_id String,
+                closed_at {_TS},
+                close_cause {_LC},
+                first_event_at {_TS},
+                last_event_at {_TS},
+                n_turns UInt32,
+                missing_turn_indices Array(UInt32),
+                attributes Map(String, String),
+                product {_LC},
+                model_version {_LC},
+                content_hash String,
+                turns Array(Tuple(index UInt32, role {_LC}, text String, timestamp {_TS}))
+            ) ENGINE = ReplacingMergeTree(closed_at) ORDER BY conversation_id""",
+            f"""CREATE TABLE IF NOT EXISTS {{db}}.conversation_scores (
+                conversation_id String,
+                scorer_version {_LC},
+                status {_LC},
+                unscored_reason String,
+                judge {_LC},
+                rubric_set_version {_LC},
+                calibrator_version {_LC},
+                scored_at {_TS},
+                closed_at {_TS},
+                attempts UInt32,
+                netsat Nullable(Float64),
+                label {_LC},
+                threshold_label {_LC},
+                main_question_id {_LC},
+                main_probabilities Array(Float64),
+                main_expected_value Nullable(Float64),
+                dissatisfaction_probability Nullable(Float64),
+                product {_LC},
+                model_version {_LC},
+                attributes Map(String, String),
+                n_turns UInt32,
+                judge_calls UInt32,
+                judge_prompt_tokens UInt64,
+                judge_completion_tokens UInt64,
+                judge_latency_s Float64,
+                extra String,
+                stored_at {_TS} DEFAULT now64(6),
+                version UInt64 MATERIALIZED {_SCORE_VERSION}
+            ) ENGINE = ReplacingMergeTree(version) ORDER BY (conversation_id, scorer_version)""",
+            f"""CREATE TABLE IF NOT EXISTS {{db}}.dimension_predictions (
+                conversation_id String,
+                scorer_version {_LC},
+                question_id {_LC},
+                probabilities Array(Float64),
+                expected_value Float64,
+                product {_LC},
+                model_version {_LC},
+                closed_at {_TS},
+                scored_at {_TS}
+            ) ENGINE = ReplacingMergeTree(scored_at) ORDER BY (conversation_id, scorer_version, question_id)""",
+            f"""CREATE TABLE IF NOT EXISTS {{db}}.rubric_scores (
+                conversation_id String,
+                scorer_version {_LC},
+                rubric_id {_LC},
+                polarity {_LC},
+                score Float64,
+                product {_LC},
+                model_version {_LC},
+                closed_at {_TS},
+                scored_at {_TS}
+            ) ENGINE = ReplacingMergeTree(scored_at) ORDER BY (conversation_id, scorer_version, rubric_id)""",
+            f"""CREATE TABLE IF NOT EXISTS {{db}}.feedback (
+                conversation_id String,
+                turn_index Int32,
+                timestamp {_TS},
+                rating {_LC},
+                comment String,
+                attributes Map(String, String),
+                product {_LC},
+                model_version {_LC},
+                received_at {_TS}
+            ) ENGINE = ReplacingMergeTree(received_at) ORDER BY (conversation_id, turn_index, timestamp)""",
+            """CREATE VIEW IF NOT EXISTS {db}.latest_scores AS
+                SELECT * FROM {db}.conversation_scores FINAL
+                ORDER BY conversation_id, version DESC
+                LIMIT 1 BY conversation_id""",
+        ),
+    ),
+)
+
+_MIGRATIONS_TABLE = f"""CREATE TABLE IF NOT EXISTS {{db}}.schema_migrations (
+    id String,
+    applied_at {_TS} DEFAULT now64(6)
+) ENGINE = ReplacingMergeTree(applied_at) ORDER BY id"""
+
+CONVERSATION_COLUMNS = (
+    "conversation_id", "closed_at", "close_cause", "first_event_at", "last_event_at", "n_turns",
+    "missing_turn_indices", "attributes", "product", "model_version", "content_hash", "turns",
+)  # fmt: skip
+SCORE_COLUMNS = (
+    "conversation_id", "scorer_version", "status", "unscored_reason", "judge", "rubric_set_version",
+    "calibrator_version", "scored_at", "closed_at", "attempts", "netsat", "label", "threshold_label",
+    "main_question_id", "main_probabilities", "main_expected_value", "dissatisfaction_probability",
+    "product", "model_version", "attributes", "n_turns", "judge_calls", "judge_prompt_tokens",
+    "judge_completion_tokens", "judge_latency_s", "extra",
+)  # fmt: skip
+DIMENSION_COLUMNS = (
+    "conversation_id", "scorer_version", "question_id", "probabilities", "expected_value",
+    "product", "model_version", "closed_at", "scored_at",
+)  # fmt: skip
+RUBRIC_COLUMNS = (
+    "conversation_id", "scorer_version", "rubric_id", "polarity", "score", "product", "model_version", "closed_at", "scored_at",
+)  # fmt: skip
+FEEDBACK_COLUMNS = (
+    "conversation_id", "turn_index", "timestamp", "rating", "comment", "attributes", "product", "model_version", "received_at",
+)  # fmt: skip
+
+LABELS = ("sat", "dsat", "uncertain")
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+# --- rows ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FeedbackRow:
+    """A user's rating of a conversation turn, as stored in the ``feedback`` table."""
+
+    conversation_id: str
+    turn_index: int
+    rating: str
+    comment: str
+    timestamp: float
+    attributes: dict[str, str] = field(default_factory=dict)
+    received_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class VariantSummary:
+    """Scores of the conversations sharing one value of the grouping attribute."""
+
+    variant: str
+    n: int
+    n_scored: int
+    dsat_rate: float | None  # share of scored conversations labelled dsat
+    calibrated_satisfaction: float | None  # mean calibrated expected answer to the main question
+    calibrated_dissatisfaction: float | None  # mean calibrated P(dissatisfied)
+
+
+@dataclass(frozen=True)
+class WorstConversation:
+    """A conversation with a high calibrated P(dissatisfied) / low NetSAT, and the DSAT rubrics it hit."""
+
+    conversation_id: str
+    scorer_version: str
+    netsat: float | None
+    label: str
+    dissatisfaction_probability: float | None
+    dsat_hits: tuple[RubricHit, ...]
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Label counts, per-variant scores and the worst conversations, one (latest) score per conversation."""
+
+    by_label: dict[str, int]
+    group_by: str
+    variants: tuple[VariantSummary, ...]
+    worst: tuple[WorstConversation, ...]
+
+
+# --- the store ----------------------------------------------------------------------------------
+
+
+class ClickHouseStore:
+    """Writes score records and feedback to ClickHouse (chDB in-process or a server) and reads them back."""
+
+    def __init__(self, dsn: str, database: str = "convowatch") -> None:
+        if not _IDENTIFIER.match(database):
+            raise StoreError(f"store database name {database!r} is not a plain identifier (letters, digits, _)")
+        self.database = database
+        self.dsn = _redact(dsn)
+        self.chdb_path: Path | None = None
+        self._closed = False
+        scheme = urlsplit(dsn).scheme.lower() if "://" in dsn else ""
+        if scheme == "chdb":
+            self.chdb_path = _chdb_dir(dsn)
+            self._client = _ENGINE.open(self.chdb_path)
+        elif scheme in ("http", "https"):
+            self._client = _open_server(dsn)
+        else:
+            raise StoreError(
+                f"store DSN {self.dsn!r} has scheme {scheme or '(none)'!r}; "
+                "use chdb://DIR (embedded engine) or http(s)://user:pass@host:port (ClickHouse server)"
+            )
+        if self._database_exists():
+            self._client.database = database
+
+    @classmethod
+    def open(cls, settings: "StoreSettings") -> "ClickHouseStore":
+        """The store the settings name (``store.dsn``, ``store.database``)."""
+        return cls(settings.dsn, settings.database)
+
+    def __enter__(self) -> "ClickHouseStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ClickHouseStore(dsn={self.dsn!r}, database={self.database!r})"
+
+    # schema
+
+    def migrate(self) -> list[str]:
+        """Create the database, tables and view if missing; returns the migration ids applied by this call.
+
+        ``schema_migrations`` records applied ids, so a second call applies nothing. Every DDL is
+        ``IF NOT EXISTS``, so a migration interrupted half way is simply re-run.
+        """
+        db = self.database
+        self._command(f"CREATE DATABASE IF NOT EXISTS {db}", "creating the database")
+        self._command(_MIGRATIONS_TABLE.format(db=db), "creating schema_migrations")
+        self._client.database = db
+        done = {r["id"] for r in self._select(f"SELECT id FROM {db}.schema_migrations FINAL", None, "reading schema_migrations")}
+        applied = []
+        for migration_id, statements in MIGRATIONS:
+            if migration_id in done:
+                continue
+            for ddl in statements:
+                self._command(ddl.format(db=db), f"applying migration {migration_id}")
+            self._insert("schema_migrations", [[migration_id]], ("id",))
+            applied.append(migration_id)
+        return applied
+
+    def applied_migrations(self) -> list[str]:
+        """Ids in ``schema_migrations``, oldest first."""
+        rows = self._select(
+            f"SELECT id FROM {self.database}.schema_migrations FINAL ORDER BY applied_at, id", None, "reading schema_migrations"
+        )
+        return [r["id"] for r in rows]
+
+    # writes
+
+    def check_scores(self, records: Sequence[ScoreRecord]) -> None:
+        """Raise `RejectedRowError` if any record cannot become rows (without writing)."""
+        for r in records:
+            try:
+                _append_score_rows(r, [], [], [], [])
+            except (ValueError, TypeError, OverflowError, AttributeError) as e:
+                raise RejectedRowError(f"score record for conversation {getattr(r, 'conversation_id', r)!r}: {e}") from e
+
+    def check_feedback(self, items: Sequence[FeedbackRow]) -> None:
+        """Raise `RejectedRowError` if any feedback item cannot become a row (without writing)."""
+        for f in items:
+            try:
+                _feedback_row(f)
+            except (ValueError, TypeError, OverflowError, AttributeError) as e:
+                raise RejectedRowError(f"feedback for conversation {getattr(f, 'conversation_id', f)!r}: {e}") from e
+
+    def write_scores(self, records: Sequence[ScoreRecord]) -> dict[str, int]:
+        """Insert the records' rows, one batch insert per table; returns the rows written per table."""
+        conversations: list[list[Any]] = []
+        scores: list[list[Any]] = []
+        dimensions: list[list[Any]] = []
+        rubrics: list[list[Any]] = []
+        for r in records:
+            try:
+                _append_score_rows(r, conversations, scores, dimensions, rubrics)
+            except (ValueError, TypeError, OverflowError, AttributeError) as e:
+                raise RejectedRowError(f"score record for conversation {getattr(r, 'conversation_id', r)!r}: {e}") from e
+        batches = {
+            "conversations": (conversations, CONVERSATION_COLUMNS),
+            "conversation_scores": (scores, SCORE_COLUMNS),
+            "dimension_predictions": (dimensions, DIMENSION_COLUMNS),
+            "rubric_scores": (rubrics, RUBRIC_COLUMNS),
+        }
+        for table, (rows, columns) in batches.items():
+            if rows:
+                self._insert(table, rows, columns)
+        return {table: len(rows) for table, (rows, _) in batches.items()}
+
+    def write_feedback(self, items: Sequence[FeedbackRow]) -> int:
+        """Insert feedback rows in one batch; returns how many."""
+        rows = []
+        for f in items:
+            try:
+                rows.append(_feedback_row(f))
+            except (ValueError, TypeError, OverflowError, AttributeError) as e:
+                raise RejectedRowError(f"feedback for conversation {getattr(f, 'conversation_id', f)!r}: {e}") from e
+        if rows:
+            self._insert("feedback", rows, FEEDBACK_COLUMNS)
+        return len(rows)
+
+    # reads
+
+    def query(self, sql: str, parameters: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Run a read-only query (``readonly=1``: writes and DDL are refused) and return rows as dicts.
+
+        Unqualified table names resolve in this store's database once it exists. DateTime64 columns
+        come back as timezone-aware UTC datetimes.
+        """
+        return self._select(sql, parameters, "query")
+
+    def count_conversations(self, scorer_version: str | None = None) -> int:
+        """Distinct conversations with a score row (scored or not), optionally for one scorer version."""
+        where = "WHERE scorer_version = {sv:String}" if scorer_version is not None else ""
+        rows = self._select(
+            f"SELECT uniqExact(conversation_id) AS n FROM {self.database}.conversation_scores {where}",
+            {"sv": scorer_version} if scorer_version is not None else None,
+            "counting conversations",
+        )
+        return int(rows[0]["n"])
+
+    def summary(
+        self, worst: int = 5, group_by: str = "dialogue_version", scorer_version: str | None = None, top_rubrics: int = 3
+    ) -> Summary:
+        """Label counts, per-``group_by``-attribute scores and the ``worst`` conversations.
+
+        One score per conversation: the latest (``latest_scores``), or the given scorer version's.
+        Conversations without the ``group_by`` attribute form the ``''`` variant. Worst = highest
+        calibrated P(dissatisfied), then lowest NetSAT; each with its ``top_rubrics`` strongest DSAT hits.
+        """
+        db = self.database
+        if scorer_version is None:
+            source, params = f"{db}.latest_scores", {}
+        else:
+            source, params = f"(SELECT * FROM {db}.conversation_scores FINAL WHERE scorer_version = {{sv:String}})", {"sv": scorer_version}
+        counts = self._select(
+            f"""SELECT countIf(status = 'scored' AND label = 'sat') AS sat,
+                       countIf(status = 'scored' AND label = 'dsat') AS dsat,
+                       countIf(status = 'scored' AND label = 'uncertain') AS uncertain,
+                       countIf(status = 'unscored') AS unscored
+                FROM {source}""",
+            params,
+            "summarising labels",
+        )[0]
+        variant_rows = self._select(
+            f"""SELECT attributes[{{key:String}}] AS variant,
+                       count() AS n,
+                       countIf(status = 'scored') AS n_scored,
+                       countIf(status = 'scored' AND label = 'dsat') / nullIf(countIf(status = 'scored'), 0) AS dsat_rate,
+                       avg(main_expected_value) AS calibrated_satisfaction,
+                       avg(dissatisfaction_probability) AS calibrated_dissatisfaction
+                FROM {source} GROUP BY variant ORDER BY variant""",
+            {**params, "key": group_by},
+            "summarising variants",
+        )
+        worst_rows = self._select(
+            f"""SELECT conversation_id, scorer_version, scored_at, netsat, label, dissatisfaction_probability
+                FROM {source} WHERE status = 'scored'
+                ORDER BY dissatisfaction_probability DESC NULLS LAST, netsat ASC NULLS LAST, conversation_id
+                LIMIT {{n:UInt32}}""",
+            {**params, "n": worst},
+            "finding the worst conversations",
+        )
+        hits: dict[tuple[str, str], list[RubricHit]] = {}
+        if worst_rows and top_rubrics > 0:
+            for h in self._select(
+                f"""SELECT conversation_id, scorer_version, scored_at, rubric_id, polarity, score
+                    FROM {db}.rubric_scores FINAL
+                    WHERE conversation_id IN {{ids:Array(String)}} AND polarity = 'dsat' AND score < 0
+                    ORDER BY conversation_id, scorer_version, score ASC, rubric_id""",
+                {"ids": [w["conversation_id"] for w in worst_rows]},
+                "reading DSAT rubric hits",
+            ):
+                hits.setdefault((h["conversation_id"], h["scorer_version"]), []).append(h)  # type: ignore[arg-type]
+        worst_out = []
+        for w in worst_rows:
+            key = (w["conversation_id"], w["scorer_version"])
+            # only the rubric rows written with this score (same scored_at), strongest first
+            own = [h for h in hits.get(key, []) if h["scored_at"] == w["scored_at"]][:top_rubrics]  # type: ignore[index]
+            worst_out.append(
+                WorstConversation(
+                    conversation_id=w["conversation_id"],
+                    scorer_version=w["scorer_version"],
+                    netsat=w["netsat"],
+                    label=w["label"],
+                    dissatisfaction_probability=w["dissatisfaction_probability"],
+                    dsat_hits=tuple(RubricHit(h["rubric_id"], h["polarity"], h["score"]) for h in own),  # type: ignore[index]
+                )
+            )
+        return Summary(
+            by_label={k: int(counts[k]) for k in (*LABELS, "unscored")},
+            group_by=group_by,
+            variants=tuple(
+                VariantSummary(
+                    variant=v["variant"],
+                    n=int(v["n"]),
+                    n_scored=int(v["n_scored"]),
+                    dsat_rate=_float_or_none(v["dsat_rate"]),
+                    calibrated_satisfaction=_float_or_none(v["calibrated_satisfaction"]),
+                    calibrated_dissatisfaction=_float_or_none(v["calibrated_dissatisfaction"]),
+                )
+                for v in variant_rows
+            ),
+            worst=tuple(worst_out),
+        )
+
+    def close(self) -> None:
+        """Close the connection (and release the chDB engine when no other store in this process uses it)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._client.close()
+        finally:
+            if self.chdb_path is not None:
+                _ENGINE.release(self.chdb_path)
+
+    # internals
+
+    def _database_exists(self) -> bool:
+        rows = self._select(
+            "SELECT count() AS n FROM system.databases WHERE name = {db:String}", {"db": self.database}, "checking the database"
+        )
+        return bool(rows[0]["n"])
+
+    def _command(self, sql: str, what: str) -> None:
+        self._check_open()
+        try:
+            self._client.command(sql)
+        except ClickHouseDriverError as e:
+            raise StoreError(f"{what} in {self.database} on {self.dsn}: {e}") from e
+
+    def _select(self, sql: str, parameters: Mapping[str, Any] | None, what: str) -> list[dict[str, Any]]:
+        self._check_open()
+        try:
+            result = self._client.query(sql, parameters=dict(parameters or {}), settings={"readonly": 1})
+            return list(result.named_results())
+        except ClickHouseDriverError as e:
+            raise StoreError(f"{what} failed on {self.dsn}: {e}") from e
+
+    def _insert(self, table: str, rows: list[list[Any]], columns: Sequence[str]) -> None:
+        self._check_open()
+        try:
+            self._client.insert(f"{self.database}.{table}", rows, column_names=list(columns))
+        except ClickHouseDriverError as e:
+            raise StoreError(f"writing {len(rows)} rows to {self.database}.{table} on {self.dsn}: {e}") from e
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"{self!r} is closed")
+
+
+# --- row building -------------------------------------------------------------------------------
+
+
+def _append_score_rows(
+    r: ScoreRecord, conversations: list[list[Any]], scores: list[list[Any]], dimensions: list[list[Any]], rubrics: list[list[Any]]
+) -> None:
+    if r.status not in ("scored", "unscored"):
+        raise ValueError(f"status {r.status!r} is not 'scored' or 'unscored'")
+    if r.status == "scored" and r.label not in LABELS:
+        raise ValueError(f"label {r.label!r} of a scored record is not one of {LABELS}")
+    if r.status == "unscored" and (r.label or r.dimensions or r.rubrics):
+        raise ValueError("an unscored record carries a label, dimensions or rubrics")
+    c = r.conversation
+    product, model_version = c.attributes.get("product", ""), c.attributes.get("model_version", "")
+    closed_at = _micros(c.closed_at, "conversation.closed_at")
+    scored_at = _micros(r.scored_at, "scored_at")
+    conversations.append(_conversation_row(c, product, model_version, closed_at))
+    scores.append(
+        [
+            c.conversation_id, r.scorer_version, r.status, r.unscored_reason, r.judge, r.rubric_set_version,
+            r.calibrator_version, scored_at, closed_at, r.attempts, _opt_float(r.netsat, "netsat"), r.label,
+            r.threshold_label, r.main_question_id, [float(p) for p in r.main_probabilities],
+            _opt_float(r.main_expected_value, "main_expected_value"),
+            _opt_float(r.dissatisfaction_probability, "dissatisfaction_probability"),
+            product, model_version, c.attributes, len(c.turns), r.judge_calls, r.judge_prompt_tokens,
+            r.judge_completion_tokens, float(r.judge_latency_s), json.dumps(r.extra, sort_keys=True, ensure_ascii=False),
+        ]
+    )  # fmt: skip
+    for d in r.dimensions:
+        dimensions.append(
+            [c.conversation_id, r.scorer_version, d.question_id, [float(p) for p in d.probabilities],
+             float(d.expected_value), product, model_version, closed_at, scored_at]
+        )  # fmt: skip
+    for h in r.rubrics:
+        rubrics.append(
+            [c.conversation_id, r.scorer_version, h.rubric_id, h.polarity, float(h.score), product, model_version, closed_at, scored_at]
+        )
+
+
+def _conversation_row(c: ClosedConversation, product: str, model_version: str, closed_at: int) -> list[Any]:
+    turns = [(t.index, t.role, t.text, _micros(t.timestamp, f"turns[{t.index}].timestamp")) for t in c.turns]
+    return [
+        c.conversation_id, closed_at, c.close_cause, _micros(c.first_event_at, "first_event_at"),
+        _micros(c.last_event_at, "last_event_at"), len(c.turns), list(c.missing_turn_indices),
+        c.attributes, product, model_version, c.to_conversation().content_hash(), turns,
+    ]  # fmt: skip
+
+
+def _feedback_row(f: FeedbackRow) -> list[Any]:
+    if not f.conversation_id:
+        raise ValueError("conversation_id is empty")
+    if not f.rating:
+        raise ValueError("rating is empty")
+    attributes = {str(k): str(v) for k, v in f.attributes.items()}
+    return [
+        f.conversation_id, int(f.turn_index), _micros(f.timestamp, "timestamp"), f.rating, f.comment, attributes,
+        attributes.get("product", ""), attributes.get("model_version", ""), _micros(f.received_at, "received_at"),
+    ]  # fmt: skip
+
+
+def _micros(t: float, name: str) -> int:
+    """Epoch seconds as DateTime64(6) ticks (ints are written as raw ticks by clickhouse-connect)."""
+    if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+        raise ValueError(f"{name} = {t!r} is not a finite, non-negative epoch time in seconds")
+    return round(t * 1_000_000)
+
+
+def _opt_float(x: float | None, name: str) -> float | None:
+    if x is None:
+        return None
+    if not math.isfinite(float(x)):
+        raise ValueError(f"{name} = {x!r} is not finite")
+    return float(x)
+
+
+def _float_or_none(x: Any) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
+
+
+# --- connecting ---------------------------------------------------------------------------------
+
+
+def _redact(dsn: str) -> str:
+    """The DSN with any password replaced by ***, for messages."""
+    try:
+        parts = urlsplit(dsn)
+    except ValueError:
+        return "<unparseable DSN>"
+    if parts.password is None:
+        return dsn
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _chdb_dir(dsn: str) -> Path:
+    """``chdb://DIR``: DIR is everything after the scheme (``chdb:///abs`` or ``chdb://relative``)."""
+    raw = dsn[len("chdb://") :]
+    if not raw or raw in ("memory", ":memory:"):
+        raise StoreError(f"store DSN {dsn!r} names no directory; use chdb:///absolute/dir or chdb://relative/dir")
+    if "?" in raw or "#" in raw:
+        raise StoreError(f"store DSN {dsn!r}: a chdb DSN is just chdb://DIR, without ?options or #fragment")
+    path = Path(raw).expanduser()
+    if not path.is_absolute():
+        path = Path.cwd() / path
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise StoreError(f"cannot create the embedded store directory {path}: {e}") from e
+    return Path(os.path.realpath(path))
+
+
+def _open_server(dsn: str) -> "Client":
+    try:
+        return clickhouse_connect.get_client(dsn=dsn, tz_mode="schema")
+    except ClickHouseDriverError as e:
+        raise StoreError(f"cannot connect to the ClickHouse server at {_redact(dsn)}: {e}") from e
+
+
+def _other_process_holding(path: Path) -> int | None:
+    """The pid of another process that has the chDB directory open (its ``status`` file is flock'ed), else None."""
+    status = path / "status"
+    try:
+        fd = os.open(status, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = _status_pid(status)
+            return None if pid == os.getpid() else (pid or -1)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _status_pid(status: Path) -> int | None:
+    try:
+        m = re.search(r"^PID:\s*(\d+)", status.read_text(errors="replace"), re.MULTILINE)
+    except OSError:
+        return None
+    return int(m.group(1)) if m else None
+
+
+def _locked_message(path: Path, pid: int) -> str:
+    who = f" (pid {pid})" if pid > 0 else ""
+    return (
+        f"the embedded store {path} is open in another process{who} (only one process may open a chDB directory); "
+        "stop it or use a ClickHouse server DSN"
+    )
+
+
+class _Engine:
+    """This process's one chDB engine: which directory it is on and how many stores use it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.path: Path | None = None
+        self.users = 0
+
+    def open(self, path: Path) -> "Client":
+        with self._lock:
+            if self.path is not None and self.path != path:
+                raise StoreError(
+                    f"cannot open the embedded store {path}: this process already has the chDB engine open on {self.path} "
+                    f"(one chDB engine per process); use that directory with another database, close its stores first, "
+                    "or use a ClickHouse server DSN"
+                )
+            if self.path is None and (pid := _other_process_holding(path)) is not None:
+                raise StoreError(_locked_message(path, pid))
+            try:
+                client = clickhouse_connect.get_client(interface="chdb", path=str(path), tz_mode="schema")
+            except ClickHouseDriverError as e:
+                raise self._open_error(path, e) from e
+            self.path = path
+            self.users += 1
+            return client
+
+    def release(self, path: Path) -> None:
+        with self._lock:
+            if self.path == path:
+                self.users -= 1
+                if self.users <= 0:
+                    self.path, self.users = None, 0
+
+    @staticmethod
+    def _open_error(path: Path, e: Exception) -> StoreError:
+        text = str(e)
+        m = re.search(r"already initialized with path '([^']*)'", text)
+        if m:
+            return StoreError(
+                f"cannot open the embedded store {path}: this process already has the chDB engine open on {m.group(1)} "
+                "(one chDB engine per process, opened outside this store); use a ClickHouse server DSN"
+            )
+        if (pid := _other_process_holding(path)) is not None:
+            return StoreError(_locked_message(path, pid))
+        return StoreError(f"cannot open the embedded store {path}: {text}")
+
+
+_ENGINE = _Engine()

@@ -1,0 +1,185 @@
+"""Real infrastructure for end-to-end tests: tansu, Prometheus and Alertmanager via deploy/local/stack.py.
+
+Register the fixtures in a conftest with ``from tests.infra import kafka_broker, prometheus_factory, alertmanager``.
+
+- ``kafka_broker`` (session): a tansu broker on a free port; yields its bootstrap
+  string ``"127.0.0.1:PORT"``. Memory storage: topics live for the session only.
+  Topics are shared across tests, so give each test its own topic names.
+- ``prometheus_factory`` (per test): ``start(scrape_targets, rule_files=[],
+  alertmanager_url=None) -> url``; scrapes and evaluates every second, but the
+  first sample appears ~5 s after start (Prometheus applies new targets at most
+  every 5 s). Every Prometheus it started is stopped at teardown.
+- ``alertmanager`` (per test): ``start(config=None) -> url``; None = one receiver
+  that delivers nowhere (alerts are still visible in ``/api/v2/alerts``).
+
+Helpers: ``free_port()``, ``free_ports(n)``, ``wait_for(predicate, timeout, interval)``,
+``prometheus_query(url, promql)``.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from deploy.local.stack import StackConfig, start_alertmanager, start_kafka, start_prometheus, stop
+
+LOCALHOST = "127.0.0.1"
+TEST_SCRAPE_INTERVAL_S = 1.0
+TEST_EVALUATION_INTERVAL_S = 1.0
+HTTP_TIMEOUT_S = 10.0
+
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the server binds it next)."""
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports on 127.0.0.1 that were free a moment ago (held open together, so they differ)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind((LOCALHOST, 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def wait_for(predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.2, what: str = "") -> T:
+    """Poll ``predicate`` until it returns something truthy and return that; TimeoutError after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{what or getattr(predicate, '__name__', 'condition')} not true after {timeout:.1f} s")
+        time.sleep(interval)
+
+
+def prometheus_query(url: str, promql: str) -> list[dict[str, Any]]:
+    """The ``result`` list of an instant query (GET /api/v1/query); raises on a Prometheus error."""
+    query = urllib.parse.urlencode({"query": promql})
+    try:
+        with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=HTTP_TIMEOUT_S) as response:
+            body = json.load(response)
+    except urllib.error.HTTPError as e:  # Prometheus answers 400/422 with a JSON error body for bad PromQL
+        body = json.loads(e.read() or b"{}")
+    if body.get("status") != "success":
+        raise ValueError(f"Prometheus at {url} rejected {promql!r}: {body.get('errorType')}: {body.get('error')}")
+    return list(body["data"]["result"])
+
+
+def _port_of(url: str) -> int:
+    port = urllib.parse.urlsplit(url if "//" in url else f"//{url}").port
+    if port is None:
+        raise ValueError(f"{url!r} names no port")
+    return port
+
+
+class PrometheusFactory:
+    """Starts Prometheus servers, each in its own state directory under ``root``; ``close()`` stops them all."""
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self._configs: list[StackConfig] = []
+
+    def start(
+        self,
+        scrape_targets: Sequence[str],
+        rule_files: Sequence[Path] = (),
+        alertmanager_url: str | None = None,
+        scrape_interval_s: float = TEST_SCRAPE_INTERVAL_S,
+        evaluation_interval_s: float = TEST_EVALUATION_INTERVAL_S,
+    ) -> str:
+        """Start a Prometheus scraping ``scrape_targets`` (job ``convowatch``); returns its base URL."""
+        prometheus_port, idle_port, unused_port = free_ports(3)
+        cfg = StackConfig(
+            state_dir=self._root / f"prometheus-{len(self._configs)}",
+            prometheus_port=prometheus_port,
+            # No Alertmanager given: point at a port nothing listens on, never at a default one.
+            alertmanager_port=_port_of(alertmanager_url) if alertmanager_url else idle_port,
+            kafka_port=unused_port,  # unused; must only differ from the other two
+            scrape_targets=list(scrape_targets),
+            scrape_interval_s=scrape_interval_s,
+            rule_files=list(rule_files),
+            evaluation_interval_s=evaluation_interval_s,
+        )
+        self._configs.append(cfg)
+        return start_prometheus(cfg).url
+
+    def close(self) -> None:
+        for cfg in self._configs:
+            stop(cfg, ["prometheus"])
+
+
+class AlertmanagerFactory:
+    """Starts Alertmanagers, each in its own state directory under ``root``; ``close()`` stops them all."""
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self._configs: list[StackConfig] = []
+
+    def start(self, config: Path | None = None) -> str:
+        """Start an Alertmanager with ``config`` (None = one no-op receiver); returns its base URL."""
+        port, unused_1, unused_2 = free_ports(3)
+        cfg = StackConfig(
+            state_dir=self._root / f"alertmanager-{len(self._configs)}",
+            alertmanager_port=port,
+            kafka_port=unused_1,  # unused; must only differ
+            prometheus_port=unused_2,  # unused; must only differ
+            alertmanager_config=config,
+        )
+        self._configs.append(cfg)
+        return start_alertmanager(cfg).url
+
+    def close(self) -> None:
+        for cfg in self._configs:
+            stop(cfg, ["alertmanager"])
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A tansu broker for the whole session; yields the bootstrap string ``127.0.0.1:PORT``."""
+    port, unused_1, unused_2 = free_ports(3)
+    cfg = StackConfig(
+        state_dir=tmp_path_factory.mktemp("kafka-stack"), kafka_port=port,
+        prometheus_port=unused_1, alertmanager_port=unused_2,  # unused; must only differ
+    )
+    service = start_kafka(cfg)
+    try:
+        yield service.url
+    finally:
+        stop(cfg, ["kafka"])
+
+
+@pytest.fixture
+def prometheus_factory(tmp_path: Path) -> Iterator[PrometheusFactory]:
+    """``prometheus_factory.start(scrape_targets, rule_files=[], alertmanager_url=None) -> url``."""
+    factory = PrometheusFactory(tmp_path / "prometheus-stack")
+    try:
+        yield factory
+    finally:
+        factory.close()
+
+
+@pytest.fixture
+def alertmanager(tmp_path: Path) -> Iterator[AlertmanagerFactory]:
+    """``alertmanager.start(config=None) -> url``."""
+    factory = AlertmanagerFactory(tmp_path / "alertmanager-stack")
+    try:
+        yield factory
+    finally:
+        factory.close()
