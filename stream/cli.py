@@ -51,6 +51,9 @@ from scorers.questions import QuestionError, load_questions
 from scorers.rubrics import DEFAULT_PRECISION, RubricSet, RubricSetError, evaluate
 from stream.judge_factory import judge_from_settings
 from stream.settings import Settings, SettingsError, load_settings
+from stream.replay import ReplayError
+from stream.store import StoreError
+from stream.topics import TopicError, ensure_topics
 
 # Errors that mean "your input or configuration is wrong": printed as one line, exit code 2.
 USER_ERRORS: tuple[type[Exception], ...] = (
@@ -62,6 +65,9 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     CalibrationError,
     JudgeError,
     FileNotFoundError,
+    StoreError,
+    TopicError,
+    ReplayError,
 )
 
 
@@ -341,6 +347,128 @@ def data_llm_rubric(data_dir: Path, split: str, negative_max_q0: float, labelled
         rubric_set = dimension_rubric_set(data_dir / QUESTIONS_FILE)
         rubric_set.save(rubric_set_out)
         click.echo(f"wrote rubric set {rubric_set.version} to {rubric_set_out}")
+
+
+# ------------------------------------------------------------------ service
+
+
+@cli.command("run")
+@click.pass_obj
+def run_cmd(obj: _Context) -> None:
+    """Run a worker: consume conversation events, assemble, score, publish scores.
+
+    \b
+    Start as many workers as there are partitions (kafka.partitions); they
+    share the work as one consumer group (kafka.app_id). Scores go to the
+    scores topic; run `convowatch sink` to write them to ClickHouse.
+    Metrics: http://METRICS_HOST:METRICS_PORT/metrics.
+    """
+    from stream.service import run_worker
+
+    run_worker(obj.settings, loglevel=obj.settings.log_level.lower())
+
+
+@cli.command("sink")
+@click.pass_obj
+def sink_cmd(obj: _Context) -> None:
+    """Run the sink: write the scores topic and feedback events to ClickHouse (store.dsn).
+
+    One sink per embedded (chdb://) store: only one process may open it.
+    Offsets are committed after each batch is written; restarts lose nothing.
+    """
+    from stream.service import run_sink
+
+    run_sink(obj.settings)
+
+
+@cli.command("replay")
+@click.argument("source", type=click.Choice(["jsonl", "llm-rubric", "uss", "synthetic"]))
+@click.argument("path", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--speed", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Play event time this many times faster than real time; 0 = as fast as possible.")
+@click.option("--skip-invalid", is_flag=True, help="Send the valid events of a JSONL file and report the invalid ones (default: refuse the file).")
+@click.option("--turn-gap", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
+              help="Seconds between turns for corpora without turn times (llm-rubric, uss).")
+@click.option("--conversations", type=click.IntRange(min=1), default=2000, show_default=True, help="synthetic: number of conversations.")
+@click.option("--turns", type=click.IntRange(min=1), default=10, show_default=True, help="synthetic: turns per conversation.")
+@click.option("--seed", type=int, default=0, show_default=True, help="synthetic: random seed.")
+@click.pass_obj
+def replay_cmd(obj: _Context, source: str, path: Path | None, speed: float, skip_invalid: bool, turn_gap: float,
+               conversations: int, turns: int, seed: int) -> None:
+    """Publish events to the events topic: a JSONL file of contract events, or a corpus.
+
+    \b
+    jsonl PATH     one event per line (docs/event-contract.md); validated first
+    llm-rubric     the 223 real LLM-Rubric conversations (data/llm-rubric), timed by their ObjectIds
+    uss PATH       a USS MWOZ/SGD file (../shared/data/uss/MWOZ.txt)
+    synthetic      a generated workload (--conversations x --turns)
+    """
+    from stream import replay
+    from stream.publisher import invalid_items, publish
+
+    a = obj.settings.assembly
+    if source in ("jsonl", "uss") and path is None:
+        raise click.UsageError(f"replay {source} needs a PATH")
+    if source == "jsonl":
+        items = list(replay.jsonl_events(path, max_text_bytes=a.max_text_bytes, max_event_bytes=a.max_event_bytes))
+        bad = invalid_items(items)
+        if bad and not skip_invalid:
+            shown = "; ".join(f"{i.where}: {i.error.reason}" for i in bad[:5])
+            _fail(f"{len(bad)} of {len(items)} lines break the event contract ({shown}{' ...' if len(bad) > 5 else ''}); "
+                  "fix them or pass --skip-invalid")
+    elif source == "llm-rubric":
+        items = list(replay.llm_rubric_events(path or replay.LLM_RUBRIC_REAL_DATA, turn_gap_s=turn_gap))
+    elif source == "uss":
+        items = list(replay.uss_events(path, turn_gap_s=turn_gap))
+    else:
+        items = list(replay.synthetic_events(conversations, turns, seed))
+    ensure_topics(obj.settings.kafka)
+    with click.progressbar(length=len(items), label="publishing", file=sys.stderr, show_pos=True) as bar:
+        report = publish(items, obj.settings.kafka, speed, on_sent=lambda _item: bar.update(1))
+    click.echo(f"sent {report.sent} events to {obj.settings.kafka.events_topic}" + (f", skipped {report.skipped} invalid" if report.skipped else ""))
+    for line in report.skipped_where[:20]:
+        click.echo(f"  skipped {line}", err=True)
+
+
+@cli.command("summary")
+@click.option("--group-by", default="dialogue_version", show_default=True, help="Conversation attribute to break rates down by.")
+@click.option("--worst", type=click.IntRange(0, 100), default=5, show_default=True, help="How many worst conversations to list.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.pass_obj
+def summary_cmd(obj: _Context, group_by: str, worst: int, as_json: bool) -> None:
+    """Summarise the scores in the store: labels, rates per attribute value, the worst conversations.
+
+    With the embedded store, stop the sink first (only one process may open it).
+    """
+    import dataclasses
+
+    from stream.store import ClickHouseStore
+
+    with ClickHouseStore.open(obj.settings.store) as store:
+        summary = store.summary(worst=worst, group_by=group_by)
+    if as_json:
+        click.echo(json.dumps(dataclasses.asdict(summary), indent=2, default=str))
+        return
+    total = sum(summary.by_label.values())
+    click.echo(f"{total} conversations: " + ", ".join(f"{label} {n}" for label, n in summary.by_label.items()))
+    click.echo(f"\nby {group_by}:")
+    click.echo(f"  {'value':<16}{'n':>6}{'dsat rate':>12}{'calibrated sat':>16}{'calibrated P(dsat)':>20}")
+    for v in summary.variants:
+        click.echo(f"  {v.variant or '(none)':<16}{v.n:>6}{_pct(v.dsat_rate):>12}{_num(v.calibrated_satisfaction):>16}"
+                   f"{_pct(v.calibrated_dissatisfaction):>20}")
+    if summary.worst:
+        click.echo("\nworst conversations (highest calibrated P(dsat), then lowest NetSAT):")
+        for w in summary.worst:
+            hits = "; ".join(f"{h.rubric_id} {h.score:+.1f}" for h in w.dsat_hits) or "-"
+            click.echo(f"  {w.conversation_id}  NetSAT {_num(w.netsat)}  {w.label:<9}  P(dsat) {_pct(w.dissatisfaction_probability)}  [{hits}]")
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -1,0 +1,144 @@
+"""The Faust worker: events → conversations → scores, as two agents and a timer.
+
+    events topic ──assemble──► closed topic ──score──► scores topic
+         │  (validate; state in the `conversations` table)        │
+         └──► dead-letter topic                                    └──► sink (stream/sink.py) → ClickHouse
+
+* ``assemble`` validates each raw event (bad ones go to the dead-letter topic
+  with the original bytes and the reason), applies it to the conversation's
+  state with `ConversationAssembler`, and publishes closed conversations.
+* ``idle`` (a timer) publishes ``end`` events with cause ``idle_timeout`` or
+  ``retention`` for conversations on this worker's partitions, into the
+  partition their state lives in, so every state change happens in the
+  agent, in order.
+* ``score`` scores closed conversations (`ConversationScorer`) and publishes
+  one `ScoreRecord` per conversation, scored or unscored.
+
+Delivery is at-least-once (Faust commits offsets after events are processed);
+the sink and the store make re-deliveries invisible (idempotent keys).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import faust
+from faust.types import TP
+
+from stream.assembly import ConversationAssembler, is_closed
+from stream.contract import DeadLetter, EndEvent, InvalidEvent, encode_event, parse_event
+from stream.metrics import ServiceMetrics
+from stream.records import ClosedConversation, RecordError
+from stream.scoring import ConversationScorer
+from stream.settings import Settings
+
+log = logging.getLogger(__name__)
+
+TABLE_NAME = "conversations"
+
+
+def broker_urls(bootstrap_servers: str) -> list[str]:
+    """``host:port,host:port`` → Faust's ``kafka://`` URLs."""
+    return [f"kafka://{h.strip()}" for h in bootstrap_servers.split(",") if h.strip()]
+
+
+def create_app(settings: Settings, scorer: ConversationScorer, metrics: ServiceMetrics) -> faust.App:
+    """Build the worker's Faust app from settings (no module-level globals, so tests can build several)."""
+    k = settings.kafka
+    app = faust.App(
+        k.app_id,
+        broker=broker_urls(k.bootstrap_servers),
+        store="memory://",
+        topic_partitions=k.partitions,
+        topic_replication_factor=k.replication_factor,
+        table_standby_replicas=0,
+        processing_guarantee="at_least_once",
+        consumer_auto_offset_reset="earliest",
+        broker_session_timeout=k.session_timeout_s,
+        broker_heartbeat_interval=k.heartbeat_interval_s,
+        broker_max_poll_interval=k.max_poll_interval_s,
+        broker_commit_interval=k.commit_interval_s,
+        producer_max_batch_size=k.producer_max_batch_size,
+        web_enabled=False,
+    )
+    raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
+    events_topic = app.topic(k.events_topic, partitions=k.partitions, **raw)
+    closed_topic = app.topic(k.closed_topic, partitions=k.partitions, **raw)
+    scores_topic = app.topic(k.scores_topic, partitions=k.partitions, **raw)
+    dead_letter_topic = app.topic(k.dead_letter_topic, partitions=k.partitions, **raw)
+    table = app.Table(TABLE_NAME, default=None, partitions=k.partitions,
+                      schema=faust.Schema(key_type=str, key_serializer="raw", value_serializer="json"))
+    assembler = ConversationAssembler(settings.assembly)
+    a = settings.assembly
+
+    async def dead_letter(reason: str, detail: str, event: faust.types.EventT) -> None:
+        msg = event.message
+        letter = DeadLetter(reason=reason, detail=detail, original=msg.value if msg.value is not None else b"",
+                            key=msg.key, topic=msg.topic, partition=msg.partition, offset=msg.offset,
+                            dead_lettered_at=time.time())
+        await dead_letter_topic.send(key=msg.key, value=letter.to_json())
+        metrics.dead_letters.labels(reason).inc()
+
+    @app.agent(events_topic, name="assemble")
+    async def assemble(stream: faust.StreamT) -> None:
+        async for event in stream.events():
+            msg = event.message
+            try:
+                ev = parse_event(msg.value, key=msg.key, max_text_bytes=a.max_text_bytes, max_event_bytes=a.max_event_bytes)
+            except InvalidEvent as e:
+                metrics.events.labels("invalid", "dead_letter").inc()
+                await dead_letter(e.reason, e.detail, event)
+                continue
+            etype = type(ev).__name__.removesuffix("Event").lower()
+            key = ev.conversation_id
+            current = table.get(key)
+            step = assembler.apply(current, ev, partition=msg.partition, now=time.time())
+            metrics.events.labels(etype, step.outcome).inc()
+            if step.dead_letter is not None:
+                await dead_letter(*step.dead_letter, event)
+            if step.closed is not None:
+                # Publish before recording the close: a crash in between re-closes (deduplicated downstream)
+                # instead of losing the conversation.
+                await closed_topic.send(key=key.encode("utf-8"), value=step.closed.to_json())
+                metrics.conversations_closed.labels(step.closed.close_cause).inc()
+            if step.state is None:
+                if current is not None:
+                    del table[key]
+            elif step.state is not current:
+                table[key] = step.state
+
+    requested: dict[str, float] = {}
+
+    @app.timer(interval=a.idle_check_interval_s, name="idle")
+    async def idle() -> None:
+        now = time.time()
+        actives = app.assignor.assigned_actives()
+        open_count = 0
+        for key, state in list(table.items()):
+            if state is None or TP(k.events_topic, state["partition"]) not in actives:
+                continue
+            open_count += not is_closed(state)
+            cause = assembler.due(state, now)
+            if cause is None or now - requested.get(key, 0.0) < a.idle_check_interval_s * 3:
+                continue
+            requested[key] = now
+            end = EndEvent(conversation_id=key, timestamp=now, cause=cause)
+            await events_topic.send(key=key.encode("utf-8"), value=encode_event(end), partition=state["partition"])
+        metrics.open_conversations.set(open_count)
+        for key, at in list(requested.items()):
+            if now - at > a.idle_check_interval_s * 10:
+                del requested[key]
+
+    @app.agent(closed_topic, name="score", concurrency=settings.scoring.concurrency)
+    async def score(stream: faust.StreamT) -> None:
+        async for event in stream.events():
+            try:
+                closed = ClosedConversation.from_json(event.message.value)
+            except RecordError as e:
+                await dead_letter("bad_closed_record", str(e), event)
+                continue
+            record = await scorer.score(closed)
+            await scores_topic.send(key=closed.conversation_id.encode("utf-8"), value=record.to_json())
+
+    app.convowatch_topics = (events_topic, closed_topic, scores_topic, dead_letter_topic)  # type: ignore[attr-defined]
+    return app

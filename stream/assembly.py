@@ -1,0 +1,172 @@
+"""Conversation assembly: validated events in, closed conversations out.
+
+`ConversationAssembler.apply` is a pure function of (state, event, now) so the
+Faust agent that calls it stays a thin loop and the rules are testable on
+their own. The state of one conversation is plain JSON-able data (it lives in
+a Faust table whose changelog makes it survive worker restarts).
+
+Rules (documented in the README's "Conversation assembly" section):
+
+* Turns are kept by index and ordered by index when the conversation closes,
+  whatever order they arrived in. Indices that never arrived are reported as
+  ``missing_turn_indices``.
+* A turn whose index was already seen is a *duplicate* when role and text are
+  the same (a redelivery: dropped, counted) and a *conflict* otherwise (dead
+  letter ``duplicate_turn_index``).
+* A conversation closes on an ``end`` event, after ``idle_timeout_s`` without
+  events (processing time, not event time: the worker publishes an ``end``
+  event with cause ``idle_timeout``), or when it reaches ``max_turns`` turns
+  (cause ``max_turns``).
+* A closed conversation is remembered (turn fingerprints only) for
+  ``closed_retention_s``: redelivered turns are recognised as duplicates,
+  genuinely new turns are dead-lettered as ``conversation_closed``. After the
+  retention the worker publishes an ``end`` event with cause ``retention``
+  that forgets it.
+* An ``end`` for a conversation with no turns is dead-lettered
+  (``empty_conversation``). Feedback events do not touch assembly state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from stream.contract import EndEvent, Event, FeedbackEvent, TurnEvent
+from stream.records import ClosedConversation, TurnRecord
+from stream.settings import AssemblySettings
+
+State = dict[str, Any]
+Outcome = Literal["accepted", "duplicate", "closed", "dead_letter", "ignored", "expired"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one event did: the new state (None = forget the key), and what to emit."""
+
+    state: State | None
+    outcome: Outcome
+    closed: ClosedConversation | None = None
+    dead_letter: tuple[str, str] | None = None  # (reason, detail)
+
+
+def _fingerprint(role: str, text: str) -> str:
+    return hashlib.blake2b(f"{role}\x00{text}".encode("utf-8"), digest_size=8).hexdigest()
+
+
+def is_closed(state: State | None) -> bool:
+    return state is not None and state.get("closed_at") is not None
+
+
+class ConversationAssembler:
+    """Applies events to per-conversation state according to the module's rules."""
+
+    def __init__(self, settings: AssemblySettings) -> None:
+        self.settings = settings
+
+    def apply(self, state: State | None, event: Event, partition: int, now: float) -> Step:
+        if isinstance(event, TurnEvent):
+            return self._turn(state, event, partition, now)
+        if isinstance(event, EndEvent):
+            return self._end(state, event, now)
+        if isinstance(event, FeedbackEvent):
+            return Step(state, "accepted")
+        raise TypeError(f"not an event: {event!r}")
+
+    def due(self, state: State, now: float) -> Literal["idle_timeout", "retention"] | None:
+        """Which worker-published ``end`` cause is due for this state, if any."""
+        if is_closed(state):
+            return "retention" if now - state["closed_at"] >= self.settings.closed_retention_s else None
+        return "idle_timeout" if now - state["last_seen"] >= self.settings.idle_timeout_s else None
+
+    # -- turn ---------------------------------------------------------------
+
+    def _turn(self, state: State | None, event: TurnEvent, partition: int, now: float) -> Step:
+        key = str(event.turn_index)
+        fingerprint = _fingerprint(event.role, event.text)
+        if is_closed(state):
+            if state["seen"].get(key) == fingerprint:
+                return Step(state, "duplicate")
+            return Step(
+                state, "dead_letter",
+                dead_letter=("conversation_closed", f"turn {event.turn_index} arrived after the conversation closed ({state['close_cause']})"),
+            )
+        if state is None:
+            state = {
+                "partition": partition,
+                "turns": {},
+                "attributes": {},
+                "first_event_at": event.timestamp,
+                "last_event_at": event.timestamp,
+                "last_seen": now,
+                "closed_at": None,
+            }
+        existing = state["turns"].get(key)
+        if existing is not None:
+            if existing[0] == event.role and existing[1] == event.text:
+                return Step(state, "duplicate")
+            return Step(
+                state, "dead_letter",
+                dead_letter=("duplicate_turn_index", f"turn {event.turn_index} already holds a different {existing[0]} message"),
+            )
+        state = {
+            **state,
+            "turns": {**state["turns"], key: [event.role, event.text, event.timestamp]},
+            "attributes": {**state["attributes"], **event.attributes},
+            "first_event_at": min(state["first_event_at"], event.timestamp),
+            "last_event_at": max(state["last_event_at"], event.timestamp),
+            "last_seen": now,
+        }
+        if len(state["turns"]) >= self.settings.max_turns:
+            return self._close(event.conversation_id, state, "max_turns", now)
+        return Step(state, "accepted")
+
+    # -- end ----------------------------------------------------------------
+
+    def _end(self, state: State | None, event: EndEvent, now: float) -> Step:
+        if state is None:
+            if event.cause in ("idle_timeout", "retention"):
+                return Step(None, "ignored")  # a worker-published end for a key already forgotten
+            return Step(None, "dead_letter", dead_letter=("empty_conversation", "end event for a conversation with no turns"))
+        if is_closed(state):
+            if event.cause == "retention" and self.due(state, now) == "retention":
+                return Step(None, "expired")
+            return Step(state, "duplicate")
+        if event.cause == "retention":
+            return Step(state, "ignored")
+        if event.cause == "idle_timeout" and self.due(state, now) != "idle_timeout":
+            return Step(state, "ignored")  # a turn arrived after the worker decided to close
+        state = {
+            **state,
+            "attributes": {**state["attributes"], **event.attributes},
+            "last_event_at": max(state["last_event_at"], event.timestamp),
+        }
+        return self._close(event.conversation_id, state, "end" if event.cause == "end" else "idle_timeout", now)
+
+    # -- close --------------------------------------------------------------
+
+    def _close(self, conversation_id: str, state: State, cause: str, now: float) -> Step:
+        indices = sorted(int(i) for i in state["turns"])
+        turns = tuple(
+            TurnRecord(index=i, role=state["turns"][str(i)][0], text=state["turns"][str(i)][1], timestamp=state["turns"][str(i)][2])
+            for i in indices
+        )
+        missing = tuple(sorted(set(range(indices[-1] + 1)) - set(indices)))
+        closed = ClosedConversation(
+            conversation_id=conversation_id,
+            turns=turns,
+            attributes=dict(state["attributes"]),
+            close_cause=cause,  # type: ignore[arg-type]
+            closed_at=now,
+            first_event_at=state["first_event_at"],
+            last_event_at=state["last_event_at"],
+            missing_turn_indices=missing,
+        )
+        tombstone = {
+            "partition": state["partition"],
+            "closed_at": now,
+            "close_cause": cause,
+            "seen": {k: _fingerprint(v[0], v[1]) for k, v in state["turns"].items()},
+            "last_seen": now,
+        }
+        return Step(tombstone, "closed", closed=closed)

@@ -1,0 +1,127 @@
+"""The service's Prometheus metrics (prefix ``convowatch_``), and the label policy.
+
+Dashboards and alert rules name these metrics as strings; tests hold them to
+what this module exports. Attribute labels (product, model version, ...) come
+from an allow-list and each keeps at most ``max_label_values`` distinct values
+(later ones are reported as ``other``), so cardinality stays bounded whatever
+producers send.
+
+Unbiased dissatisfaction rate in PromQL (calibrated probabilities, not labels)::
+
+    sum(rate(convowatch_calibrated_dissatisfaction_probability_total[5m]))
+      / sum(rate(convowatch_calibrated_conversations_total[5m]))
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Iterable, Mapping, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+OTHER = "other"
+MISSING = "none"
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# NetSAT ranges over ±10 per rubric; 10-20 rubrics give roughly ±200.
+NETSAT_BUCKETS = tuple(float(b) for b in range(-100, 101, 10))
+# Calibrated expected answers on 1..K scales (LLM-Rubric uses K = 4).
+DIMENSION_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.25, 3.5, 3.75, 4.0, 4.5, 5.0)
+
+
+class AttributeLabels:
+    """Maps conversation attributes to bounded label values for the allow-listed keys."""
+
+    def __init__(self, keys: Sequence[str], max_values: int) -> None:
+        self.keys = tuple(keys)
+        self.max_values = max_values
+        self._seen: dict[str, set[str]] = {k: set() for k in self.keys}
+        self._lock = threading.Lock()
+
+    def values(self, attributes: Mapping[str, str]) -> tuple[str, ...]:
+        out = []
+        with self._lock:
+            for key in self.keys:
+                value = str(attributes.get(key, MISSING)) or MISSING
+                seen = self._seen[key]
+                if value not in seen:
+                    if len(seen) >= self.max_values:
+                        value = OTHER
+                    else:
+                        seen.add(value)
+                out.append(value)
+        return tuple(out)
+
+
+class ServiceMetrics:
+    """All metrics of one process, registered in ``registry``."""
+
+    def __init__(self, attribute_keys: Sequence[str] = ("product", "model_version"), max_label_values: int = 50,
+                 registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.attributes = AttributeLabels(attribute_keys, max_label_values)
+        attrs = list(self.attributes.keys)
+        r = self.registry
+
+        # events and assembly
+        self.events = Counter("convowatch_events", "Events consumed, by type and outcome.", ["type", "outcome"], registry=r)
+        self.dead_letters = Counter("convowatch_dead_letters", "Events sent to the dead-letter topic, by reason.", ["reason"], registry=r)
+        self.conversations_closed = Counter("convowatch_conversations_closed", "Conversations closed, by cause.", ["cause"], registry=r)
+        self.open_conversations = Gauge("convowatch_open_conversations", "Conversations being assembled on this worker.", registry=r)
+
+        # scoring
+        self.conversations_scored = Counter(
+            "convowatch_conversations_scored", "Conversations scored, by label (sat/dsat/uncertain) and attributes.", ["label", *attrs], registry=r
+        )
+        self.conversations_unscored = Counter(
+            "convowatch_conversations_unscored", "Conversations stored without scores, by reason.", ["reason", *attrs], registry=r
+        )
+        self.calibrated_conversations = Counter(
+            "convowatch_calibrated_conversations", "Conversations with a calibrated main-question prediction.", attrs, registry=r
+        )
+        self.calibrated_dissatisfaction = Counter(
+            "convowatch_calibrated_dissatisfaction_probability",
+            "Sum of calibrated P(dissatisfied); divide its rate by convowatch_calibrated_conversations_total's.",
+            attrs, registry=r,
+        )
+        self.netsat = Histogram("convowatch_netsat", "NetSAT of scored conversations.", attrs, buckets=NETSAT_BUCKETS, registry=r)
+        self.dimension = Histogram(
+            "convowatch_dimension_expected_value", "Calibrated expected answer per dimension (question).",
+            ["dimension", *attrs], buckets=DIMENSION_BUCKETS, registry=r,
+        )
+        self.scoring_latency = Histogram(
+            "convowatch_scoring_latency_seconds", "Time to score one conversation (judge included).", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.scoring_attempts = Counter("convowatch_scoring_retries", "Scoring attempts that failed and were retried.", ["reason"], registry=r)
+
+        # judge
+        self.judge_calls = Counter("convowatch_judge_calls", "Judge requests made.", ["judge"], registry=r)
+        self.judge_tokens = Counter("convowatch_judge_tokens", "Judge tokens used.", ["judge", "kind"], registry=r)
+        self.judge_latency = Histogram("convowatch_judge_latency_seconds", "Judge time per conversation.", ["judge"],
+                                       buckets=LATENCY_BUCKETS, registry=r)
+        self.judge_errors = Counter("convowatch_judge_errors", "Judge failures, by error type.", ["judge", "error"], registry=r)
+
+        # sink
+        self.sink_rows = Counter("convowatch_sink_rows", "Rows written to the store, by table.", ["table"], registry=r)
+        self.sink_latency = Histogram("convowatch_sink_latency_seconds", "Time to write one batch to the store.",
+                                      buckets=LATENCY_BUCKETS, registry=r)
+        self.sink_errors = Counter("convowatch_sink_errors", "Failed store writes (retried).", registry=r)
+        self.end_to_store_latency = Histogram(
+            "convowatch_close_to_store_latency_seconds", "From a conversation's close to its row in the store.",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+
+    def attribute_values(self, attributes: Mapping[str, str]) -> tuple[str, ...]:
+        return self.attributes.values(attributes)
+
+    def serve(self, host: str, port: int) -> int:
+        """Expose ``/metrics`` on ``host:port`` (0 = pick a free port); returns the bound port."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return int(server.server_address[1])
+
+
+def metric_names(metrics: ServiceMetrics) -> Iterable[str]:
+    """Every sample name this process can export (for tests that check dashboards)."""
+    for collector in metrics.registry.collect():
+        for sample in collector.samples:
+            yield sample.name

@@ -1,0 +1,199 @@
+"""Scoring closed conversations: judge → rubric set → calibrator → `ScoreRecord`.
+
+`ConversationScorer.score` never raises for a conversation: transient judge
+failures are retried with capped exponential backoff (full jitter) up to
+``max_attempts``; what still cannot be scored becomes an *unscored* record with
+the reason, so nothing is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import random
+import time
+from pathlib import Path
+from typing import Sequence
+
+from scorers.calibration import CalibrationError, CalibrationNetwork
+from scorers.judges.base import Judge, JudgeError, Judgement
+from scorers.questions import Question, load_questions
+from scorers.rubrics import RubricSet
+from stream.metrics import ServiceMetrics
+from stream.records import ClosedConversation, DimensionPrediction, RubricHit, ScoreRecord
+from stream.settings import ScoringSettings, SettingsError
+
+log = logging.getLogger(__name__)
+
+NO_CALIBRATOR = "none"
+
+
+def judge_identity(judge: Judge) -> str:
+    """``name:model`` for judges that report a model, else the name."""
+    model = getattr(judge, "model", None)
+    return f"{judge.name}:{model}" if model else judge.name
+
+
+def scoring_questions(rubric_set: RubricSet, calibrator: CalibrationNetwork | None, questions_file: Path | None) -> tuple[Question, ...]:
+    """The questions to ask: the rubric set's, then the calibrator's others (texts from ``questions_file``)."""
+    asked = {q.id: q for q in rubric_set.questions()}
+    if calibrator is None:
+        return tuple(asked.values())
+    needed = [q for q in calibrator.question_ids_ if q not in asked]
+    if needed:
+        if questions_file is None:
+            raise SettingsError(f"the calibrator needs questions {needed}; set scoring.questions to the questions file that defines them")
+        by_id = load_questions(questions_file)
+        unknown = [q for q in needed if q not in by_id]
+        if unknown:
+            raise SettingsError(f"{questions_file} does not define {unknown}, which the calibrator needs")
+        for qid in needed:
+            asked[qid] = by_id[qid]
+    return tuple(asked.values())
+
+
+class ConversationScorer:
+    """Scores `ClosedConversation`s with one judge, rubric set and (optional) calibrator."""
+
+    def __init__(
+        self,
+        judge: Judge,
+        rubric_set: RubricSet,
+        calibrator: CalibrationNetwork | None,
+        settings: ScoringSettings,
+        metrics: ServiceMetrics,
+        questions: Sequence[Question] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.judge = judge
+        self.rubric_set = rubric_set
+        self.calibrator = calibrator
+        self.settings = settings
+        self.metrics = metrics
+        self.questions = tuple(questions) if questions is not None else scoring_questions(rubric_set, calibrator, settings.questions)
+        self.judge_name = judge_identity(judge)
+        self.calibrator_version = calibrator.version_ if calibrator is not None else NO_CALIBRATOR
+        versions = f"{self.judge_name}|{rubric_set.version}|{self.calibrator_version}"
+        self.scorer_version = hashlib.sha256(versions.encode("utf-8")).hexdigest()[:12]
+        self._rng = rng or random.Random()
+
+    # -- one attempt ----------------------------------------------------------
+
+    def _judge(self, closed: ClosedConversation) -> Judgement:
+        started = time.perf_counter()
+        try:
+            judgement = self.judge.judge(closed.to_conversation(), self.questions)
+        except JudgeError as e:
+            self.metrics.judge_errors.labels(self.judge_name, type(e).__name__).inc()
+            raise
+        p = judgement.provenance
+        self.metrics.judge_latency.labels(self.judge_name).observe(p.latency_s or time.perf_counter() - started)
+        self.metrics.judge_calls.labels(self.judge_name).inc(p.calls)
+        self.metrics.judge_tokens.labels(self.judge_name, "prompt").inc(p.prompt_tokens)
+        self.metrics.judge_tokens.labels(self.judge_name, "completion").inc(p.completion_tokens)
+        return judgement
+
+    def score_once(self, closed: ClosedConversation, attempts: int = 1) -> ScoreRecord:
+        """Judge and score one conversation; raises `JudgeError`/`CalibrationError` on failure."""
+        judgement = self._judge(closed)
+        rubric_score = self.rubric_set.score(judgement)
+        polarity = {r.id: r.polarity.value for r in self.rubric_set.rubrics}
+        dimensions: list[DimensionPrediction] = []
+        main_id, main_probs, main_ev, p_dsat = "", (), None, None
+        if self.calibrator is not None:
+            trusted = self.settings.trusted_judges or None
+            predictions = self.calibrator.predict_judgement(judgement, judges=trusted)
+            for qid, pred in predictions.items():
+                dimensions.append(DimensionPrediction(qid, tuple(float(p) for p in pred.probabilities[0]), float(pred.expected_value[0])))
+            main_id = self.calibrator.main_question
+            main = predictions[main_id]
+            main_probs = tuple(float(p) for p in main.probabilities[0])
+            main_ev = float(main.expected_value[0])
+            p_dsat = float(main.prob_at_most(self.settings.dissatisfied_max_value)[0])
+        p = judgement.provenance
+        return ScoreRecord(
+            conversation=closed,
+            status="scored",
+            scorer_version=self.scorer_version,
+            judge=self.judge_name,
+            rubric_set_version=self.rubric_set.version,
+            calibrator_version=self.calibrator_version,
+            scored_at=time.time(),
+            attempts=attempts,
+            netsat=rubric_score.netsat,
+            label=rubric_score.label,
+            threshold_label=rubric_score.threshold_label,
+            main_question_id=main_id,
+            main_probabilities=main_probs,
+            main_expected_value=main_ev,
+            dissatisfaction_probability=p_dsat,
+            dimensions=tuple(dimensions),
+            rubrics=tuple(RubricHit(rid, polarity[rid], float(s)) for rid, s in rubric_score.rubric_scores.items()),
+            judge_calls=p.calls,
+            judge_prompt_tokens=p.prompt_tokens,
+            judge_completion_tokens=p.completion_tokens,
+            judge_latency_s=p.latency_s,
+        )
+
+    def unscored(self, closed: ClosedConversation, reason: str, attempts: int) -> ScoreRecord:
+        return ScoreRecord(
+            conversation=closed,
+            status="unscored",
+            scorer_version=self.scorer_version,
+            judge=self.judge_name,
+            rubric_set_version=self.rubric_set.version,
+            calibrator_version=self.calibrator_version,
+            scored_at=time.time(),
+            attempts=attempts,
+            unscored_reason=reason[:1000],
+        )
+
+    # -- with retries -------------------------------------------------------
+
+    def _backoff(self, attempt: int) -> float:
+        cap = min(self.settings.retry_max_s, self.settings.retry_initial_s * 2 ** (attempt - 1))
+        return self._rng.uniform(0, cap)
+
+    async def score(self, closed: ClosedConversation) -> ScoreRecord:
+        """Score with retries (judge calls run in a thread); always returns a record."""
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                record = await loop.run_in_executor(None, self.score_once, closed, attempt)
+                break
+            except JudgeError as e:
+                if e.transient and attempt < self.settings.max_attempts:
+                    delay = self._backoff(attempt)
+                    self.metrics.scoring_attempts.labels(type(e).__name__).inc()
+                    log.warning("scoring %s failed (attempt %d/%d, retry in %.1fs): %s",
+                                closed.conversation_id, attempt, self.settings.max_attempts, delay, e)
+                    await asyncio.sleep(delay)
+                    continue
+                record = self.unscored(closed, f"{type(e).__name__}: {e}", attempt)
+                break
+            except (CalibrationError, ValueError) as e:
+                record = self.unscored(closed, f"{type(e).__name__}: {e}", attempt)
+                break
+        self.metrics.scoring_latency.observe(time.perf_counter() - started)
+        self.observe(record)
+        return record
+
+    def observe(self, record: ScoreRecord) -> None:
+        """Count a finished record in the scoring metrics."""
+        attrs = self.metrics.attribute_values(record.conversation.attributes)
+        if record.status == "unscored":
+            reason = record.unscored_reason.split(":", 1)[0]
+            self.metrics.conversations_unscored.labels(reason, *attrs).inc()
+            return
+        self.metrics.conversations_scored.labels(record.label, *attrs).inc()
+        if record.netsat is not None:
+            self.metrics.netsat.labels(*attrs).observe(record.netsat)
+        if record.dissatisfaction_probability is not None:
+            self.metrics.calibrated_conversations.labels(*attrs).inc()
+            self.metrics.calibrated_dissatisfaction.labels(*attrs).inc(record.dissatisfaction_probability)
+        for d in record.dimensions:
+            self.metrics.dimension.labels(d.question_id, *attrs).observe(d.expected_value)

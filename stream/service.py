@@ -1,0 +1,80 @@
+"""Process entry points: build the worker or the sink from settings and run it until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+
+from scorers.calibration import CalibrationNetwork
+from scorers.rubrics import RubricSet
+from stream.judge_factory import judge_from_settings
+from stream.metrics import ServiceMetrics
+from stream.scoring import ConversationScorer
+from stream.settings import Settings, SettingsError
+from stream.topics import ensure_topics
+
+log = logging.getLogger(__name__)
+
+
+def build_scorer(settings: Settings, metrics: ServiceMetrics) -> ConversationScorer:
+    """Judge, rubric set and calibrator from settings; a missing file is a `SettingsError`."""
+    if settings.rubric_set is None:
+        raise SettingsError("no rubric set: set rubric_set (CONVOWATCH_RUBRIC_SET) to a file from `convowatch rubrics fit` or `convowatch learn`")
+    rubric_set = RubricSet.load(settings.rubric_set)
+    calibrator = CalibrationNetwork.load(settings.calibrator) if settings.calibrator is not None else None
+    judge = judge_from_settings(settings.judge, settings.cache_dir)
+    return ConversationScorer(judge, rubric_set, calibrator, settings.scoring, metrics)
+
+
+def new_metrics(settings: Settings) -> ServiceMetrics:
+    return ServiceMetrics(settings.metrics.label_attributes, settings.metrics.max_label_values)
+
+
+def serve_metrics(settings: Settings, metrics: ServiceMetrics) -> int | None:
+    if settings.metrics.port == 0:
+        return None
+    try:
+        port = metrics.serve(settings.metrics.host, settings.metrics.port)
+    except OSError as e:
+        raise SettingsError(f"cannot serve metrics on {settings.metrics.host}:{settings.metrics.port}: {e}") from e
+    log.info("metrics on http://%s:%d/metrics", settings.metrics.host, port)
+    return port
+
+
+def run_worker(settings: Settings, loglevel: str = "info") -> None:
+    """Create topics, then run the Faust worker (assemble + score agents) until stopped."""
+    import faust
+
+    from stream.app import create_app
+
+    metrics = new_metrics(settings)
+    scorer = build_scorer(settings, metrics)
+    ensure_topics(settings.kafka)
+    app = create_app(settings, scorer, metrics)
+    serve_metrics(settings, metrics)
+    log.info("worker: judge %s, rubric set %s, calibrator %s, scorer version %s",
+             scorer.judge_name, scorer.rubric_set.version, scorer.calibrator_version, scorer.scorer_version)
+    worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    worker.execute_from_commandline()
+
+
+def run_sink(settings: Settings) -> None:
+    """Run the ClickHouse sink until SIGTERM/SIGINT, then flush, commit and close the store."""
+    from stream.sink import ScoreSink
+    from stream.store import ClickHouseStore
+
+    metrics = new_metrics(settings)
+    store = ClickHouseStore.open(settings.store)
+    store.migrate()
+    ensure_topics(settings.kafka)
+    sink = ScoreSink(settings, store, metrics)
+    serve_metrics(settings, metrics)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    log.info("sink: writing %s and feedback to %s", settings.kafka.scores_topic, settings.store.dsn)
+    try:
+        sink.run(stop)
+    finally:
+        sink.close()

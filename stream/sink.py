@@ -1,0 +1,164 @@
+"""The sink: scores topic (and feedback events) → ClickHouse, committing offsets only after the write.
+
+Why a separate process: scoring scales out over many workers, but the
+embedded ClickHouse engine (chDB) can be opened by one process only. Workers
+publish `ScoreRecord`s to the scores topic; one sink writes them. With a
+ClickHouse server (``http(s)://`` DSN) several sinks may share the
+``kafka.sink_group`` consumer group, or ClickHouse can ingest the scores topic
+itself with its Kafka table engine.
+
+Exactly-once *visible* results from at-least-once delivery: offsets are
+committed after the batch is written, so a crash re-delivers (never loses)
+records, and the store's ReplacingMergeTree keys make the re-written rows
+replace the first ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from kafka import KafkaConsumer, KafkaProducer
+from kafka.errors import CommitFailedError, KafkaError
+
+from stream.contract import DeadLetter, FeedbackEvent, InvalidEvent, parse_event
+from stream.metrics import ServiceMetrics
+from stream.records import RecordError, ScoreRecord
+from stream.settings import Settings
+from stream.store import ClickHouseStore, FeedbackRow, RejectedRowError, StoreError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SinkBatch:
+    """What one poll produced, decoded."""
+
+    scores: list[ScoreRecord]
+    feedback: list[FeedbackRow]
+    bad: list[DeadLetter]
+
+
+class ScoreSink:
+    """Consumes the scores topic and feedback events and writes them to the store in batches."""
+
+    def __init__(self, settings: Settings, store: ClickHouseStore, metrics: ServiceMetrics) -> None:
+        self.settings = settings
+        self.store = store
+        self.metrics = metrics
+        k = settings.kafka
+        self.consumer = KafkaConsumer(
+            k.scores_topic, k.events_topic,
+            bootstrap_servers=k.bootstrap_servers.split(","),
+            group_id=k.sink_group,
+            client_id="convowatch-sink",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=settings.store.batch_size,
+            session_timeout_ms=int(k.session_timeout_s * 1000),
+            heartbeat_interval_ms=int(k.heartbeat_interval_s * 1000),
+            max_poll_interval_ms=int(k.max_poll_interval_s * 1000),
+        )
+        self.producer = KafkaProducer(bootstrap_servers=k.bootstrap_servers.split(","), client_id="convowatch-sink", acks="all")
+
+    def decode(self, messages) -> SinkBatch:
+        k = self.settings.kafka
+        batch = SinkBatch([], [], [])
+        for m in messages:
+            if m.topic == k.scores_topic:
+                try:
+                    batch.scores.append(ScoreRecord.from_json(m.value))
+                except RecordError as e:
+                    batch.bad.append(DeadLetter("bad_score_record", str(e), m.value or b"", m.key, m.topic, m.partition, m.offset, time.time()))
+                continue
+            try:
+                event = parse_event(m.value, key=m.key, max_text_bytes=self.settings.assembly.max_text_bytes,
+                                    max_event_bytes=self.settings.assembly.max_event_bytes)
+            except InvalidEvent:
+                continue  # the workers dead-letter invalid events; the sink only needs valid feedback
+            if isinstance(event, FeedbackEvent):
+                batch.feedback.append(FeedbackRow(
+                    conversation_id=event.conversation_id, turn_index=event.turn_index, rating=event.rating,
+                    comment=event.comment, timestamp=event.timestamp, attributes=dict(event.attributes), received_at=time.time(),
+                ))
+        return batch
+
+    def reject(self, batch: SinkBatch) -> list[DeadLetter]:
+        """Remove the rows the store refuses (bad values) from ``batch``, one at a time; return them as dead letters."""
+        rejected: list[DeadLetter] = []
+        good_scores, good_feedback = [], []
+        for record in batch.scores:
+            try:
+                self.store.check_scores([record])
+                good_scores.append(record)
+            except RejectedRowError as e:
+                rejected.append(DeadLetter("rejected_by_store", str(e), record.to_json(), record.conversation_id.encode("utf-8"),
+                                            self.settings.kafka.scores_topic, -1, -1, time.time()))
+        for row in batch.feedback:
+            try:
+                self.store.check_feedback([row])
+                good_feedback.append(row)
+            except RejectedRowError as e:
+                rejected.append(DeadLetter("rejected_by_store", str(e), repr(row).encode("utf-8"), row.conversation_id.encode("utf-8"),
+                                            self.settings.kafka.events_topic, -1, -1, time.time()))
+        batch.scores, batch.feedback = good_scores, good_feedback
+        return rejected
+
+    def write(self, batch: SinkBatch, stop: threading.Event) -> bool:
+        """Write until it succeeds (retrying store errors with backoff) or ``stop`` is set; True if written."""
+        delay = 0.5
+        while True:
+            started = time.perf_counter()
+            try:
+                rows = self.store.write_scores(batch.scores) if batch.scores else {}
+                if batch.feedback:
+                    rows["feedback"] = self.store.write_feedback(batch.feedback)
+                break
+            except RejectedRowError as e:
+                log.error("store refused rows; dead-lettering them and writing the rest: %s", e)
+                self.dead_letter(self.reject(batch))
+            except StoreError as e:
+                self.metrics.sink_errors.inc()
+                log.error("store write failed (retrying in %.1fs): %s", delay, e)
+                if stop.wait(delay):
+                    return False
+                delay = min(delay * 2, 30.0)
+        self.metrics.sink_latency.observe(time.perf_counter() - started)
+        for table, n in rows.items():
+            self.metrics.sink_rows.labels(table).inc(n)
+        now = time.time()
+        for record in batch.scores:
+            self.metrics.end_to_store_latency.observe(max(0.0, now - record.conversation.closed_at))
+        return True
+
+    def dead_letter(self, letters: list[DeadLetter]) -> None:
+        for letter in letters:
+            self.producer.send(self.settings.kafka.dead_letter_topic, key=letter.key, value=letter.to_json())
+            self.metrics.dead_letters.labels(letter.reason).inc()
+        self.producer.flush()
+
+    def run(self, stop: threading.Event) -> None:
+        """Poll, write, commit; until ``stop`` is set. Uncommitted batches are re-delivered after a restart."""
+        timeout_ms = int(self.settings.store.flush_interval_s * 1000)
+        while not stop.is_set():
+            polled = self.consumer.poll(timeout_ms=timeout_ms, max_records=self.settings.store.batch_size)
+            messages = [m for part in polled.values() for m in part]
+            if not messages:
+                continue
+            batch = self.decode(messages)
+            if batch.bad:
+                self.dead_letter(batch.bad)
+            if (batch.scores or batch.feedback) and not self.write(batch, stop):
+                break
+            try:
+                self.consumer.commit()
+            except (CommitFailedError, KafkaError) as e:
+                # A rebalance took the partitions: the batch is re-delivered to their new owner and rewritten idempotently.
+                log.warning("offset commit failed after a durable write (will be re-delivered, deduplicated): %s", e)
+
+    def close(self) -> None:
+        self.consumer.close()
+        self.producer.close()
+        self.store.close()
