@@ -1,0 +1,351 @@
+"""Generative LLM backends for rubric learning: a prompt in, text out.
+
+Judges (`scorers.judges`) read answer *distributions*; rubric learning needs
+*text* (reasons, rubric assertions). `TextGenerator` is that second protocol,
+with two backends matching the judge layer's:
+
+- `OpenAIGenerator`: any OpenAI-compatible ``/chat/completions`` endpoint
+  (OpenAI, vLLM, llama.cpp server). The prompt is sent as one user message.
+  Failures follow the judge's policy (`scorers.judges.openai_http`): 429, 408,
+  5xx, timeouts and connection errors are retried with exponential backoff and
+  full jitter (delay before retry r uniform in ``[0, min(backoff_max_s,
+  backoff_initial_s * 2**r)]``) at most ``max_retries`` times, then
+  `GeneratorUnavailable` (transient); 401/403 give `GeneratorAuthError`, 404 or
+  ``model_not_found`` give `GeneratorModelNotFound`, other 4xx
+  `GeneratorError`, a reply with no choices `GeneratorReplyError`; none of
+  those is retried. The openai client's own retries are off. The API key is
+  handed to the client and never put in messages, logs or ``repr``.
+- `LocalGenerator`: a causal LM run with transformers on the CPU, loaded as
+  `scorers.judges.local` loads its model (a Hugging Face directory, or a GGUF
+  converted once to safetensors under ``cache_dir``; default: the packaged
+  Gemma 3 270M *base* model, far too weak to follow the rubric-learning
+  prompts — plumbing-grade, for tests and demos). When the tokenizer has a
+  chat template the prompt is one user message of it; otherwise the raw
+  prompt follows the BOS token. Temperature 0 is greedy decoding
+  (deterministic); a higher temperature samples from torch's CPU RNG seeded
+  from ``seed`` and a per-instance call counter inside ``torch.random.fork_rng``,
+  so a run is reproducible and the global RNG state is restored afterwards.
+
+A reply's text is returned as the model wrote it, with its token counts,
+wall time (including retries) and finish reason (``"length"`` when
+``max_tokens`` cut it). Judging whether the text is usable is the caller's job
+(`scorers.rubric_generation`).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Protocol, runtime_checkable
+
+import openai
+import torch
+from openai.types.chat import ChatCompletion
+
+from scorers.judges.local import (
+    DEFAULT_MAX_CONTEXT_TOKENS,
+    LocalModelError,
+    _is_gguf,
+    _load_directory,
+    _max_positions,
+    convert_gguf,
+    default_cache_dir,
+    default_model_path,
+)
+from scorers.judges.openai_http import NO_API_KEY, RETRYABLE_STATUS
+
+log = logging.getLogger(__name__)
+
+
+class GeneratorError(RuntimeError):
+    """Base class for generator failures. ``transient`` failures are worth retrying later."""
+
+    transient: bool = False
+
+
+class GeneratorUnavailable(GeneratorError):
+    """The generator could not be reached or kept failing (timeouts, 429, 5xx) after retries."""
+
+    transient = True
+
+
+class GeneratorAuthError(GeneratorError):
+    """The generator refused the credentials (bad or missing API key)."""
+
+
+class GeneratorModelNotFound(GeneratorError):
+    """The generator does not serve the requested model, or the local model cannot be loaded."""
+
+
+class GeneratorReplyError(GeneratorError):
+    """The generator answered, but with no usable completion (no choices)."""
+
+
+class GeneratorPromptTooLong(GeneratorError):
+    """The prompt plus ``max_tokens`` does not fit the local model's context."""
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One completion: its text and what it cost."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    latency_s: float
+    finish_reason: str | None = None
+
+
+@runtime_checkable
+class TextGenerator(Protocol):
+    """Anything that completes a prompt with text."""
+
+    name: str
+
+    def generate(self, prompt: str, *, max_tokens: int, temperature: float) -> Generation:
+        """Complete ``prompt`` with at most ``max_tokens`` tokens; raise a `GeneratorError` on failure."""
+        ...
+
+
+def _require(ok: bool, field: str, value: object, rule: str) -> None:
+    if not ok:
+        raise ValueError(f"{field} must be {rule}, got {value!r}")
+
+
+def _check_call(max_tokens: int, temperature: float) -> None:
+    _require(isinstance(max_tokens, int) and max_tokens >= 1, "max_tokens", max_tokens, "an int >= 1")
+    _require(0.0 <= temperature <= 2.0, "temperature", temperature, "in [0, 2]")
+
+
+class OpenAIGenerator:
+    """Completes prompts through an OpenAI-compatible ``/chat/completions`` endpoint (module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        timeout_s: float = 120.0,
+        max_retries: int = 5,
+        backoff_initial_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+        seed: int | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        name: str = "openai",
+        rng: random.Random | None = None,
+    ) -> None:
+        """``seed`` is sent with every request (servers that honour it sample reproducibly);
+        ``extra_body`` adds server-specific JSON fields; ``rng`` seeds the backoff jitter."""
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
+        if not model:
+            raise ValueError("model must be a non-empty string")
+        _require(max_retries >= 0, "max_retries", max_retries, ">= 0")
+        _require(backoff_initial_s > 0, "backoff_initial_s", backoff_initial_s, "> 0")
+        _require(backoff_max_s > 0, "backoff_max_s", backoff_max_s, "> 0")
+        _require(timeout_s > 0, "timeout_s", timeout_s, "> 0")
+        self.name = name
+        self.base_url = base_url
+        self.model = model
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.seed = seed
+        self.extra_body = dict(extra_body or {})
+        self._rng = rng or random.Random()
+        self._client = openai.OpenAI(base_url=base_url, api_key=api_key or NO_API_KEY, timeout=timeout_s, max_retries=0)
+
+    def __repr__(self) -> str:
+        return f"OpenAIGenerator(base_url={self.base_url!r}, model={self.model!r})"
+
+    def close(self) -> None:
+        """Close the HTTP connection pool."""
+        self._client.close()
+
+    def __enter__(self) -> "OpenAIGenerator":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def generate(self, prompt: str, *, max_tokens: int, temperature: float) -> Generation:
+        """One chat completion of ``prompt`` under the retry policy."""
+        _check_call(max_tokens, temperature)
+        started = time.perf_counter()
+        completion = self._complete(prompt, max_tokens, temperature)
+        latency = time.perf_counter() - started
+        if not completion.choices:
+            raise GeneratorReplyError(f"generator {self.model!r} replied with no choices")
+        choice = completion.choices[0]
+        usage = completion.usage
+        return Generation(
+            text=choice.message.content or "",
+            prompt_tokens=usage.prompt_tokens if usage else 0,
+            completion_tokens=usage.completion_tokens if usage else 0,
+            latency_s=latency,
+            finish_reason=choice.finish_reason,
+        )
+
+    def _complete(self, prompt: str, max_tokens: int, temperature: float) -> ChatCompletion:
+        attempts = self.max_retries + 1
+        for attempt in range(attempts):
+            try:
+                completion = self._client.chat.completions.create(
+                    model=self.model,
+                    messages=[{"role": "user", "content": prompt}],
+                    max_tokens=max_tokens,
+                    temperature=temperature,
+                    seed=self.seed if self.seed is not None else openai.omit,
+                    extra_body=self.extra_body or None,
+                )
+            except openai.APIError as e:
+                reason, last_error = self._transient_reason(e), e
+            else:
+                if not isinstance(completion, ChatCompletion):
+                    raise GeneratorReplyError(f"generator {self.model!r} sent a reply that is not a chat completion")
+                return completion
+            if attempt + 1 == attempts:
+                raise GeneratorUnavailable(
+                    f"generator {self.model!r} at {self.base_url} still failing after {attempts} attempt(s): {reason}"
+                ) from last_error
+            delay = self._rng.uniform(0.0, min(self.backoff_max_s, self.backoff_initial_s * 2**attempt))
+            log.warning(
+                "generator %r at %s: attempt %d/%d failed (%s); retrying in %.2fs",
+                self.model, self.base_url, attempt + 1, attempts, reason, delay,
+            )
+            time.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _transient_reason(self, e: openai.APIError) -> str:
+        """Describe a retryable failure, or raise the non-retryable `GeneratorError` it maps to."""
+        if isinstance(e, openai.APITimeoutError):
+            return f"timed out after {self.timeout_s}s"
+        if isinstance(e, openai.APIConnectionError):
+            return f"connection error: {e.__cause__ or e}"
+        if isinstance(e, openai.APIStatusError):
+            status, detail = e.status_code, e.message
+            if status in RETRYABLE_STATUS or status >= 500:
+                return detail
+            if status in (401, 403):
+                raise GeneratorAuthError(f"generator at {self.base_url} refused the API key ({detail})") from e
+            if status == 404 or e.code == "model_not_found":
+                raise GeneratorModelNotFound(
+                    f"generator at {self.base_url} does not serve model {self.model!r} ({detail}); "
+                    "check the model name and that base_url is the API root (e.g. ending in /v1)"
+                ) from e
+            raise GeneratorError(f"generator at {self.base_url} rejected the request ({detail})") from e
+        raise GeneratorReplyError(f"generator {self.model!r} at {self.base_url} sent an unusable reply: {e}") from e
+
+
+class LocalGenerator:
+    """Completes prompts with a local causal LM (transformers, CPU); see the module docstring.
+
+    ``model_path``: a Hugging Face model directory or a ``.gguf`` file; None
+    uses the packaged Gemma 3 270M base model. ``max_context_tokens`` caps
+    prompt + completion below the model's own limit. Calls are serialised
+    (one model, one lock).
+    """
+
+    def __init__(
+        self,
+        model_path: Path | None = None,
+        *,
+        cache_dir: Path | None = None,
+        max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS,
+        torch_threads: int | None = None,
+        seed: int = 0,
+        repetition_penalty: float = 1.0,
+        name: str = "local",
+    ) -> None:
+        _require(max_context_tokens >= 1, "max_context_tokens", max_context_tokens, ">= 1")
+        _require(repetition_penalty > 0, "repetition_penalty", repetition_penalty, "> 0")
+        if torch_threads is not None:
+            _require(torch_threads >= 1, "torch_threads", torch_threads, ">= 1")
+            torch.set_num_threads(torch_threads)
+        self.name = name
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        self.seed = seed
+        self.repetition_penalty = repetition_penalty
+        try:
+            source = Path(model_path) if model_path is not None else default_model_path(self.cache_dir)
+            if not source.exists():
+                raise LocalModelError(f"local generator model {source}: no such file or directory")
+            if source.is_file():
+                if not _is_gguf(source):
+                    raise LocalModelError(f"{source}: neither a GGUF file nor a Hugging Face model directory")
+                self.model_dir = convert_gguf(source, self.cache_dir)
+            else:
+                self.model_dir = source
+            self._model, self._tokenizer = _load_directory(self.model_dir)
+        except LocalModelError as e:
+            raise GeneratorModelNotFound(str(e)) from e
+        self.source_path = source
+        self.model = source.name
+        limit = _max_positions(self._model.config)
+        self.max_context_tokens = min(max_context_tokens, limit) if limit else max_context_tokens
+        self.uses_chat_template = bool(getattr(self._tokenizer, "chat_template", None))
+        self._lock = threading.Lock()
+        self._calls = 0
+
+    def __repr__(self) -> str:
+        return f"LocalGenerator(model={self.model!r}, chat_template={self.uses_chat_template})"
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        """The token ids the model reads for ``prompt`` (chat template, or BOS + raw prompt)."""
+        tok = self._tokenizer
+        if self.uses_chat_template:
+            ids = tok.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+            return [int(i) for i in ids]
+        lead = [tok.bos_token_id] if tok.bos_token_id is not None else []
+        return lead + list(tok.encode(prompt, add_special_tokens=False))
+
+    def generate(self, prompt: str, *, max_tokens: int, temperature: float) -> Generation:
+        """Complete ``prompt`` (greedy at temperature 0); `GeneratorPromptTooLong` if it cannot fit."""
+        _check_call(max_tokens, temperature)
+        started = time.perf_counter()
+        ids = self.prompt_ids(prompt)
+        if len(ids) + max_tokens > self.max_context_tokens:
+            raise GeneratorPromptTooLong(
+                f"prompt of {len(ids)} tokens + max_tokens {max_tokens} exceeds the context of "
+                f"{self.max_context_tokens} tokens of {self.model}"
+            )
+        tok = self._tokenizer
+        options: dict[str, Any] = {
+            "max_new_tokens": max_tokens,
+            "pad_token_id": tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+            "repetition_penalty": self.repetition_penalty,
+        }
+        if temperature > 0:
+            options.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+        else:
+            options.update(do_sample=False, temperature=None, top_k=None, top_p=None)
+        input_ids = torch.tensor([ids])
+        with self._lock, torch.random.fork_rng(devices=[]), torch.inference_mode():
+            self._calls += 1
+            torch.manual_seed(self.seed * 1_000_003 + self._calls)  # inside fork_rng: the global state is restored
+            output = self._model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **options)
+        new = output[0, len(ids) :].tolist()
+        eos = self._eos_ids()
+        stopped = bool(new) and new[-1] in eos
+        text = tok.decode(new, skip_special_tokens=True)
+        return Generation(
+            text=text,
+            prompt_tokens=len(ids),
+            completion_tokens=len(new),
+            latency_s=time.perf_counter() - started,
+            finish_reason="stop" if stopped or len(new) < max_tokens else "length",
+        )
+
+    def _eos_ids(self) -> set[int]:
+        eos = self._model.generation_config.eos_token_id
+        if eos is None:
+            eos = self._tokenizer.eos_token_id
+        return set(eos) if isinstance(eos, (list, tuple)) else ({eos} if eos is not None else set())
