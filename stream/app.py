@@ -125,6 +125,7 @@ def create_app(settings: Settings, scorer: ConversationScorer, metrics: ServiceM
             end = EndEvent(conversation_id=key, timestamp=now, cause=cause)
             await events_topic.send(key=key.encode("utf-8"), value=encode_event(end), partition=state["partition"])
         metrics.open_conversations.set(open_count)
+        metrics.assigned_partitions.set(sum(1 for tp in actives if tp.topic == k.events_topic))
         for key, at in list(requested.items()):
             if now - at > a.idle_check_interval_s * 10:
                 del requested[key]

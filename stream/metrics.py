@@ -68,6 +68,7 @@ class ServiceMetrics:
         self.dead_letters = Counter("convowatch_dead_letters", "Events sent to the dead-letter topic, by reason.", ["reason"], registry=r)
         self.conversations_closed = Counter("convowatch_conversations_closed", "Conversations closed, by cause.", ["cause"], registry=r)
         self.open_conversations = Gauge("convowatch_open_conversations", "Conversations being assembled on this worker.", registry=r)
+        self.assigned_partitions = Gauge("convowatch_assigned_partitions", "Events-topic partitions this worker owns.", registry=r)
 
         # scoring
         self.conversations_scored = Counter(

@@ -38,3 +38,34 @@ def llama_server(gemma_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         yield server
     finally:
         server.stop()
+
+
+# Real infrastructure (tansu broker, Prometheus, Alertmanager) and the one chDB engine of this process.
+from tests.chdb_fixture import chdb_dsn, chdb_store, store_factory  # noqa: E402,F401
+from tests.infra import alertmanager, kafka_broker, prometheus_factory  # noqa: E402,F401
+
+
+@pytest.fixture(scope="session")
+def scoring_artifacts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(rubric set, calibrator) made by the scoring-core commands from LLM-Rubric's synthetic data, as the demo does."""
+    import subprocess
+    import sys
+
+    from tests.pipeline import LLM_RUBRIC_DATA, REPO
+
+    out = tmp_path_factory.mktemp("scoring-artifacts")
+    cw = [sys.executable, "-m", "stream.cli"]
+    synth_answers = LLM_RUBRIC_DATA / "gpt-3.5-turbo-16k_synth_evaluations_FIXED.tsv"
+    env = {**__import__("os").environ, "CONVOWATCH_JUDGE__BACKEND": "recorded", "CONVOWATCH_JUDGE__RECORDED_ANSWERS": str(synth_answers)}
+    steps = [
+        ["data", "llm-rubric", "--data-dir", str(LLM_RUBRIC_DATA), "--split", "synth",
+         "--labelled-out", str(out / "synth.jsonl"), "--rubric-set-out", str(out / "unfitted.json")],
+        ["rubrics", "fit", "--rubric-set", str(out / "unfitted.json"), "--labelled", str(out / "synth.jsonl"),
+         "--out", str(out / "rubricset.json")],
+        ["calibrate", "train", "--judge-answers", str(synth_answers),
+         "--human-labels", str(LLM_RUBRIC_DATA / "human_judges_synth_all_FIXED_ANON.tsv"),
+         "--questions", str(LLM_RUBRIC_DATA / "questions.json"), "--grid", "none", "--out", str(out / "calibrator")],
+    ]
+    for step in steps:
+        subprocess.run(cw + step, cwd=REPO, env=env, check=True, capture_output=True, timeout=600)
+    return out / "rubricset.json", out / "calibrator"

@@ -1,0 +1,213 @@
+"""Run the real service for end-to-end tests: worker and sink processes on a real broker, read back for real.
+
+Each `Pipeline` has its own topics, consumer groups and embedded ClickHouse
+directory on the shared session broker, so tests do not see each other's data.
+The store is read by a separate process (`query_store`) once the sink has
+stopped: a chDB directory can be open in one process only, and the test
+process already owns another engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping
+
+from kafka import KafkaConsumer, KafkaProducer
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.infra import free_port, wait_for
+
+REPO = Path(__file__).resolve().parents[1]
+LLM_RUBRIC_DATA = REPO / "data" / "llm-rubric"
+RECORDED_REAL_ANSWERS = LLM_RUBRIC_DATA / "gpt-3.5-turbo-16k_real_evaluations_FIXED.tsv"
+
+# tansu workarounds (DESIGN.md): one record per producer batch keeps Faust's table recovery exact;
+# short session timeout for fast group joins; short max poll interval to end rebalance loops.
+TANSU_SETTINGS = {
+    "CONVOWATCH_KAFKA__PRODUCER_MAX_BATCH_SIZE": "1",
+    "CONVOWATCH_KAFKA__SESSION_TIMEOUT_S": "6",
+    "CONVOWATCH_KAFKA__HEARTBEAT_INTERVAL_S": "1",
+    "CONVOWATCH_KAFKA__MAX_POLL_INTERVAL_S": "15",
+    "CONVOWATCH_KAFKA__COMMIT_INTERVAL_S": "1",
+}
+
+
+@dataclass
+class Process:
+    name: str
+    popen: subprocess.Popen
+    log: Path
+    metrics_port: int
+
+    def log_tail(self, n: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """Current samples as ``{(name, sorted labels): value}``."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+
+    def metric_sum(self, name: str, **labels: str) -> float:
+        """Sum of ``name`` over samples whose labels include ``labels`` (0 if none or unreachable)."""
+        try:
+            samples = self.metrics()
+        except OSError:
+            return 0.0
+        return sum(v for (n, lab), v in samples.items() if n == name and all((k, val) in lab for k, val in labels.items()))
+
+    def terminate(self, timeout: float = 30) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+
+    def kill9(self) -> None:
+        self.popen.kill()
+        self.popen.wait()
+
+
+@dataclass
+class Pipeline:
+    """Settings and processes of one isolated pipeline on the session broker."""
+
+    root: Path
+    bootstrap: str
+    rubric_set: Path
+    calibrator: Path
+    partitions: int = 4
+    extra_env: dict[str, str] = field(default_factory=dict)
+    processes: list[Process] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.tag = uuid.uuid4().hex[:8]
+        self.store_dir = self.root / "clickhouse"
+
+    @property
+    def env(self) -> dict[str, str]:
+        t = self.tag
+        return {
+            "CONVOWATCH_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
+            "CONVOWATCH_KAFKA__EVENTS_TOPIC": f"{t}.events",
+            "CONVOWATCH_KAFKA__CLOSED_TOPIC": f"{t}.closed",
+            "CONVOWATCH_KAFKA__SCORES_TOPIC": f"{t}.scores",
+            "CONVOWATCH_KAFKA__DEAD_LETTER_TOPIC": f"{t}.dead-letters",
+            "CONVOWATCH_KAFKA__APP_ID": f"convowatch-{t}",
+            "CONVOWATCH_KAFKA__SINK_GROUP": f"sink-{t}",
+            "CONVOWATCH_KAFKA__PARTITIONS": str(self.partitions),
+            **TANSU_SETTINGS,
+            "CONVOWATCH_JUDGE__BACKEND": "recorded",
+            "CONVOWATCH_JUDGE__RECORDED_ANSWERS": str(RECORDED_REAL_ANSWERS),
+            "CONVOWATCH_RUBRIC_SET": str(self.rubric_set),
+            "CONVOWATCH_CALIBRATOR": str(self.calibrator),
+            "CONVOWATCH_SCORING__QUESTIONS": str(LLM_RUBRIC_DATA / "questions.json"),
+            "CONVOWATCH_STORE__DSN": f"chdb://{self.store_dir}",
+            "CONVOWATCH_STORE__FLUSH_INTERVAL_S": "0.5",
+            "CONVOWATCH_ASSEMBLY__IDLE_CHECK_INTERVAL_S": "1",
+            **self.extra_env,
+        }
+
+    def topic(self, name: str) -> str:
+        return self.env[f"CONVOWATCH_KAFKA__{name.upper()}_TOPIC"]
+
+    def _start(self, name: str, command: str, env: Mapping[str, str] | None = None) -> Process:
+        port = free_port()
+        log = self.root / f"{name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        full_env = {**os.environ, **self.env, "CONVOWATCH_METRICS__PORT": str(port), **(env or {})}
+        with log.open("ab") as out:
+            popen = subprocess.Popen([sys.executable, "-m", "stream.cli", command], cwd=REPO, env=full_env,
+                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = Process(name, popen, log, port)
+        self.processes.append(proc)
+
+        def up() -> bool:
+            if popen.poll() is not None:
+                raise AssertionError(f"{name} exited with {popen.returncode}:\n{proc.log_tail()}")
+            try:
+                proc.metrics()
+                return True
+            except OSError:
+                return False
+
+        wait_for(up, timeout=60, what=f"{name} metrics endpoint")
+        return proc
+
+    def start_worker(self, name: str = "worker", env: Mapping[str, str] | None = None) -> Process:
+        return self._start(name, "run", env)
+
+    def start_sink(self, name: str = "sink") -> Process:
+        return self._start(name, "sink")
+
+    def wait_assigned(self, workers: Iterable[Process], timeout: float = 90, each_at_least: int = 1) -> None:
+        """Until the workers together own every partition, each at least ``each_at_least``."""
+        workers = list(workers)
+
+        def balanced() -> bool:
+            owned = [w.metric_sum("convowatch_assigned_partitions") for w in workers]
+            return sum(owned) == self.partitions and min(owned) >= each_at_least
+
+        wait_for(balanced, timeout=timeout, interval=0.5, what="partition assignment")
+
+    def replay(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "stream.cli", "replay", *args], cwd=REPO,
+                              env={**os.environ, **self.env}, capture_output=True, text=True, check=check, timeout=300)
+
+    def produce(self, records: Iterable[tuple[bytes | None, bytes | None]]) -> int:
+        """Send raw (key, value) records to the events topic, byte for byte."""
+        producer = KafkaProducer(bootstrap_servers=self.bootstrap, acks="all")
+        n = 0
+        for key, value in records:
+            producer.send(self.topic("events"), key=key, value=value)
+            n += 1
+        producer.flush()
+        producer.close()
+        return n
+
+    def consume(self, topic: str, expect: int, timeout: float = 120) -> list:
+        """Read ``topic`` from the beginning until at least ``expect`` records arrived (or time out)."""
+        consumer = KafkaConsumer(self.topic(topic), bootstrap_servers=self.bootstrap, group_id=None,
+                                 auto_offset_reset="earliest", enable_auto_commit=False, consumer_timeout_ms=1000)
+        out: list = []
+        deadline = time.monotonic() + timeout
+        try:
+            while len(out) < expect and time.monotonic() < deadline:
+                for batch in consumer.poll(timeout_ms=500).values():
+                    out.extend(batch)
+        finally:
+            consumer.close()
+        return out
+
+    def query_store(self, sql: str) -> list[dict]:
+        """Run a read-only query on this pipeline's embedded store in a fresh process (the sink must be stopped)."""
+        code = (
+            "import json, sys\n"
+            "from stream.store import ClickHouseStore\n"
+            "with ClickHouseStore(sys.argv[1]) as s:\n"
+            "    print(json.dumps(s.query(sys.argv[2]), default=str))\n"
+        )
+        done = subprocess.run([sys.executable, "-c", code, f"chdb://{self.store_dir}", sql], cwd=REPO,
+                              capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise AssertionError(f"store query failed: {done.stderr[-2000:]}")
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    def stop_all(self) -> None:
+        for proc in self.processes:
+            proc.terminate()

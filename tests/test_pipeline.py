@@ -1,0 +1,426 @@
+"""End to end on the real components: tansu broker, worker and sink processes, the embedded ClickHouse engine.
+
+Conversations are the 223 real LLM-Rubric conversations, scored with the
+recorded GPT-3.5 judge, a rubric set and a calibrator made by the scoring-core
+commands (the `scoring_artifacts` fixture).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from kafka import KafkaAdminClient
+
+from stream.contract import DeadLetter, EndEvent, FeedbackEvent, InvalidEvent, TurnEvent, encode_event, parse_event
+from stream.records import ScoreRecord
+from stream.replay import ReplayItem, llm_rubric_events
+from tests.infra import free_port, wait_for
+from tests.pipeline import Pipeline
+
+N_REAL = 223
+N_REAL_TURNS = 1813
+N_QUESTIONS = 9  # Q0..Q8: the calibrator's dimensions
+
+
+@pytest.fixture
+def pipeline(tmp_path: Path, kafka_broker: str, scoring_artifacts: tuple[Path, Path]) -> Iterator[Pipeline]:
+    rubric_set, calibrator = scoring_artifacts
+    p = Pipeline(tmp_path, kafka_broker, rubric_set, calibrator)
+    try:
+        yield p
+    finally:
+        p.stop_all()
+
+
+def _real_items() -> list[ReplayItem]:
+    return list(llm_rubric_events())
+
+
+def _ids(items: list[ReplayItem]) -> set[str]:
+    return {i.event.conversation_id for i in items if i.event is not None}
+
+
+def _scored_ids(pipeline: Pipeline, expect: int) -> dict[str, list[ScoreRecord]]:
+    out: dict[str, list[ScoreRecord]] = {}
+    for m in pipeline.consume("scores", expect):
+        record = ScoreRecord.from_json(m.value)
+        out.setdefault(record.conversation_id, []).append(record)
+    return out
+
+
+def _wait_scores(pipeline: Pipeline, ids: set[str], timeout: float = 180) -> dict[str, list[ScoreRecord]]:
+    """Until every id has a record on the scores topic; returns all records by id (re-deliveries included)."""
+    result: dict[str, list[ScoreRecord]] = {}
+
+    def done() -> bool:
+        nonlocal result
+        result = _scored_ids(pipeline, len(ids))
+        return ids <= set(result)
+
+    try:
+        wait_for(done, timeout=timeout, interval=1, what="scores for every conversation")
+    except TimeoutError:
+        missing = sorted(ids - set(result))
+        raise AssertionError(f"{len(missing)} conversations never scored, e.g. {missing[:5]}") from None
+    return result
+
+
+def _wait_sink_caught_up(pipeline: Pipeline, timeout: float = 120) -> None:
+    """Until the sink group's committed offsets cover every record on the scores topic (counted by reading it)."""
+    last: dict[int, int] = {}
+    for m in pipeline.consume("scores", 10**9, timeout=5):
+        last[m.partition] = max(last.get(m.partition, -1), m.offset)
+    admin = KafkaAdminClient(bootstrap_servers=pipeline.bootstrap)
+    try:
+        def committed() -> bool:
+            group = pipeline.env["CONVOWATCH_KAFKA__SINK_GROUP"]
+            offsets = admin.list_group_offsets(group)[group]
+            got = {tp.partition: om.offset for tp, om in offsets.items() if tp.topic == pipeline.topic("scores")}
+            return all(got.get(p, -1) > off for p, off in last.items())
+
+        wait_for(committed, timeout=timeout, interval=0.5, what="sink commits")
+    finally:
+        admin.close()
+
+
+def _store_counts(pipeline: Pipeline) -> dict:
+    [row] = pipeline.query_store(
+        "SELECT count() AS rows, uniqExact(conversation_id) AS conversations, countIf(status = 'scored') AS scored "
+        "FROM convowatch.conversation_scores FINAL"
+    )
+    return row
+
+
+# ------------------------------------------------------------------ happy path
+
+
+def test_replayed_conversations_are_scored_in_clickhouse_and_metrics(pipeline: Pipeline, tmp_path: Path) -> None:
+    worker = pipeline.start_worker()
+    sink = pipeline.start_sink()
+    pipeline.wait_assigned([worker])
+
+    items = _real_items()
+    ids = sorted(_ids(items))
+    done = pipeline.replay("llm-rubric")
+    assert f"sent {N_REAL_TURNS + N_REAL} events" in done.stdout
+
+    feedback = tmp_path / "feedback.jsonl"
+    feedback.write_text("".join(
+        encode_event(FeedbackEvent(conversation_id=cid, turn_index=1, rating=rating, timestamp=1.7e9 + i)).decode() + "\n"
+        for i, (cid, rating) in enumerate([(ids[0], "up"), (ids[1], "down"), (ids[2], "down")])
+    ))
+    pipeline.replay("jsonl", str(feedback))
+
+    wait_for(lambda: sink.metric_sum("convowatch_sink_rows_total", table="conversation_scores") >= N_REAL
+             and sink.metric_sum("convowatch_sink_rows_total", table="feedback") >= 3, timeout=180, what="sink rows")
+
+    # Worker metrics: every event counted by type and outcome, every conversation closed and scored once.
+    assert worker.metric_sum("convowatch_events_total", type="turn", outcome="accepted") == N_REAL_TURNS
+    assert worker.metric_sum("convowatch_conversations_closed_total", cause="end") == N_REAL
+    assert worker.metric_sum("convowatch_conversations_scored_total") == N_REAL
+    assert worker.metric_sum("convowatch_calibrated_conversations_total") == N_REAL
+    p_dsat = worker.metric_sum("convowatch_calibrated_dissatisfaction_probability_total")
+    assert 0 < p_dsat < N_REAL
+    assert worker.metric_sum("convowatch_dimension_expected_value_count", dimension="Q0") == N_REAL
+    assert worker.metric_sum("convowatch_conversations_scored_total", model_version="variant-0") == 76
+    assert worker.metric_sum("convowatch_dead_letters_total") == 0
+    assert sink.metric_sum("convowatch_close_to_store_latency_seconds_count") == N_REAL
+
+    sink.terminate()
+    assert sink.popen.returncode == 0, sink.log_tail()
+    assert _store_counts(pipeline) == {"rows": N_REAL, "conversations": N_REAL, "scored": N_REAL}
+    [dims] = pipeline.query_store("SELECT count() AS n, uniqExact(question_id) AS q FROM convowatch.dimension_predictions FINAL")
+    assert dims == {"n": N_REAL * N_QUESTIONS, "q": N_QUESTIONS}
+    [turns] = pipeline.query_store("SELECT sum(n_turns) AS n FROM convowatch.conversations FINAL")
+    assert turns["n"] == N_REAL_TURNS
+    fb = pipeline.query_store("SELECT conversation_id, rating FROM convowatch.feedback FINAL ORDER BY conversation_id")
+    assert fb == [{"conversation_id": ids[0], "rating": "up"}, {"conversation_id": ids[1], "rating": "down"},
+                  {"conversation_id": ids[2], "rating": "down"}]
+    # The calibrated dissatisfaction in the metrics is the sum of the stored probabilities.
+    [s] = pipeline.query_store("SELECT sum(dissatisfaction_probability) AS p FROM convowatch.conversation_scores FINAL")
+    assert s["p"] == pytest.approx(p_dsat, rel=1e-9)
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def _mutations(valid: list[bytes], rng: random.Random, n: int) -> list[tuple[bytes | None, bytes]]:
+    """Invalid events made by breaking valid ones in random ways (a fixed seed), each under a fresh conversation id."""
+    out = []
+    while len(out) < n:
+        obj = json.loads(rng.choice(valid))
+        cid = f"fuzz-{len(out)}"
+        obj["conversation_id"] = cid
+        how = rng.randrange(8)
+        if how == 0:
+            obj.pop(rng.choice(sorted(obj)))
+        elif how == 1:
+            obj[rng.choice(sorted(obj))] = rng.choice([None, True, 1.5, [], {}, "x", -3])
+        elif how == 2:
+            obj["surprise"] = 1
+        elif how == 3:
+            obj["schema_version"] = rng.choice([0, 2, "1"])
+        elif how == 4:
+            obj["type"] = rng.choice(["turns", "End", ""])
+        raw = json.dumps(obj).encode()
+        if how == 5:
+            raw = raw[: rng.randrange(1, len(raw))]
+        elif how == 6:
+            raw = raw.replace(b'"', b"'", 1)
+        elif how == 7:
+            raw = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 40)))
+        try:
+            parse_event(raw, key=cid.encode())
+        except InvalidEvent:
+            out.append((cid.encode(), raw))
+    return out
+
+
+def test_bad_input_is_dead_lettered_with_its_reason_and_valid_conversations_are_scored(pipeline: Pipeline) -> None:
+    pipeline.extra_env["CONVOWATCH_ASSEMBLY__MAX_TEXT_BYTES"] = "20000"
+    worker = pipeline.start_worker()
+    pipeline.wait_assigned([worker])
+
+    items = _real_items()
+    valid_ids = sorted(_ids(items))[:20]
+    valid = [i for i in items if i.event is not None and i.event.conversation_id in valid_ids]
+    first = valid_ids[0]
+    t = 1_707_000_000.0
+    k = first.encode()
+    # Fixed corpus: one example of every reason the worker can find, with what we expect.
+    fixed: list[tuple[bytes | None, bytes | None, str]] = [
+        (b"c-a", b"\xff\xfe\x00 not utf-8", "invalid_utf8"),
+        (b"c-b", b"this is not json", "not_json"),
+        (b"c-c", b"[1, 2]", "not_object"),
+        (b"c-d", None, "not_json"),
+        (b"c-e", b'{"schema_version": 1, "type": "turn", "conversation_id": "c-e"}', "missing_field"),
+        (b"c-f", json.dumps({"schema_version": 1, "type": "turn", "conversation_id": "c-f", "turn_index": 0, "role": "robot",
+                             "text": "hi", "timestamp": "2024-02-09T00:00:00Z"}).encode(), "unknown_role"),
+        (b"c-g", json.dumps({"schema_version": 1, "type": "turn", "conversation_id": "c-g", "turn_index": -1, "role": "user",
+                             "text": "hi", "timestamp": "2024-02-09T00:00:00Z"}).encode(), "negative_turn_index"),
+        (b"c-h", encode_event(TurnEvent("c-h", 0, "user", "x" * 20001, t, {})), "oversized_text"),
+        (b"not-c-i", encode_event(TurnEvent("c-i", 0, "user", "hi", t, {})), "key_mismatch"),
+        (b"c-j", json.dumps({"schema_version": 1, "type": "turn", "conversation_id": "c-j", "turn_index": True, "role": "user",
+                             "text": "hi", "timestamp": "2024-02-09T00:00:00Z"}).encode(), "wrong_type"),
+        (b"c-k", encode_event(EndEvent("c-k", t)), "empty_conversation"),
+        (k, encode_event(TurnEvent(first, 0, "user", "a different first turn", t, {})), "duplicate_turn_index"),
+    ]
+    late = (k, encode_event(TurnEvent(first, 999, "user", "a turn after the end", t, {})), "conversation_closed")
+    fuzzed = _mutations([i.raw for i in valid], random.Random(1234), 60)
+
+    records: list[tuple[bytes | None, bytes | None]] = []
+    for item in valid:
+        records.append((item.key, item.raw))
+        if item.event.conversation_id == first and isinstance(item.event, TurnEvent) and item.event.turn_index == 0:
+            records.append(fixed[-1][:2])  # the conflicting duplicate right after the real turn 0
+            records.append((item.key, item.raw))  # and an exact redelivery, which is silently dropped
+    records += [(key, value) for key, value, _ in fixed[:-1]]
+    records.append(late[:2])  # after `first` has ended
+    records += fuzzed
+    pipeline.produce(records)
+
+    expected = [(value or b"", reason) for _, value, reason in fixed + [late]]
+    expected += [(raw, parse_event_reason(raw, key)) for key, raw in fuzzed]
+    letters = [DeadLetter.from_json(m.value) for m in pipeline.consume("dead_letter", len(expected))]
+    got = sorted((letter.original, letter.reason) for letter in letters)
+    assert got == sorted(expected)
+
+    scores = _wait_scores(pipeline, set(valid_ids))
+    assert set(scores) == set(valid_ids)
+    assert all(r.status == "scored" for rs in scores.values() for r in rs)
+    first_score = scores[first][0]
+    assert [t.index for t in first_score.conversation.turns] == list(range(len(first_score.conversation.turns)))
+    assert worker.popen.poll() is None, "the worker must survive any input"
+    assert worker.metric_sum("convowatch_events_total", type="turn", outcome="duplicate") == 1
+    assert worker.metric_sum("convowatch_dead_letters_total") == len(expected)
+
+
+def parse_event_reason(raw: bytes, key: bytes | None) -> str:
+    try:
+        parse_event(raw, key=key)
+    except InvalidEvent as e:
+        return e.reason
+    raise AssertionError("expected an invalid event")
+
+
+# ------------------------------------------------------------------ crash
+
+
+def _publish_in_steps(pipeline: Pipeline, items: list[ReplayItem], steps: int) -> Iterator[int]:
+    chunk = -(-len(items) // steps)
+    for i in range(steps):
+        part = items[i * chunk:(i + 1) * chunk]
+        pipeline.produce((item.key, item.raw) for item in part)
+        yield i
+
+
+def test_kill_9_of_worker_and_sink_loses_nothing_and_shows_no_duplicates(pipeline: Pipeline) -> None:
+    worker = pipeline.start_worker("worker-1")
+    sink = pipeline.start_sink("sink-1")
+    pipeline.wait_assigned([worker])
+    items = _real_items()
+    ids = _ids(items)
+
+    for step in _publish_in_steps(pipeline, items, 4):
+        time.sleep(2)
+        if step == 1:
+            worker.kill9()  # mid-stream: conversations half assembled, some closed but maybe not scored
+            worker = pipeline.start_worker("worker-2")
+            pipeline.wait_assigned([worker])
+        if step == 2:
+            sink.kill9()  # mid-write: offsets not yet committed for what it was writing
+            sink = pipeline.start_sink("sink-2")
+
+    records = _wait_scores(pipeline, ids)
+    _wait_sink_caught_up(pipeline)
+    sink.terminate()
+    assert sink.popen.returncode == 0, sink.log_tail()
+    counts = _store_counts(pipeline)
+    assert counts == {"rows": N_REAL, "conversations": N_REAL, "scored": N_REAL}, counts
+    stored = {r["conversation_id"] for r in pipeline.query_store("SELECT conversation_id FROM convowatch.conversations FINAL")}
+    assert stored == ids
+    # Every stored conversation has all its turns, although the worker died while assembling some.
+    [turns] = pipeline.query_store("SELECT sum(n_turns) AS n, sum(length(missing_turn_indices)) AS missing FROM convowatch.conversations FINAL")
+    assert turns == {"n": N_REAL_TURNS, "missing": 0}
+    redelivered = sum(len(rs) - 1 for rs in records.values())
+    print(f"re-delivered score records after the crashes: {redelivered}")
+
+
+# ------------------------------------------------------------------ scale-out
+
+
+def test_two_workers_split_the_partitions_and_score_everything_once(pipeline: Pipeline) -> None:
+    a = pipeline.start_worker("worker-a")
+    pipeline.wait_assigned([a])
+    b = pipeline.start_worker("worker-b")
+    pipeline.wait_assigned([a, b], each_at_least=1, timeout=120)
+    items = _real_items()
+    ids = _ids(items)
+    pipeline.replay("llm-rubric")
+    records = _wait_scores(pipeline, ids)
+
+    scored = [w.metric_sum("convowatch_conversations_scored_total") for w in (a, b)]
+    assert min(scored) > 0, scored
+    assert sum(scored) == N_REAL, scored
+    assert sum(len(rs) for rs in records.values()) == N_REAL
+    assert [w.metric_sum("convowatch_assigned_partitions") for w in (a, b)] == [2, 2]
+
+
+# ------------------------------------------------------------------ judge outage
+
+
+class RecoveringJudgeServer:
+    """An OpenAI-compatible endpoint that starts late on a fixed port, then fails its first requests.
+
+    The outage is real (connection refused while nothing listens, then HTTP 503s).
+    The answering model is a stand-in: no local model can serve logprob
+    answers fast enough for this test (llama.cpp on Gemma takes 30-70 s per
+    conversation here), so once "recovered" it returns one fixed distribution.
+    """
+
+    def __init__(self, port: int, failures: int) -> None:
+        self.port, self.failures, self.requests = port, failures, 0
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with server._lock:
+                    server.requests += 1
+                    failing = server.requests <= server.failures
+                body = b'{"error": {"message": "overloaded"}}' if failing else json.dumps(_completion()).encode()
+                self.send_response(503 if failing else 200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> "RecoveringJudgeServer":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _completion() -> dict:
+    import math
+
+    top = [{"token": str(i), "logprob": math.log(p), "bytes": None} for i, p in zip(range(1, 5), (0.1, 0.2, 0.3, 0.35))]
+    return {
+        "id": "x", "object": "chat.completion", "created": 0, "model": "stand-in",
+        "choices": [{"index": 0, "finish_reason": "length", "message": {"role": "assistant", "content": top[3]["token"]},
+                     "logprobs": {"content": [{"token": "4", "logprob": top[3]["logprob"], "bytes": None, "top_logprobs": top}]}}],
+        "usage": {"prompt_tokens": 100, "completion_tokens": 1, "total_tokens": 101},
+    }
+
+
+def _judge_env(port: int, max_attempts: int) -> dict[str, str]:
+    return {
+        "CONVOWATCH_JUDGE__BACKEND": "openai",
+        "CONVOWATCH_JUDGE__BASE_URL": f"http://127.0.0.1:{port}/v1",
+        "CONVOWATCH_JUDGE__MODEL": "stand-in",
+        "CONVOWATCH_JUDGE__API_KEY": "test-key",
+        "CONVOWATCH_JUDGE__MAX_RETRIES": "0",  # the worker's own retries are under test
+        "CONVOWATCH_JUDGE__TIMEOUT_S": "5",
+        "CONVOWATCH_SCORING__MAX_ATTEMPTS": str(max_attempts),
+        "CONVOWATCH_SCORING__RETRY_INITIAL_S": "0.5",
+        "CONVOWATCH_SCORING__RETRY_MAX_S": "2",
+    }
+
+
+def _few_conversations(n: int) -> tuple[list[ReplayItem], set[str]]:
+    items = _real_items()
+    ids = set(sorted(_ids(items))[:n])
+    return [i for i in items if i.event.conversation_id in ids], ids
+
+
+def test_judge_outage_is_retried_and_conversations_are_scored_after_recovery(pipeline: Pipeline) -> None:
+    port = free_port()
+    pipeline.extra_env.update(_judge_env(port, max_attempts=30))
+    worker = pipeline.start_worker()
+    pipeline.wait_assigned([worker])
+    items, ids = _few_conversations(4)
+    pipeline.produce((i.key, i.raw) for i in items)
+
+    wait_for(lambda: worker.metric_sum("convowatch_scoring_retries_total") >= 3, timeout=60, what="retries during the outage")
+    with RecoveringJudgeServer(port, failures=5):
+        records = _wait_scores(pipeline, ids, timeout=120)
+    assert {cid: [r.status for r in rs] for cid, rs in records.items()} == {cid: ["scored"] for cid in ids}
+    assert worker.metric_sum("convowatch_judge_errors_total") >= 3
+    assert max(r.attempts for rs in records.values() for r in rs) > 1
+
+
+def test_judge_that_stays_down_leaves_conversations_unscored_with_the_reason(pipeline: Pipeline) -> None:
+    port = free_port()  # nothing ever listens here
+    pipeline.extra_env.update(_judge_env(port, max_attempts=2))
+    worker = pipeline.start_worker()
+    sink = pipeline.start_sink()
+    pipeline.wait_assigned([worker])
+    items, ids = _few_conversations(3)
+    pipeline.produce((i.key, i.raw) for i in items)
+
+    records = _wait_scores(pipeline, ids, timeout=120)
+    assert all(r.status == "unscored" and r.unscored_reason.startswith("JudgeUnavailable") and r.attempts == 2
+               for rs in records.values() for r in rs)
+    _wait_sink_caught_up(pipeline)
+    sink.terminate()
+    rows = pipeline.query_store("SELECT conversation_id, status, unscored_reason FROM convowatch.conversation_scores FINAL")
+    assert {r["conversation_id"] for r in rows} == ids
+    assert all(r["status"] == "unscored" and "JudgeUnavailable" in r["unscored_reason"] for r in rows)
+    assert worker.metric_sum("convowatch_conversations_unscored_total", reason="JudgeUnavailable") == len(ids)
