@@ -8,7 +8,7 @@ LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
                     -DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX_VNNI=ON
 PYTEST_ARGS ?=
 
-.PHONY: install test bench clean stack-deps
+.PHONY: install test demo demo-stop bench clean stack-deps
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,13 @@ install: $(VENV)/.installed
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The whole service on the embedded stack, replaying the 223 real LLM-Rubric conversations (deploy/local/demo.py).
+demo: install stack-deps
+	$(PY) -m deploy.local.demo start
+
+demo-stop:
+	$(PY) -m deploy.local.demo stop
 
 # Prometheus + Alertmanager for the local stack (deploy/local) and its tests: apt, skipped when installed.
 stack-deps:

@@ -1,0 +1,198 @@
+"""`make demo`: the whole service on the embedded stack, replaying the 223 real LLM-Rubric conversations.
+
+    python -m deploy.local.demo start   # stack + artifacts + worker + sink, replay, summary (leaves it running)
+    python -m deploy.local.demo stop    # worker, sink and the stack
+
+Steps: start tansu, Prometheus (scraping the worker and the sink) and
+Alertmanager; make a rubric set and a calibrator with the scoring-core
+commands from LLM-Rubric's synthetic data; start a worker and the sink with
+the **recorded** GPT-3.5 judge (its stored answers for these conversations:
+no model runs); replay the conversations; wait until the sink has stored them;
+print `convowatch summary` next to the human judges' own ratings; leave the
+worker, sink and stack running and print their URLs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from deploy.local import processes
+from deploy.local import stack
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = REPO / "data" / "llm-rubric"
+STATE = REPO / ".convowatch" / "demo"
+WORKER_PORT, SINK_PORT = 9464, 9465
+PYTHONS = ("python", "python3", f"python{sys.version_info.major}.{sys.version_info.minor}")
+N_CONVERSATIONS = 223
+
+
+def _settings_env() -> dict[str, str]:
+    """The demo's configuration, as the CONVOWATCH_* environment the service reads."""
+    return {
+        "CONVOWATCH_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:9092",
+        # tansu workarounds (deploy/local/README.md): exact table recovery, fast group joins.
+        "CONVOWATCH_KAFKA__PRODUCER_MAX_BATCH_SIZE": "1",
+        "CONVOWATCH_KAFKA__SESSION_TIMEOUT_S": "6",
+        "CONVOWATCH_KAFKA__HEARTBEAT_INTERVAL_S": "1",
+        "CONVOWATCH_KAFKA__MAX_POLL_INTERVAL_S": "30",
+        "CONVOWATCH_JUDGE__BACKEND": "recorded",
+        "CONVOWATCH_JUDGE__RECORDED_ANSWERS": str(DATA / "gpt-3.5-turbo-16k_real_evaluations_FIXED.tsv"),
+        "CONVOWATCH_RUBRIC_SET": str(STATE / "rubricset.json"),
+        "CONVOWATCH_CALIBRATOR": str(STATE / "calibrator"),
+        "CONVOWATCH_SCORING__QUESTIONS": str(DATA / "questions.json"),
+        "CONVOWATCH_STORE__DSN": f"chdb://{STATE / 'clickhouse'}",
+    }
+
+
+def _cw(*args: str, env: dict[str, str] | None = None, quiet: bool = False) -> subprocess.CompletedProcess:
+    """Run a `convowatch` command; on failure print its output and stop the demo."""
+    done = subprocess.run([sys.executable, "-m", "stream.cli", *args], cwd=REPO, env={**os.environ, **(env or {})},
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.stderr.write(done.stdout + done.stderr)
+        raise SystemExit(f"demo: `convowatch {' '.join(args)}` failed (exit {done.returncode})")
+    if not quiet:
+        print("  " + done.stdout.strip().replace("\n", "\n  "))
+    return done
+
+
+def make_artifacts() -> None:
+    """Rubric set (Q1-Q8, windows fitted on synthetic labels) and calibrator, by the scoring-core commands."""
+    if (STATE / "rubricset.json").exists() and (STATE / "calibrator").exists():
+        print("- rubric set and calibrator: already made (delete .convowatch/demo to rebuild)")
+        return
+    print("- making the rubric set and the calibrator from LLM-Rubric's synthetic data (recorded GPT-3.5 answers)")
+    synth = DATA / "gpt-3.5-turbo-16k_synth_evaluations_FIXED.tsv"
+    judge = {"CONVOWATCH_JUDGE__BACKEND": "recorded", "CONVOWATCH_JUDGE__RECORDED_ANSWERS": str(synth)}
+    _cw("data", "llm-rubric", "--data-dir", str(DATA), "--split", "synth", "--labelled-out", str(STATE / "synth.jsonl"),
+        "--rubric-set-out", str(STATE / "unfitted-rubricset.json"))
+    _cw("rubrics", "fit", "--rubric-set", str(STATE / "unfitted-rubricset.json"), "--labelled", str(STATE / "synth.jsonl"),
+        "--out", str(STATE / "rubricset.json"), env=judge)
+    _cw("calibrate", "train", "--judge-answers", str(synth), "--human-labels", str(DATA / "human_judges_synth_all_FIXED_ANON.tsv"),
+        "--questions", str(DATA / "questions.json"), "--out", str(STATE / "calibrator"))
+
+
+def _metric(port: int, name: str, **labels: str) -> float:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return -1.0
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _wait(what: str, ready, timeout_s: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"demo: timed out waiting for {what}; logs are in {STATE}")
+        time.sleep(0.5)
+
+
+def start_service(name: str, command: str, port: int) -> None:
+    """Start `convowatch run|sink` in the background (pid and log in the state dir) unless it runs."""
+    if processes.read_tracked(STATE, name, PYTHONS) is not None:
+        print(f"- {name}: already running")
+        return
+    if processes.port_in_use(port):
+        raise SystemExit(f"demo: port {port} (the {name}'s metrics) is already in use; stop what uses it or run `make demo-stop`")
+    env = {**os.environ, **_settings_env(), "CONVOWATCH_METRICS__PORT": str(port)}
+    with open(processes.log_path(STATE, name), "ab") as out:
+        popen = subprocess.Popen([sys.executable, "-m", "stream.cli", command], cwd=REPO, env=env,
+                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    processes.pid_path(STATE, name).write_text(f"{popen.pid}\n")
+    _wait(f"the {name}'s metrics endpoint", lambda: popen.poll() is not None or _metric(port, "convowatch_") >= 0, 120)
+    if popen.poll() is not None:
+        raise SystemExit(f"demo: the {name} exited; last lines of its log:\n{processes.log_tail(processes.log_path(STATE, name))}")
+    print(f"- {name}: running (pid {popen.pid}, log {processes.log_path(STATE, name)})")
+
+
+def stop_service(name: str) -> None:
+    tracked = processes.read_tracked(STATE, name, PYTHONS)
+    if tracked is not None:
+        processes.terminate(tracked.pid, PYTHONS)
+    processes.forget(STATE, name)
+
+
+def human_ratings() -> dict[str, tuple[int, float, float]]:
+    """Per assistant variant: conversations, the human judges' mean Q0 (1-4) and share of Q0 ≤ 2 (for comparison only)."""
+    variant = {c["_id"]: str(c["dialogue_version"]) for c in json.loads((DATA / "real_data.json").read_text())}
+    by_variant: dict[str, list[int]] = {}
+    with (DATA / "human_judges_real_convs_FIXED_ANON.tsv").open(newline="") as f:
+        for row in csv.DictReader(f, delimiter="\t"):
+            q0 = int(row["Q0"] or 0)
+            if q0 > 0 and row["text_id"] in variant:
+                by_variant.setdefault(variant[row["text_id"]], []).append(q0)
+    return {v: (len(xs), sum(xs) / len(xs), sum(x <= 2 for x in xs) / len(xs)) for v, xs in sorted(by_variant.items())}
+
+
+def start() -> None:
+    STATE.mkdir(parents=True, exist_ok=True)
+    cfg = stack.StackConfig(state_dir=STATE / "stack", scrape_targets=[f"127.0.0.1:{WORKER_PORT}", f"127.0.0.1:{SINK_PORT}"])
+    print("- starting the embedded stack (tansu, Prometheus, Alertmanager)")
+    for service in stack.start_all(cfg).values():
+        print(f"  {service.name:<13}{service.url}")
+    make_artifacts()
+    start_service("sink", "sink", SINK_PORT)
+    start_service("worker", "run", WORKER_PORT)
+    _wait("the worker to own its partitions", lambda: _metric(WORKER_PORT, "convowatch_assigned_partitions") > 0, 120)
+
+    already = _metric(SINK_PORT, "convowatch_sink_rows_total", table="conversation_scores")
+    print(f"- replaying the {N_CONVERSATIONS} real LLM-Rubric conversations")
+    _cw("replay", "llm-rubric", env=_settings_env())
+    _wait("the sink to store every conversation",
+          lambda: _metric(SINK_PORT, "convowatch_sink_rows_total", table="conversation_scores") >= already + N_CONVERSATIONS, 300)
+
+    # The embedded ClickHouse opens in one process only: pause the sink while `summary` reads it.
+    stop_service("sink")
+    print("\n=== convowatch summary (recorded GPT-3.5 judge; rubric set and calibrator trained on synthetic data) ===")
+    print(_cw("summary", env=_settings_env(), quiet=True).stdout)
+    print("human judges on the same conversations (not used for scoring; for comparison):")
+    print(f"  {'variant':<10}{'ratings':>8}{'mean Q0':>10}{'share Q0<=2':>13}")
+    for v, (n, mean, low) in human_ratings().items():
+        print(f"  {v:<10}{n:>8}{mean:>10.2f}{low:>13.1%}")
+    start_service("sink", "sink", SINK_PORT)
+
+    print(f"""
+Running (stop with `make demo-stop`):
+  worker metrics  http://127.0.0.1:{WORKER_PORT}/metrics
+  sink metrics    http://127.0.0.1:{SINK_PORT}/metrics
+  Prometheus      http://127.0.0.1:9090   e.g. sum by (model_version) (convowatch_conversations_scored_total)
+  Alertmanager    http://127.0.0.1:9093
+  Kafka (tansu)   127.0.0.1:9092           topic convowatch.events
+  state and logs  {STATE}
+The judge replays recorded answers; README "Use a live judge" shows how to point the worker at an OpenAI-compatible one.""")
+
+
+def stop() -> None:
+    for name in ("worker", "sink"):
+        stop_service(name)
+    stack.stop(stack.StackConfig(state_dir=STATE / "stack"))
+    print("demo stopped")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m deploy.local.demo", description=__doc__.split("\n\n")[0])
+    parser.add_argument("action", choices=("start", "stop"))
+    args = parser.parse_args()
+    try:
+        start() if args.action == "start" else stop()
+    except stack.StackError as e:
+        raise SystemExit(f"demo: error: {e}") from None
+
+
+if __name__ == "__main__":
+    main()
