@@ -452,10 +452,12 @@ def summary_cmd(obj: _Context, group_by: str, worst: int, as_json: bool) -> None
     total = sum(summary.by_label.values())
     click.echo(f"{total} conversations: " + ", ".join(f"{label} {n}" for label, n in summary.by_label.items()))
     click.echo(f"\nby {group_by}:")
-    click.echo(f"  {'value':<16}{'n':>6}{'dsat rate':>12}{'calibrated sat':>16}{'calibrated P(dsat)':>20}")
+    click.echo(f"  {'value':<12}{'n':>6}{'dsat':>8}{'uncertain':>11}{'calibrated sat':>16}{'calibrated P(dsat)':>20}")
     for v in summary.variants:
-        click.echo(f"  {v.variant or '(none)':<16}{v.n:>6}{_pct(v.dsat_rate):>12}{_num(v.calibrated_satisfaction):>16}"
-                   f"{_pct(v.calibrated_dissatisfaction):>20}")
+        click.echo(f"  {v.variant or '(none)':<12}{v.n:>6}{_pct(v.dsat_rate):>8}{_pct(v.uncertain_rate):>11}"
+                   f"{_num(v.calibrated_satisfaction):>16}{_pct(v.calibrated_dissatisfaction):>20}")
+    click.echo("  (dsat/uncertain: shares of scored conversations by rubric-set label; calibrated: the calibrator's"
+               " expected main answer and P(dissatisfied))")
     if summary.worst:
         click.echo("\nworst conversations (highest calibrated P(dsat), then lowest NetSAT):")
         for w in summary.worst:

@@ -202,6 +202,7 @@ class VariantSummary:
     n: int
     n_scored: int
     dsat_rate: float | None  # share of scored conversations labelled dsat
+    uncertain_rate: float | None  # share of scored conversations the rubric set abstained on
     calibrated_satisfaction: float | None  # mean calibrated expected answer to the main question
     calibrated_dissatisfaction: float | None  # mean calibrated P(dissatisfied)
 
@@ -399,6 +400,7 @@ class ClickHouseStore:
                        count() AS n,
                        countIf(status = 'scored') AS n_scored,
                        countIf(status = 'scored' AND label = 'dsat') / nullIf(countIf(status = 'scored'), 0) AS dsat_rate,
+                       countIf(status = 'scored' AND label = 'uncertain') / nullIf(countIf(status = 'scored'), 0) AS uncertain_rate,
                        avg(main_expected_value) AS calibrated_satisfaction,
                        avg(dissatisfaction_probability) AS calibrated_dissatisfaction
                 FROM {source} GROUP BY variant ORDER BY variant""",
@@ -448,6 +450,7 @@ class ClickHouseStore:
                     n=int(v["n"]),
                     n_scored=int(v["n_scored"]),
                     dsat_rate=_float_or_none(v["dsat_rate"]),
+                    uncertain_rate=_float_or_none(v["uncertain_rate"]),
                     calibrated_satisfaction=_float_or_none(v["calibrated_satisfaction"]),
                     calibrated_dissatisfaction=_float_or_none(v["calibrated_dissatisfaction"]),
                 )

@@ -363,6 +363,8 @@ def test_summary_matches_hand_computed_numbers(store_factory) -> None:  # noqa: 
     v1 = by_variant["1"]  # c, d (re-scored), e (unscored: counted in n, not in rates or means)
     assert (v1.n, v1.n_scored) == (3, 2)
     assert v1.dsat_rate == pytest.approx(1 / 2)
+    assert v1.uncertain_rate == pytest.approx(1 / 2)
+    assert v0.uncertain_rate == 0.0
     assert v1.calibrated_satisfaction == pytest.approx((2.5 + 2.0) / 2)
     assert v1.calibrated_dissatisfaction == pytest.approx((0.4 + 0.8) / 2)
     # worst: P(dsat) 0.8 ties between b and d, broken by the lower NetSAT (b: -9); then c (0.4)
