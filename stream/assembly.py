@@ -22,6 +22,8 @@ Rules (documented in the README's "Conversation assembly" section):
   genuinely new turns are dead-lettered as ``conversation_closed``. After the
   retention the worker publishes an ``end`` event with cause ``retention``
   that forgets it.
+* Attributes merge by event time: a later event's values override earlier
+  ones; an earlier event that arrives late only fills keys not yet set.
 * An ``end`` for a conversation with no turns is dead-lettered
   (``empty_conversation``). Feedback events do not touch assembly state.
 """
@@ -52,6 +54,11 @@ class Step:
 
 def _fingerprint(role: str, text: str) -> str:
     return hashlib.blake2b(f"{role}\x00{text}".encode("utf-8"), digest_size=8).hexdigest()
+
+
+def _merge(current: dict[str, str], incoming: dict[str, str], newer: bool) -> dict[str, str]:
+    """Attributes of a later event (by event time) override earlier ones; a late-arriving earlier event only fills gaps."""
+    return {**current, **incoming} if newer else {**incoming, **current}
 
 
 def is_closed(state: State | None) -> bool:
@@ -112,7 +119,7 @@ class ConversationAssembler:
         state = {
             **state,
             "turns": {**state["turns"], key: [event.role, event.text, event.timestamp]},
-            "attributes": {**state["attributes"], **event.attributes},
+            "attributes": _merge(state["attributes"], event.attributes, newer=event.timestamp >= state["last_event_at"]),
             "first_event_at": min(state["first_event_at"], event.timestamp),
             "last_event_at": max(state["last_event_at"], event.timestamp),
             "last_seen": now,
@@ -131,16 +138,18 @@ class ConversationAssembler:
         if is_closed(state):
             if event.cause == "retention" and self.due(state, now) == "retention":
                 return Step(None, "expired")
-            return Step(state, "duplicate")
+            # a producer's end seen again is a redelivery; a worker-published one that lost a race is just stale
+            return Step(state, "duplicate" if event.cause == "end" else "ignored")
         if event.cause == "retention":
             return Step(state, "ignored")
         if event.cause == "idle_timeout" and self.due(state, now) != "idle_timeout":
             return Step(state, "ignored")  # a turn arrived after the worker decided to close
-        state = {
-            **state,
-            "attributes": {**state["attributes"], **event.attributes},
-            "last_event_at": max(state["last_event_at"], event.timestamp),
-        }
+        if event.cause == "end":  # a worker-published end carries processing time, not event time
+            state = {
+                **state,
+                "attributes": _merge(state["attributes"], event.attributes, newer=event.timestamp >= state["last_event_at"]),
+                "last_event_at": max(state["last_event_at"], event.timestamp),
+            }
         return self._close(event.conversation_id, state, "end" if event.cause == "end" else "idle_timeout", now)
 
     # -- close --------------------------------------------------------------

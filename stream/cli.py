@@ -108,6 +108,9 @@ def cli(ctx: click.Context, verbose: bool) -> None:
     by CONVOWATCH_CONFIG. See `convowatch config` for the values in effect.
     """
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if not verbose:
+        # kafka-python narrates every connection attempt; failures reach the user as one convowatch error instead.
+        logging.getLogger("kafka").setLevel(logging.CRITICAL)
     ctx.obj = _Context()
 
 
@@ -378,6 +381,8 @@ def sink_cmd(obj: _Context) -> None:
     """
     from stream.service import run_sink
 
+    if not logging.getLogger().isEnabledFor(logging.DEBUG):
+        logging.getLogger("kafka").setLevel(logging.WARNING)  # a long-running sink should show broker trouble
     run_sink(obj.settings)
 
 

@@ -14,6 +14,7 @@ Unbiased dissatisfaction rate in PromQL (calibrated probabilities, not labels)::
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Iterable, Mapping, Sequence
 
@@ -23,7 +24,8 @@ OTHER = "other"
 MISSING = "none"
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
-# NetSAT ranges over ±10 per rubric; 10-20 rubrics give roughly ±200.
+# NetSAT ranges over ±10 per rubric; 10-20 rubrics give roughly ±200. NetSAT can be negative, so (as
+# OpenMetrics requires) the histogram exports no _sum: use histogram_quantile, or ClickHouse for means.
 NETSAT_BUCKETS = tuple(float(b) for b in range(-100, 101, 10))
 # Calibrated expected answers on 1..K scales (LLM-Rubric uses K = 4).
 DIMENSION_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.25, 3.5, 3.75, 4.0, 4.5, 5.0)
@@ -44,7 +46,7 @@ class AttributeLabels:
             for key in self.keys:
                 value = str(attributes.get(key, MISSING)) or MISSING
                 seen = self._seen[key]
-                if value not in seen:
+                if value != MISSING and value not in seen:
                     if len(seen) >= self.max_values:
                         value = OTHER
                     else:
@@ -53,11 +55,28 @@ class AttributeLabels:
         return tuple(out)
 
 
+# Labels the metrics below use themselves; attribute labels must not shadow them.
+FIXED_LABELS = frozenset({"type", "outcome", "reason", "cause", "label", "dimension", "judge", "kind", "error", "table", "le", "quantile"})
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+
+def check_attribute_keys(keys: Sequence[str]) -> None:
+    """Refuse attribute label names that are not Prometheus label names or clash with the fixed labels."""
+    for key in keys:
+        if not _LABEL_NAME.fullmatch(key) or key.startswith("__"):
+            raise ValueError(f"metrics.label_attributes: {key!r} is not a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)")
+        if key in FIXED_LABELS:
+            raise ValueError(f"metrics.label_attributes: {key!r} clashes with a label convowatch's metrics use ({sorted(FIXED_LABELS)})")
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"metrics.label_attributes: duplicate keys in {list(keys)}")
+
+
 class ServiceMetrics:
     """All metrics of one process, registered in ``registry``."""
 
     def __init__(self, attribute_keys: Sequence[str] = ("product", "model_version"), max_label_values: int = 50,
                  registry: CollectorRegistry | None = None) -> None:
+        check_attribute_keys(attribute_keys)
         self.registry = registry or CollectorRegistry()
         self.attributes = AttributeLabels(attribute_keys, max_label_values)
         attrs = list(self.attributes.keys)

@@ -72,6 +72,10 @@ class ConversationScorer:
         self.settings = settings
         self.metrics = metrics
         self.questions = tuple(questions) if questions is not None else scoring_questions(rubric_set, calibrator, settings.questions)
+        unknown = [j for j in settings.trusted_judges if calibrator is None or j not in calibrator.judges_]
+        if unknown:
+            known = list(calibrator.judges_) if calibrator is not None else []
+            raise SettingsError(f"scoring.trusted_judges {unknown} are not judges the calibrator was trained with: {known}")
         self.judge_name = judge_identity(judge)
         self.calibrator_version = calibrator.version_ if calibrator is not None else NO_CALIBRATOR
         versions = f"{self.judge_name}|{rubric_set.version}|{self.calibrator_version}"

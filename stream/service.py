@@ -28,7 +28,10 @@ def build_scorer(settings: Settings, metrics: ServiceMetrics) -> ConversationSco
 
 
 def new_metrics(settings: Settings) -> ServiceMetrics:
-    return ServiceMetrics(settings.metrics.label_attributes, settings.metrics.max_label_values)
+    try:
+        return ServiceMetrics(settings.metrics.label_attributes, settings.metrics.max_label_values)
+    except ValueError as e:
+        raise SettingsError(str(e)) from e
 
 
 def serve_metrics(settings: Settings, metrics: ServiceMetrics) -> int | None:

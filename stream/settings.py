@@ -68,6 +68,7 @@ class KafkaSettings(BaseModel):
     heartbeat_interval_s: float = Field(default=3.0, gt=0)
     max_poll_interval_s: float = Field(default=300.0, gt=0)
     commit_interval_s: float = Field(default=2.0, gt=0)
+    admin_timeout_s: float = Field(default=30.0, gt=0, description="How long topic creation and replay wait for the broker.")
     # Max bytes per producer batch. tansu (embedded stack) loses Faust table updates on
     # recovery unless this is 1 (one record per batch); real Kafka wants the default.
     producer_max_batch_size: int = Field(default=16384, ge=1)

@@ -31,11 +31,11 @@ def service_topics(settings: KafkaSettings) -> list[str]:
     return [settings.events_topic, settings.closed_topic, settings.scores_topic, settings.dead_letter_topic, changelog_topic(settings)]
 
 
-def ensure_topics(settings: KafkaSettings, timeout_s: float = 30.0) -> list[str]:
+def ensure_topics(settings: KafkaSettings) -> list[str]:
     """Create missing topics; return the names created. Raises `TopicError` with the broker address on failure."""
     try:
         admin = KafkaAdminClient(bootstrap_servers=settings.bootstrap_servers.split(","), client_id="convowatch-admin",
-                                 request_timeout_ms=int(timeout_s * 1000))
+                                 request_timeout_ms=int(settings.admin_timeout_s * 1000))
     except KafkaError as e:
         raise TopicError(f"cannot reach Kafka at {settings.bootstrap_servers}: {e}") from e
     try:

@@ -1,0 +1,321 @@
+"""`ConversationScorer` with real parts: GPT-3.5's recorded answers on LLM-Rubric's real conversations, the
+Q1-Q8 rubric set fitted on them, and a calibration network trained (briefly) on LLM-Rubric's synthetic data.
+
+Conversations come from the replay source and the real assembler, as in the service. The only stand-in is
+`FlakyJudge`, for the transient judge outage a real judge cannot produce on demand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pytest
+
+from scorers.calibration import CalibrationNetwork
+from scorers.conversation import Conversation
+from scorers.judges.base import Judgement, JudgeUnavailable
+from scorers.judges.recorded import RecordedJudge
+from scorers.llm_rubric_data import QUESTIONS_FILE, dimension_rubric_set, load_real_conversations, load_split, satisfaction_labels
+from scorers.questions import Question
+from scorers.rubrics import RubricSet
+from stream.assembly import ConversationAssembler
+from stream.metrics import ServiceMetrics
+from stream.records import ClosedConversation, ScoreRecord
+from stream.replay import llm_rubric_events
+from stream.scoring import NO_CALIBRATOR, ConversationScorer, judge_identity, scoring_questions
+from stream.settings import AssemblySettings, ScoringSettings, SettingsError
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "llm-rubric"
+REAL_ANSWERS = DATA / "gpt-3.5-turbo-16k_real_evaluations_FIXED.tsv"
+QUESTIONS = DATA / QUESTIONS_FILE
+FAST = dict(h1=16, h2=16, batch_size=32, learning_rate=1e-2, pretrain_epochs=3, finetune_epochs=3)
+DIMENSIONS = [f"Q{i}" for i in range(9)]
+RUBRICS = [f"Q{i}" for i in range(1, 9)]
+
+
+# --- real components ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def judge() -> RecordedJudge:
+    return RecordedJudge.from_tsv(REAL_ANSWERS)
+
+
+@pytest.fixture(scope="module")
+def unfitted() -> RubricSet:
+    return dimension_rubric_set(QUESTIONS)
+
+
+@pytest.fixture(scope="module")
+def rubric_set(judge: RecordedJudge, unfitted: RubricSet) -> RubricSet:
+    """The Q1-Q8 rubric set with θ and windows fitted on the real conversations' human Q0 labels."""
+    labels = satisfaction_labels(load_split(DATA, "real"))
+    ids = sorted(labels)
+    netsats = unfitted.netsats(judge, (Conversation(i, ()) for i in ids))
+    return unfitted.fit_windows(netsats, np.array([labels[i] for i in ids]))
+
+
+@pytest.fixture(scope="module")
+def calibrator() -> CalibrationNetwork:
+    return CalibrationNetwork(**FAST, seed=0).fit(load_split(DATA, "synth"))
+
+
+@pytest.fixture(scope="module")
+def closed_conversations() -> dict[str, ClosedConversation]:
+    """Three real conversations replayed as events and assembled, as the worker does."""
+    a = ConversationAssembler(AssemblySettings())
+    states: dict[str, dict | None] = {}
+    closed: dict[str, ClosedConversation] = {}
+    for item in llm_rubric_events(DATA / "real_data.json"):
+        cid = item.event.conversation_id
+        step = a.apply(states.get(cid), item.event, 0, item.at)
+        states[cid] = step.state
+        if step.closed is not None:
+            closed[cid] = step.closed
+        if len(closed) == 3:
+            break
+    assert len(closed) == 3
+    return closed
+
+
+@pytest.fixture
+def conversation(closed_conversations: dict[str, ClosedConversation]) -> ClosedConversation:
+    return next(iter(closed_conversations.values()))
+
+
+def fast_retries(**overrides: object) -> ScoringSettings:
+    return ScoringSettings(**{"questions": QUESTIONS, "retry_initial_s": 0.001, "retry_max_s": 0.004, "max_attempts": 3, **overrides})
+
+
+def sample(metrics: ServiceMetrics, name: str, **labels: str) -> float | None:
+    return metrics.registry.get_sample_value(name, labels)
+
+
+def score(scorer: ConversationScorer, closed: ClosedConversation) -> ScoreRecord:
+    return asyncio.run(scorer.score(closed))
+
+
+class FlakyJudge:
+    """Raises `JudgeUnavailable` (transient) for its first ``failures`` calls, then answers with the real judge.
+
+    A stand-in for a fault: a real judge cannot be made to fail transiently and then recover on demand.
+    """
+
+    def __init__(self, judge: RecordedJudge, failures: int) -> None:
+        self.inner = judge
+        self.name = judge.name
+        self.model = judge.model
+        self.failures = failures
+        self.calls = 0
+
+    def judge(self, conversation: Conversation, questions: Sequence[Question]) -> Judgement:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise JudgeUnavailable(f"judge outage (call {self.calls} of {self.failures} failing)")
+        return self.inner.judge(conversation, questions)
+
+
+class RecordingRandom(random.Random):
+    """A real `random.Random` that remembers the ranges it was asked to draw from, and what it drew."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__(seed)
+        self.draws: list[tuple[float, float, float]] = []
+
+    def uniform(self, a: float, b: float) -> float:
+        x = super().uniform(a, b)
+        self.draws.append((a, b, x))
+        return x
+
+
+# --- scored --------------------------------------------------------------------------
+
+
+def test_a_real_conversation_is_scored(judge, rubric_set, calibrator, conversation) -> None:
+    metrics = ServiceMetrics()
+    scorer = ConversationScorer(judge, rubric_set, calibrator, fast_retries(), metrics)
+    record = score(scorer, conversation)
+
+    assert record.status == "scored" and record.attempts == 1 and record.unscored_reason == ""
+    assert record.conversation == conversation
+    assert record.judge == judge_identity(judge) == "recorded:gpt-3.5-turbo-16k_real_evaluations_FIXED"
+    assert (record.rubric_set_version, record.calibrator_version) == (rubric_set.version, calibrator.version_)
+
+    assert [d.question_id for d in record.dimensions] == DIMENSIONS
+    for d in record.dimensions:
+        assert sum(d.probabilities) == pytest.approx(1.0)
+        values = range(1, len(d.probabilities) + 1)
+        assert d.expected_value == pytest.approx(sum(p * v for p, v in zip(d.probabilities, values)))
+    assert record.main_question_id == "Q0" and len(record.main_probabilities) == 4
+    assert sum(record.main_probabilities) == pytest.approx(1.0)
+    assert record.main_probabilities == record.dimensions[0].probabilities
+    assert record.dissatisfaction_probability == pytest.approx(record.main_probabilities[0] + record.main_probabilities[1])
+    assert record.main_expected_value == pytest.approx(record.dimensions[0].expected_value)
+
+    assert [h.rubric_id for h in record.rubrics] == RUBRICS
+    assert all(h.polarity == "sat" and 0.0 <= h.score <= 10.0 for h in record.rubrics)
+    assert record.netsat == pytest.approx(sum(h.score for h in record.rubrics))
+    assert record.netsat == pytest.approx(rubric_set.netsat(judge.judge(conversation.to_conversation(), rubric_set.questions())))
+    assert record.label in ("sat", "dsat", "uncertain") and record.threshold_label in ("sat", "dsat")
+    assert ScoreRecord.from_json(record.to_json()) == record
+
+
+def test_scoring_updates_the_metrics(judge, rubric_set, calibrator, conversation) -> None:
+    metrics = ServiceMetrics()
+    scorer = ConversationScorer(judge, rubric_set, calibrator, fast_retries(), metrics)
+    record = score(scorer, conversation)
+    attrs = {"product": "llm-rubric-demo", "model_version": conversation.attributes["model_version"]}
+    name = scorer.judge_name
+
+    assert sample(metrics, "convowatch_conversations_scored_total", label=record.label, **attrs) == 1
+    assert sample(metrics, "convowatch_calibrated_conversations_total", **attrs) == 1
+    assert sample(metrics, "convowatch_calibrated_dissatisfaction_probability_total", **attrs) == pytest.approx(
+        record.dissatisfaction_probability)
+    assert sample(metrics, "convowatch_netsat_count", **attrs) == 1
+    # no convowatch_netsat_sum: see tests/test_service_metrics.py (negative buckets)
+    assert sample(metrics, "convowatch_netsat_bucket", le="+Inf", **attrs) == 1
+    for d in record.dimensions:
+        assert sample(metrics, "convowatch_dimension_expected_value_sum", dimension=d.question_id, **attrs) == pytest.approx(d.expected_value)
+    assert sample(metrics, "convowatch_judge_latency_seconds_count", judge=name) == 1
+    assert sample(metrics, "convowatch_judge_calls_total", judge=name) == 0  # a recorded judge makes no requests
+    assert sample(metrics, "convowatch_scoring_latency_seconds_count") == 1
+    assert sample(metrics, "convowatch_scoring_retries_total", reason="JudgeUnavailable") is None
+
+    score(scorer, conversation)
+    assert sample(metrics, "convowatch_conversations_scored_total", label=record.label, **attrs) == 2
+    assert sample(metrics, "convowatch_scoring_latency_seconds_count") == 2
+
+
+def test_without_a_calibrator_only_rubrics_are_scored(judge, rubric_set, conversation) -> None:
+    metrics = ServiceMetrics()
+    record = score(ConversationScorer(judge, rubric_set, None, fast_retries(questions=None), metrics), conversation)
+    assert record.status == "scored" and record.calibrator_version == NO_CALIBRATOR
+    assert record.dimensions == () and record.main_probabilities == ()
+    assert record.dissatisfaction_probability is None and record.main_expected_value is None
+    assert [h.rubric_id for h in record.rubrics] == RUBRICS
+    attrs = {"product": "llm-rubric-demo", "model_version": conversation.attributes["model_version"]}
+    assert sample(metrics, "convowatch_calibrated_conversations_total", **attrs) is None
+
+
+def test_a_calibrator_needing_undefined_questions_is_refused(judge, rubric_set, calibrator) -> None:
+    with pytest.raises(SettingsError, match=r"needs questions \['Q0'\].*scoring\.questions"):
+        ConversationScorer(judge, rubric_set, calibrator, fast_retries(questions=None), ServiceMetrics())
+
+
+def test_scorer_version_follows_the_components(judge, rubric_set, unfitted, calibrator) -> None:
+    def version(j=judge, rs=rubric_set, cal=calibrator) -> str:
+        return ConversationScorer(j, rs, cal, fast_retries(), ServiceMetrics()).scorer_version
+
+    base = version()
+    assert version() == base  # deterministic
+    other_calibrator = CalibrationNetwork(**{**FAST, "pretrain_epochs": 1, "finetune_epochs": 1}, seed=1).fit(load_split(DATA, "synth"))
+    others = {
+        "unfitted rubric set": version(rs=unfitted),
+        "no calibrator": version(cal=None),
+        "other calibrator": version(cal=other_calibrator),
+        "other judge model": version(j=RecordedJudge(judge.table, model="another-model")),
+    }
+    assert base not in others.values(), others
+    assert len(set(others.values())) == len(others), others
+
+
+def test_scored_records_differ_across_conversations(judge, rubric_set, calibrator, closed_conversations) -> None:
+    scorer = ConversationScorer(judge, rubric_set, calibrator, fast_retries(), ServiceMetrics())
+    records = [score(scorer, c) for c in closed_conversations.values()]
+    assert [r.conversation_id for r in records] == list(closed_conversations)
+    assert len({r.main_probabilities for r in records}) == 3
+    assert len({r.netsat for r in records}) == 3
+
+
+def test_trusted_judges_aggregate_the_calibrated_prediction(judge, rubric_set, calibrator, conversation) -> None:
+    trusted = list(calibrator.judges_[:3])
+    record = score(ConversationScorer(judge, rubric_set, calibrator, fast_retries(trusted_judges=trusted), ServiceMetrics()), conversation)
+    shared = score(ConversationScorer(judge, rubric_set, calibrator, fast_retries(), ServiceMetrics()), conversation)
+    assert record.status == "scored" and sum(record.main_probabilities) == pytest.approx(1.0)
+    assert record.dissatisfaction_probability == pytest.approx(record.main_probabilities[0] + record.main_probabilities[1])
+    assert record.main_probabilities != shared.main_probabilities  # the trusted judges' weights, not the shared ones
+    x = calibrator.features_from_judgement(judge.judge(conversation.to_conversation(), scoring_questions(rubric_set, calibrator, QUESTIONS)))
+    expected = calibrator.predict_aggregate(x, trusted, "Q0").probabilities[0]
+    assert record.main_probabilities == pytest.approx(tuple(expected))
+
+
+def test_an_unknown_trusted_judge_is_refused_at_start_up(judge, rubric_set, calibrator) -> None:
+    """A typo in scoring.trusted_judges would make every conversation unscored: refuse it before any is scored."""
+    with pytest.raises(SettingsError, match="nobody"):
+        ConversationScorer(judge, rubric_set, calibrator, fast_retries(trusted_judges=["nobody"]), ServiceMetrics())
+
+
+# --- unscored ----------------------------------------------------------------------------
+
+
+def test_unknown_conversation_is_unscored_at_once(judge, rubric_set, calibrator, conversation) -> None:
+    metrics = ServiceMetrics()
+    flaky = FlakyJudge(judge, failures=0)
+    unknown = ClosedConversation(
+        conversation_id="not-in-the-recording", turns=conversation.turns, attributes=dict(conversation.attributes),
+        close_cause="end", closed_at=conversation.closed_at, first_event_at=conversation.first_event_at,
+        last_event_at=conversation.last_event_at,
+    )
+    scorer = ConversationScorer(flaky, rubric_set, calibrator, fast_retries(max_attempts=5), metrics)
+    record = score(scorer, unknown)
+    assert record.status == "unscored" and record.attempts == 1 and flaky.calls == 1
+    assert record.unscored_reason.startswith("UnknownConversation: ")
+    assert "not-in-the-recording" in record.unscored_reason
+    assert record.netsat is None and record.dimensions == () and record.rubrics == () and record.label == ""
+    assert record.scorer_version == scorer.scorer_version
+    attrs = {"product": "llm-rubric-demo", "model_version": conversation.attributes["model_version"]}
+    assert sample(metrics, "convowatch_conversations_unscored_total", reason="UnknownConversation", **attrs) == 1
+    assert sample(metrics, "convowatch_judge_errors_total", judge=scorer.judge_name, error="UnknownConversation") == 1
+    assert sample(metrics, "convowatch_scoring_retries_total", reason="UnknownConversation") is None
+    assert ScoreRecord.from_json(record.to_json()) == record
+
+
+def test_transient_failures_are_retried_until_the_judge_recovers(judge, rubric_set, calibrator, conversation) -> None:
+    metrics = ServiceMetrics()
+    flaky = FlakyJudge(judge, failures=2)
+    scorer = ConversationScorer(flaky, rubric_set, calibrator, fast_retries(max_attempts=3), metrics)
+    record = score(scorer, conversation)
+    assert record.status == "scored" and record.attempts == 3 and flaky.calls == 3
+    steady = score(ConversationScorer(judge, rubric_set, calibrator, fast_retries(), ServiceMetrics()), conversation)
+    assert record.main_probabilities == steady.main_probabilities and record.netsat == steady.netsat
+    assert sample(metrics, "convowatch_scoring_retries_total", reason="JudgeUnavailable") == 2
+    assert sample(metrics, "convowatch_judge_errors_total", judge=scorer.judge_name, error="JudgeUnavailable") == 2
+    assert sample(metrics, "convowatch_judge_latency_seconds_count", judge=scorer.judge_name) == 1
+
+
+def test_backoff_is_exponential_with_full_jitter_and_capped(judge, rubric_set, calibrator, conversation) -> None:
+    rng = RecordingRandom(7)
+    settings = fast_retries(retry_initial_s=0.002, retry_max_s=0.006, max_attempts=6)
+    scorer = ConversationScorer(FlakyJudge(judge, failures=5), rubric_set, calibrator, settings, ServiceMetrics(), rng=rng)
+    started = time.perf_counter()
+    record = score(scorer, conversation)
+    elapsed = time.perf_counter() - started
+    assert record.status == "scored" and record.attempts == 6
+    assert [(a, b) for a, b, _ in rng.draws] == [(0, 0.002), (0, 0.004), (0, 0.006), (0, 0.006), (0, 0.006)]
+    assert all(0 <= x <= b <= settings.retry_max_s for _, b, x in rng.draws)
+    assert elapsed < 5.0  # five sleeps of at most 6 ms each, plus the work
+
+
+def test_transient_failures_past_max_attempts_are_unscored(judge, rubric_set, calibrator, conversation) -> None:
+    metrics = ServiceMetrics()
+    flaky = FlakyJudge(judge, failures=10)
+    scorer = ConversationScorer(flaky, rubric_set, calibrator, fast_retries(max_attempts=4), metrics)
+    record = score(scorer, conversation)
+    assert record.status == "unscored" and record.attempts == 4 and flaky.calls == 4
+    assert record.unscored_reason == "JudgeUnavailable: judge outage (call 4 of 10 failing)"
+    assert sample(metrics, "convowatch_scoring_retries_total", reason="JudgeUnavailable") == 3  # the last failure is not retried
+    assert sample(metrics, "convowatch_judge_errors_total", judge=scorer.judge_name, error="JudgeUnavailable") == 4
+    attrs = {"product": "llm-rubric-demo", "model_version": conversation.attributes["model_version"]}
+    assert sample(metrics, "convowatch_conversations_unscored_total", reason="JudgeUnavailable", **attrs) == 1
+    assert sample(metrics, "convowatch_conversations_scored_total", label="sat", **attrs) is None
+
+
+def test_every_turn_of_the_real_conversation_reaches_the_judge(conversation) -> None:
+    """The assembled conversation is the real one: same turns, in order, as real_data.json holds them."""
+    real = load_real_conversations(DATA / "real_data.json")[conversation.conversation_id]
+    assert [(t.role, t.text) for t in conversation.to_conversation().turns] == [(t.role, t.text) for t in real.turns]
