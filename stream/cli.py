@@ -14,15 +14,6 @@ from typing import Sequence
 import click
 import numpy as np
 
-from scorers import metrics
-from scorers.calibration import (
-    NAMED_GRIDS,
-    CalibrationError,
-    CalibrationNetwork,
-    parameter_grid,
-    predict_labels,
-    select_hyperparameters,
-)
 from scorers.conversation import Conversation
 from scorers.judges.base import Judge, JudgeError
 from scorers.labelled import (
@@ -62,13 +53,19 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     LabelledDataError,
     RubricDataError,
     QuestionError,
-    CalibrationError,
     JudgeError,
     FileNotFoundError,
     StoreError,
     TopicError,
     ReplayError,
 )
+# Raised by modules that are slow to import (torch): added to USER_ERRORS once they are loaded.
+LAZY_USER_ERRORS = {"scorers.calibration": "CalibrationError"}
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    lazy = tuple(getattr(sys.modules[m], name) for m, name in LAZY_USER_ERRORS.items() if m in sys.modules)
+    return USER_ERRORS + lazy
 
 
 class _Context:
@@ -264,6 +261,8 @@ def calibrate_train(judge_answers: Path, human_labels: Path, questions: Path, ma
         --human-labels human_judges_synth_all_FIXED_ANON.tsv \\
         --questions questions.json --out calibrator/
     """
+    from scorers.calibration import NAMED_GRIDS, CalibrationNetwork, parameter_grid, select_hyperparameters
+
     n_options = {q.id: q.n_options for q in load_questions(questions).values()}
     if main_question not in n_options:
         raise RubricDataError(f"--main-question {main_question!r} is not in {questions} ({', '.join(n_options)})")
@@ -285,7 +284,7 @@ def calibrate_train(judge_answers: Path, human_labels: Path, questions: Path, ma
     click.echo(f"wrote calibrator {model.version_} to {out}")
 
 
-def _training_steps(model: CalibrationNetwork) -> int:
+def _training_steps(model) -> int:
     return model.n_members * (model.pretrain_epochs + model.finetune_epochs)
 
 
@@ -304,6 +303,9 @@ def calibrate_evaluate(calibrator: Path, judge_answers: Path, human_labels: Path
     answer, Pearson, Spearman, Kendall, NLL and smECE, and the smallest RMSE
     any predictor with that Pearson could reach on these labels.
     """
+    from scorers import metrics
+    from scorers.calibration import CalibrationNetwork, predict_labels
+
     model = CalibrationNetwork.load(calibrator)
     data = _load_calibration_data(judge_answers, human_labels, dict(model.n_options_), optional_questions)
     held = predict_labels(model, data, question)
@@ -487,7 +489,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
-    except USER_ERRORS as e:
+    except Exception as e:
+        if not isinstance(e, _user_errors()):
+            raise
         _fail(str(e))
 
 
