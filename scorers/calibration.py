@@ -552,6 +552,20 @@ class CalibrationNetwork:
             probs = torch.stack([torch.softmax(net(feats, judges)[:, col, :k], dim=-1) for net in self._members]).mean(0)
         return Prediction(question, probs.double().numpy(), np.arange(1, k + 1, dtype=np.float64))
 
+    def predict_all(self, x: ArrayLike, judge: str | None | Sequence[str | None] = None) -> dict[str, Prediction]:
+        """Every question's prediction from one forward pass per member (equal to `predict_proba` per question)."""
+        self._require_fitted()
+        arr = np.asarray(x, dtype=np.float64)
+        feats = self._features(arr[None, :] if arr.ndim == 1 else arr)
+        judges = self._judge_indices(judge, feats.shape[0])
+        with torch.no_grad(), _torch_threads(TORCH_THREADS):
+            # Options a question lacks have -inf logits, so softmax over all slots gives them 0.
+            probs = torch.stack([torch.softmax(net(feats, judges), dim=-1) for net in self._members]).mean(0).double().numpy()
+        return {
+            q: Prediction(q, probs[:, col, : self.n_options_[q]], np.arange(1, self.n_options_[q] + 1, dtype=np.float64))
+            for col, q in enumerate(self.question_ids_)
+        }
+
     def predict_aggregate(self, x: ArrayLike, judges: Sequence[str], question: str | None = None) -> Prediction:
         """The mixture of ``judges``' predicted distributions (equal weights).
 
@@ -591,10 +605,17 @@ class CalibrationNetwork:
         without, they use the shared (judge-independent) weights.
         """
         x = self.features_from_judgement(judgement)
-        out = {}
-        for q in questions or self.question_ids_:
-            out[q] = self.predict_aggregate(x, judges, q) if judges else self.predict_proba(x, q)
-        return out
+        wanted = list(questions or self.question_ids_)
+        for q in wanted:
+            self._question_column(q)
+        if not judges:
+            every = self.predict_all(x)
+            return {q: every[q] for q in wanted}
+        unknown = [j for j in judges if j not in self._judge_index]
+        if unknown:
+            raise CalibrationError(f"judges {unknown} were not in the training data; known: {self.judges_}")
+        parts = [self.predict_all(x, j) for j in judges]
+        return {q: Prediction(q, np.mean([p[q].probabilities for p in parts], axis=0), parts[0][q].values) for q in wanted}
 
     # -- persistence --------------------------------------------------------
 

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 import faust
+from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
 from stream.assembly import ConversationAssembler, is_closed
@@ -42,10 +44,39 @@ def broker_urls(bootstrap_servers: str) -> list[str]:
     return [f"kafka://{h.strip()}" for h in bootstrap_servers.split(",") if h.strip()]
 
 
+def _transport_with_fetch_wait(fetch_max_wait_ms: int) -> type[faust_aiokafka.Transport]:
+    """Faust's aiokafka transport with a configurable fetch wait (Faust hard-codes 1,500 ms)."""
+
+    class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+        def _create_worker_consumer(self, transport: Any) -> Any:
+            consumer = super()._create_worker_consumer(transport)
+            consumer._fetch_max_wait_ms = fetch_max_wait_ms  # read by aiokafka when the consumer starts
+            return consumer
+
+    class Consumer(faust_aiokafka.Consumer):
+        def _new_consumer_thread(self) -> ConsumerThread:
+            return ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    class Transport(faust_aiokafka.Transport):
+        pass
+
+    Transport.Consumer = Consumer
+    return Transport
+
+
+class WorkerApp(faust.App):
+    """A Faust app whose consumer uses ``kafka.fetch_max_wait_s``."""
+
+    fetch_max_wait_ms: int = 500
+
+    def _new_transport(self) -> Any:
+        return _transport_with_fetch_wait(self.fetch_max_wait_ms)(self.conf.broker_consumer, self)
+
+
 def create_app(settings: Settings, scorer: ConversationScorer, metrics: ServiceMetrics) -> faust.App:
     """Build the worker's Faust app from settings (no module-level globals, so tests can build several)."""
     k = settings.kafka
-    app = faust.App(
+    app = WorkerApp(
         k.app_id,
         broker=broker_urls(k.bootstrap_servers),
         store="memory://",
@@ -61,6 +92,7 @@ def create_app(settings: Settings, scorer: ConversationScorer, metrics: ServiceM
         producer_max_batch_size=k.producer_max_batch_size,
         web_enabled=False,
     )
+    app.fetch_max_wait_ms = int(k.fetch_max_wait_s * 1000)
     raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
     events_topic = app.topic(k.events_topic, partitions=k.partitions, **raw)
     closed_topic = app.topic(k.closed_topic, partitions=k.partitions, **raw)

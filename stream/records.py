@@ -14,7 +14,7 @@ seconds (floats) so the records stay language-neutral.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from typing import Any, Literal
 
@@ -61,8 +61,21 @@ class ClosedConversation:
             attributes=self.attributes,
         )
 
+    def to_dict(self) -> dict[str, Any]:
+        # By hand rather than dataclasses.asdict: this runs for every conversation, and asdict deep-copies.
+        return {
+            "conversation_id": self.conversation_id,
+            "turns": [{"index": t.index, "role": t.role, "text": t.text, "timestamp": t.timestamp} for t in self.turns],
+            "attributes": dict(self.attributes),
+            "close_cause": self.close_cause,
+            "closed_at": self.closed_at,
+            "first_event_at": self.first_event_at,
+            "last_event_at": self.last_event_at,
+            "missing_turn_indices": list(self.missing_turn_indices),
+        }
+
     def to_json(self) -> bytes:
-        return _dump({"record_version": RECORD_VERSION, **asdict(self)})
+        return _dump({"record_version": RECORD_VERSION, **self.to_dict()})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ClosedConversation":
@@ -136,7 +149,12 @@ class ScoreRecord:
         return self.conversation.conversation_id
 
     def to_json(self) -> bytes:
-        return _dump({"record_version": RECORD_VERSION, **asdict(self)})
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["conversation"] = self.conversation.to_dict()
+        d["dimensions"] = [{"question_id": x.question_id, "probabilities": x.probabilities, "expected_value": x.expected_value}
+                           for x in self.dimensions]
+        d["rubrics"] = [{"rubric_id": x.rubric_id, "polarity": x.polarity, "score": x.score} for x in self.rubrics]
+        return _dump({"record_version": RECORD_VERSION, **d})
 
     @classmethod
     def from_json(cls, raw: bytes) -> "ScoreRecord":

