@@ -424,3 +424,37 @@ def test_judge_that_stays_down_leaves_conversations_unscored_with_the_reason(pip
     assert {r["conversation_id"] for r in rows} == ids
     assert all(r["status"] == "unscored" and "JudgeUnavailable" in r["unscored_reason"] for r in rows)
     assert worker.metric_sum("convowatch_conversations_unscored_total", reason="JudgeUnavailable") == len(ids)
+
+
+# ------------------------------------------------------------------ idle timeout, retention, max turns
+
+
+def test_idle_timeout_max_turns_and_retention_in_a_real_worker(pipeline: Pipeline) -> None:
+    pipeline.extra_env.update({
+        "CONVOWATCH_ASSEMBLY__IDLE_TIMEOUT_S": "3",
+        "CONVOWATCH_ASSEMBLY__CLOSED_RETENTION_S": "6",
+        "CONVOWATCH_ASSEMBLY__MAX_TURNS": "4",
+    })
+    worker = pipeline.start_worker()
+    pipeline.wait_assigned([worker])
+    items = _real_items()
+    ids = sorted(_ids(items))
+    turns = {cid: [i for i in items if i.event.conversation_id == cid and isinstance(i.event, TurnEvent)] for cid in ids[:40]}
+    idle_id = next(cid for cid, ts in turns.items() if len(ts) <= 4)  # never ends: closed by the idle timeout
+    capped_id = next(cid for cid, ts in turns.items() if len(ts) >= 6)  # longer than max_turns
+    pipeline.produce((i.key, i.raw) for i in turns[idle_id] + turns[capped_id])
+
+    records = _wait_scores(pipeline, {idle_id, capped_id}, timeout=60)
+    idle, capped = records[idle_id][0].conversation, records[capped_id][0].conversation
+    assert idle.close_cause == "idle_timeout" and len(idle.turns) == len(turns[idle_id])
+    assert idle.last_event_at == max(t.event.timestamp for t in turns[idle_id])  # event time, not the worker's clock
+    assert capped.close_cause == "max_turns" and [t.index for t in capped.turns] == [0, 1, 2, 3]
+    letters = [DeadLetter.from_json(m.value) for m in pipeline.consume("dead_letter", len(turns[capped_id]) - 4)]
+    assert sorted(letter.reason for letter in letters) == ["conversation_closed"] * (len(turns[capped_id]) - 4)
+
+    # After the retention the worker forgets both; a redelivered turn then starts a new conversation.
+    wait_for(lambda: worker.metric_sum("convowatch_events_total", type="end", outcome="expired") == 2, timeout=60,
+             what="closed conversations forgotten after the retention")
+    assert worker.metric_sum("convowatch_conversations_closed_total", cause="idle_timeout") == 1
+    assert worker.metric_sum("convowatch_conversations_closed_total", cause="max_turns") == 1
+    assert worker.metric_sum("convowatch_open_conversations") == 0
