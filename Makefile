@@ -35,6 +35,7 @@ stack-deps:
 bench: install
 	$(PY) bench/llm_rubric_table1.py
 	$(PY) bench/local_judge_latency.py
+	$(PY) bench/pipeline_throughput.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
-import relplot
 from numpy.typing import ArrayLike
 from scipy import stats
 
@@ -109,6 +108,8 @@ def smece(forecasts: ArrayLike, outcomes: ArrayLike) -> float:
         raise MetricError("forecasts must be probabilities in [0, 1]")
     if np.any((o != 0) & (o != 1)):
         raise MetricError("outcomes must be 0 or 1")
+    import relplot  # imports scikit-learn (~3 s): only where smooth ECE is computed, not in every worker
+
     return float(relplot.smECE(f, o))
 
 
