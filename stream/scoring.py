@@ -14,7 +14,7 @@ import logging
 import random
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from scorers.calibration import CalibrationError, CalibrationNetwork
 from scorers.judges.base import Judge, JudgeError, Judgement
@@ -116,15 +116,10 @@ class ConversationScorer:
             main_ev = float(main.expected_value[0])
             p_dsat = float(main.prob_at_most(self.settings.dissatisfied_max_value)[0])
         p = judgement.provenance
-        return ScoreRecord(
-            conversation=closed,
-            status="scored",
-            scorer_version=self.scorer_version,
-            judge=self.judge_name,
-            rubric_set_version=self.rubric_set.version,
-            calibrator_version=self.calibrator_version,
-            scored_at=time.time(),
-            attempts=attempts,
+        return self._record(
+            closed,
+            "scored",
+            attempts,
             netsat=rubric_score.netsat,
             label=rubric_score.label,
             threshold_label=rubric_score.threshold_label,
@@ -141,16 +136,20 @@ class ConversationScorer:
         )
 
     def unscored(self, closed: ClosedConversation, reason: str, attempts: int) -> ScoreRecord:
+        return self._record(closed, "unscored", attempts, unscored_reason=reason[:1000])
+
+    def _record(self, closed: ClosedConversation, status: str, attempts: int, **outcome: Any) -> ScoreRecord:
+        """A record stamped with this scorer's versions and the time."""
         return ScoreRecord(
             conversation=closed,
-            status="unscored",
+            status=status,  # type: ignore[arg-type]
             scorer_version=self.scorer_version,
             judge=self.judge_name,
             rubric_set_version=self.rubric_set.version,
             calibrator_version=self.calibrator_version,
             scored_at=time.time(),
             attempts=attempts,
-            unscored_reason=reason[:1000],
+            **outcome,
         )
 
     # -- with retries -------------------------------------------------------
