@@ -6,9 +6,12 @@ dialogues separated by blank lines. ``ROLE`` is ``USER`` or ``SYSTEM``; every
 USER line carries the comma-separated 1-5 ratings of the crowd raters; the
 last line of a dialogue is ``USER<TAB>OVERALL<TAB><TAB>ratings``, the
 dialogue-level satisfaction. `read_uss` keeps the turns (USER -> ``user``,
-SYSTEM -> ``assistant``) and the OVERALL ratings; dialogue ids are
-``<file stem>-<1-based position>`` (``MWOZ-0001``). Any deviation from the
-format is an error naming the file and line.
+SYSTEM -> ``assistant``), each user turn's crowd ratings and the OVERALL
+ratings; dialogue ids are ``<file stem>-<1-based position>`` (``MWOZ-0001``).
+Any deviation from the format is a `UssFormatError` naming the file and line.
+It is the project's one USS parser: ``convowatch replay uss`` reads the files
+with it too, so a replayed dialogue and the same one in a learning data set
+share an id.
 
 `uss_labelled` labels a dialogue negative when its mean OVERALL rating is
 below 3 and positive when it is at least 3.5; the ones in between are
@@ -48,68 +51,108 @@ class UssFormatError(ValueError):
 
 @dataclass(frozen=True)
 class UssDialogue:
-    """One USS dialogue: its turns and the raters' dialogue-level (OVERALL) satisfaction ratings."""
+    """One USS dialogue: its turns, the crowd's per-turn ratings and the dialogue-level (OVERALL) ratings.
+
+    ``turn_ratings[i]`` are the raters' 1-5 satisfaction at ``conversation.turns[i]``
+    (``()`` for a system turn); ``first_line`` is the dialogue's first line in the file.
+    """
 
     id: str
     conversation: Conversation
     overall_ratings: tuple[int, ...]
     mean_overall: float
+    first_line: int
+    turn_ratings: tuple[tuple[int, ...], ...]
+
+    def __post_init__(self) -> None:
+        if len(self.turn_ratings) != len(self.conversation.turns):
+            raise ValueError(f"{self.id}: {len(self.turn_ratings)} turn ratings for {len(self.conversation.turns)} turns")
 
 
 def _ratings(cell: str, where: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in cell.split(","))
-    except ValueError:
-        raise UssFormatError(f"{where}: ratings {cell!r} are not comma-separated integers") from None
-    if not values or any(not RATING_MIN <= v <= RATING_MAX for v in values):
+    """Comma-separated ASCII integers 1..5 (``int()`` alone would also take ``' 3'``, ``'+3'`` or non-ASCII digits)."""
+    parts = cell.split(",")
+    if not all(p.isascii() and p.isdigit() for p in parts):
+        raise UssFormatError(f"{where}: ratings {cell!r} are not comma-separated integers")
+    values = tuple(int(p) for p in parts)
+    if any(not RATING_MIN <= v <= RATING_MAX for v in values):
         raise UssFormatError(f"{where}: ratings {cell!r} must be {RATING_MIN}..{RATING_MAX}")
     return values
 
 
-def read_uss(path: str | Path) -> list[UssDialogue]:
-    """All dialogues of one USS file, in file order."""
-    path = Path(path)
+def _lines(path: Path) -> list[str]:
+    """The file's lines, LF or CRLF ended, each decoded as UTF-8 (an error names the line); no trailing empty line."""
     try:
-        lines = path.read_text(encoding="utf-8").split("\n")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UssFormatError(f"{path}: cannot read: {e}") from e
+        data = path.read_bytes()
+    except OSError as e:
+        raise UssFormatError(f"{path}: cannot read: {e}") from None
+    raw_lines = data.split(b"\n")
+    if raw_lines and raw_lines[-1] == b"":
+        raw_lines.pop()
+    lines = []
+    for line_no, raw in enumerate(raw_lines, start=1):
+        try:
+            lines.append(raw.removesuffix(b"\r").decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise UssFormatError(f"{path}:{line_no}: not UTF-8 ({e.reason} at byte {e.start})") from None
+    return lines
+
+
+def read_uss(path: str | Path) -> list[UssDialogue]:
+    """All dialogues of one USS file, in file order; any deviation from the format is a `UssFormatError` naming file:line.
+
+    A dialogue is its turn lines then its ``USER<TAB>OVERALL<TAB><TAB>ratings``
+    line, then a blank line (or the end of the file). Turn texts must be
+    non-empty, USER turns carry ratings and SYSTEM turns none.
+    """
+    path = Path(path)
+    lines = _lines(path)
     dialogues: list[UssDialogue] = []
     turns: list[Turn] = []
+    turn_ratings: list[tuple[int, ...]] = []
+    overall_seen = False  # the current dialogue's OVERALL line has been read; only a blank line may follow
     first_line = 0
 
-    def close(line_no: int) -> None:
-        if turns:
-            raise UssFormatError(f"{path}:{line_no}: dialogue starting at line {first_line} has no final USER OVERALL line")
+    def close(where: str) -> None:
+        nonlocal turns, turn_ratings, overall_seen
+        if turns and not overall_seen:
+            raise UssFormatError(f"{where}: the dialogue starting at line {first_line} has no final USER OVERALL line")
+        turns, turn_ratings, overall_seen = [], [], False
 
     for line_no, line in enumerate(lines, start=1):
         where = f"{path}:{line_no}"
         if not line.strip():
-            close(line_no)
+            close(where)
             continue
-        if not turns:
-            first_line = line_no
         fields = line.split("\t")
         if len(fields) != 4:
             raise UssFormatError(f"{where}: expected 4 tab-separated fields (role, text, action, ratings), got {len(fields)}")
         role, text, _action, ratings = fields
         if role not in USS_ROLES:
             raise UssFormatError(f"{where}: role {role!r} is not one of {sorted(USS_ROLES)}")
+        if overall_seen:
+            raise UssFormatError(f"{where}: a line after the dialogue's OVERALL line (dialogues are separated by a blank line)")
+        if not turns:
+            first_line = line_no
         if role == "USER" and text == OVERALL:
             if not turns:
-                raise UssFormatError(f"{where}: OVERALL line without any turns before it")
+                raise UssFormatError(f"{where}: OVERALL line before any turn")
             overall = _ratings(ratings, where)
-            index = len(dialogues) + 1
-            did = f"{path.stem}-{index:04d}"
+            did = f"{path.stem}-{len(dialogues) + 1:04d}"
             conversation = Conversation(did, tuple(turns), {"dataset": path.stem, "first_line": str(first_line)})
-            dialogues.append(UssDialogue(did, conversation, overall, float(np.mean(overall))))
-            turns = []
+            dialogues.append(UssDialogue(did, conversation, overall, float(np.mean(overall)), first_line, tuple(turn_ratings)))
+            overall_seen = True
             continue
+        if not text.strip():
+            raise UssFormatError(f"{where}: empty turn text")
         if role == "USER":
-            _ratings(ratings, where)  # every user turn must carry valid ratings
-        elif ratings.strip():
-            raise UssFormatError(f"{where}: SYSTEM lines carry no ratings, got {ratings!r}")
+            turn_ratings.append(_ratings(ratings, where))  # every user turn must carry valid ratings
+        elif ratings:
+            raise UssFormatError(f"{where}: a SYSTEM line carries ratings {ratings!r}; only USER lines are rated")
+        else:
+            turn_ratings.append(())
         turns.append(Turn(role=USS_ROLES[role], text=text))
-    close(len(lines))
+    close(f"{path}:{len(lines)}")
     if not dialogues:
         raise UssFormatError(f"{path}: no dialogues")
     return dialogues

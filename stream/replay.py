@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from scorers.llm_rubric_data import RubricDataError, load_real_conversations
+from scorers.uss_data import UssFormatError, read_uss
 from stream.contract import (
     MAX_EVENT_BYTES,
     MAX_TEXT_BYTES,
@@ -44,7 +45,6 @@ from stream.contract import (
 DEFAULT_START = 1_704_067_200.0  # 2024-01-01T00:00:00Z: fixed, so replays are reproducible
 LLM_RUBRIC_REAL_DATA = Path(__file__).resolve().parents[1] / "data" / "llm-rubric" / "real_data.json"
 LLM_RUBRIC_PRODUCT = "llm-rubric-demo"
-USS_ROLES: Mapping[str, str] = {"USER": "user", "SYSTEM": "assistant"}
 _OBJECT_ID = re.compile(r"[0-9a-f]{24}")
 
 
@@ -199,97 +199,6 @@ def llm_rubric_events(
 # --- USS (User Satisfaction Simulation) --------------------------------------------------
 
 
-@dataclass(frozen=True)
-class UssTurn:
-    role: str  # user | assistant
-    text: str
-    ratings: tuple[int, ...]  # the crowd raters' 1-5 satisfaction at a user turn; () for system turns
-    line: int
-
-
-@dataclass(frozen=True)
-class UssDialogue:
-    """One USS dialogue: its turns and the raters' overall 1-5 satisfaction (the OVERALL line)."""
-
-    number: int  # 1-based position in the file
-    line: int  # where it starts
-    turns: tuple[UssTurn, ...]
-    overall: tuple[int, ...]
-
-    @property
-    def overall_mean(self) -> float:
-        return sum(self.overall) / len(self.overall)
-
-
-def _ratings(where: str, text: str) -> tuple[int, ...]:
-    parts = text.split(",")
-    if not all(p.isascii() and p.isdigit() and 1 <= int(p) <= 5 for p in parts):
-        raise ReplayError(f"{where}: ratings {text!r} are not comma-separated integers 1-5")
-    return tuple(int(p) for p in parts)
-
-
-def read_uss_dialogues(path: str | Path) -> list[UssDialogue]:
-    """Parse a USS file: ``ROLE<TAB>text<TAB>action<TAB>ratings`` lines, dialogues separated by blank lines,
-    each ending with ``USER<TAB>OVERALL<TAB><TAB>ratings``. Any deviation is a `ReplayError` naming file:line."""
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise ReplayError(f"{path}: cannot read: {e}") from None
-    dialogues: list[UssDialogue] = []
-    turns: list[UssTurn] = []
-    overall: tuple[int, ...] | None = None
-    first_line = 0
-
-    def close(at: str) -> None:
-        nonlocal turns, overall
-        if turns or overall is not None:
-            if overall is None:
-                raise ReplayError(f"{at}: the dialogue starting at line {first_line} has no 'USER<TAB>OVERALL' line")
-            dialogues.append(UssDialogue(len(dialogues) + 1, first_line, tuple(turns), overall))
-        turns, overall = [], None
-
-    lines = data.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    for lineno, raw in enumerate(lines, 1):
-        where = f"{path}:{lineno}"
-        try:
-            line = raw.rstrip(b"\r").decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ReplayError(f"{where}: not UTF-8 ({e.reason} at byte {e.start})") from None
-        if not line.strip():
-            close(where)
-            continue
-        fields = line.split("\t")
-        if len(fields) != 4:
-            raise ReplayError(f"{where}: expected 4 tab-separated fields (ROLE, text, action, ratings), got {len(fields)}")
-        role, text, _action, ratings = fields
-        if role not in USS_ROLES:
-            raise ReplayError(f"{where}: role {role!r} is not USER or SYSTEM")
-        if overall is not None:
-            raise ReplayError(f"{where}: a line after the dialogue's OVERALL line (dialogues are separated by a blank line)")
-        if not turns:
-            first_line = lineno
-        if role == "USER" and text == "OVERALL":
-            if not turns:
-                raise ReplayError(f"{where}: OVERALL line before any turn")
-            overall = _ratings(where, ratings)
-            continue
-        if not text.strip():
-            raise ReplayError(f"{where}: empty turn text")
-        if role == "USER":
-            turns.append(UssTurn("user", text, _ratings(where, ratings), lineno))
-        elif ratings:
-            raise ReplayError(f"{where}: a SYSTEM line carries ratings {ratings!r}; only USER lines are rated")
-        else:
-            turns.append(UssTurn("assistant", text, (), lineno))
-    close(f"{path}:{len(lines)}")
-    if not dialogues:
-        raise ReplayError(f"{path}: no dialogues")
-    return dialogues
-
-
 def uss_events(
     path: str | Path,
     start: float = DEFAULT_START,
@@ -298,24 +207,27 @@ def uss_events(
 ) -> Iterator[ReplayItem]:
     """The dialogues of a USS file (MWOZ.txt, SGD.txt) as events, merged in event-time order.
 
-    Dialogue k (0-based) starts at ``start + k * conversation_gap_s``; its id
-    is ``<dataset>-<k+1:04d>`` with dataset the file stem in lower case
-    (``mwoz-0001``). Every event of a dialogue carries ``product``
-    (``uss-<dataset>``), ``dataset`` and ``uss_overall_mean`` (the OVERALL
-    raters' mean, ``%.2f``). The OVERALL line is not a turn.
+    The file is read by `scorers.uss_data.read_uss` (a format error becomes a
+    `ReplayError` with the same message), so ids are the learning data's:
+    ``<file stem>-<NNNN>`` (``MWOZ-0001``). Dialogue k (0-based) starts at
+    ``start + k * conversation_gap_s``. Every event of a dialogue carries
+    ``product`` (``uss-<dataset>``), ``dataset`` (the file stem in lower case)
+    and ``uss_overall_mean`` (the OVERALL raters' mean, ``%.2f``). The
+    OVERALL line is not a turn.
     """
     _check_gap("turn_gap_s", turn_gap_s)
     _check_gap("conversation_gap_s", conversation_gap_s)
     path = Path(path)
     dataset = path.stem.lower()
-    dialogues = read_uss_dialogues(path)
-    width = max(4, len(str(len(dialogues))))
+    try:
+        dialogues = read_uss(path)
+    except UssFormatError as e:
+        raise ReplayError(str(e)) from None
     conversations = []
     for k, d in enumerate(dialogues):
-        cid = f"{dataset}-{d.number:0{width}d}"
-        attrs = {"product": f"uss-{dataset}", "dataset": dataset, "uss_overall_mean": f"{d.overall_mean:.2f}"}
-        turns = [(t.role, t.text) for t in d.turns]
-        conversations.append(_conversation_items(cid, turns, start + k * conversation_gap_s, turn_gap_s, attrs, f"{path}:{d.line}"))
+        attrs = {"product": f"uss-{dataset}", "dataset": dataset, "uss_overall_mean": f"{d.mean_overall:.2f}"}
+        turns = [(t.role, t.text) for t in d.conversation.turns]
+        conversations.append(_conversation_items(d.id, turns, start + k * conversation_gap_s, turn_gap_s, attrs, f"{path}:{d.first_line}"))
     return _merge_by_time(conversations)
 
 

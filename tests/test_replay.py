@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from scorers.uss_data import UssFormatError, read_uss, uss_labelled
 from stream.contract import EndEvent, InvalidEvent, TurnEvent, encode_event, parse_event
 from stream.replay import (
     DEFAULT_START,
@@ -18,7 +19,6 @@ from stream.replay import (
     llm_rubric_events,
     object_id_time,
     paced,
-    read_uss_dialogues,
     synthetic_events,
     uss_events,
 )
@@ -117,59 +117,62 @@ def test_llm_rubric_extra_attributes_and_bad_arguments(tmp_path: Path) -> None:
 # --- USS ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("name", "turns", "low"), [("MWOZ", 22108, 53), ("SGD", 25666, 37)])
-def test_uss_files_parse_to_1000_dialogues(name: str, turns: int, low: int) -> None:
-    """Counts checked independently: 1,000 OVERALL lines per file, turns = non-blank lines minus those."""
-    path = USS / f"{name}.txt"
-    lines = path.read_text(encoding="utf-8").splitlines()
-    assert sum(1 for l in lines if l.startswith("USER\tOVERALL\t")) == 1000
-    assert sum(1 for l in lines if l.strip()) - 1000 == turns
-    dialogues = read_uss_dialogues(path)
-    assert len(dialogues) == 1000 and sum(len(d.turns) for d in dialogues) == turns
-    assert sum(d.overall_mean <= 2.5 for d in dialogues) == low  # the data README's figure
-    assert all(d.turns[0].role == "user" and d.turns[0].ratings for d in dialogues)
-
-
 def test_uss_events_ids_attributes_and_times() -> None:
     items = list(uss_events(USS / "MWOZ.txt", start=DEFAULT_START, turn_gap_s=30.0, conversation_gap_s=60.0))
     conversations = by_conversation(items)
-    assert sorted(conversations) == [f"mwoz-{k:04d}" for k in range(1, 1001)]
+    assert sorted(conversations) == [f"MWOZ-{k:04d}" for k in range(1, 1001)]
+    assert len(items) == 22108 + 1000  # every turn line (counted independently in test_uss_data) and one end per dialogue
     assert_contract_items(items)
-    first = conversations["mwoz-0001"]
+    first = conversations["MWOZ-0001"]
     assert first[0].event == TurnEvent(
-        "mwoz-0001", 0, "user", "I'm looking for a cheap restaurant in the east part of town.", DEFAULT_START,
+        "MWOZ-0001", 0, "user", "I'm looking for a cheap restaurant in the east part of town.", DEFAULT_START,
         {"product": "uss-mwoz", "dataset": "mwoz", "uss_overall_mean": "2.75"},  # OVERALL 3,3,2,3
     )  # fmt: skip
     assert first[1].event.role == "assistant"
     assert [i.event.turn_index for i in first[:-1]] == list(range(13))  # 13 turns, then the OVERALL line
-    assert first[-1].event == EndEvent("mwoz-0001", DEFAULT_START + 13 * 30.0, "end", first[0].event.attributes)
-    assert conversations["mwoz-0002"][0].at == DEFAULT_START + 60.0
-    assert conversations["mwoz-1000"][0].at == DEFAULT_START + 999 * 60.0
+    assert first[-1].event == EndEvent("MWOZ-0001", DEFAULT_START + 13 * 30.0, "end", first[0].event.attributes)
+    assert conversations["MWOZ-0002"][0].at == DEFAULT_START + 60.0
+    assert conversations["MWOZ-1000"][0].at == DEFAULT_START + 999 * 60.0
     assert not any(isinstance(i.event, TurnEvent) and i.event.text == "OVERALL" for i in items)
-    assert next(uss_events(USS / "SGD.txt")).event.attributes["product"] == "uss-sgd"
+    sgd = next(uss_events(USS / "SGD.txt"))
+    assert sgd.event.conversation_id == "SGD-0001" and sgd.event.attributes["product"] == "uss-sgd"
+
+
+def test_a_replayed_uss_dialogue_has_its_learning_data_id_and_turns() -> None:
+    """The learning data (read_uss -> uss_labelled) and the replay name and hold each dialogue the same way."""
+    path = USS / "SGD.txt"
+    conversations = by_conversation(list(uss_events(path)))
+    labelled, middle = uss_labelled(read_uss(path))
+    assert len(labelled) + len(middle) == len(conversations) == 1000
+    for item in labelled:
+        replayed = conversations[item.conversation.id]
+        assert [(i.event.role, i.event.text) for i in replayed[:-1]] == [(t.role, t.text) for t in item.conversation.turns]
+    for d in middle:
+        assert conversations[d.id][0].event.attributes["uss_overall_mean"] == f"{d.mean_overall:.2f}"
 
 
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ("USER\thi\t\t3,3\nSYSTEM\thello\n", r"bad\.txt:2: expected 4 tab-separated fields"),
-        ("USER\thi\t\t3,3\nSYSTEM\thello\t\t\n\nUSER\tnext\t\t3\n", r"bad\.txt:3: the dialogue starting at line 1 has no"),
-        ("USER\thi\t\t3,3\nSYSTEM\thello\t\t4\nUSER\tOVERALL\t\t3\n", r"bad\.txt:2: a SYSTEM line carries ratings"),
-        ("USER\thi\t\t3,6\nUSER\tOVERALL\t\t3\n", r"bad\.txt:1: ratings '3,6'"),
-        ("USER\thi\t\t3\nUSER\tOVERALL\t\t3\nUSER\tmore\t\t3\n", r"bad\.txt:3: a line after the dialogue's OVERALL"),
-        ("USER\tOVERALL\t\t3\n", r"bad\.txt:1: OVERALL line before any turn"),
-        ("BOT\thi\t\t3\n", r"bad\.txt:1: role 'BOT'"),
-        ("USER\t \t\t3\nUSER\tOVERALL\t\t3\n", r"bad\.txt:1: empty turn text"),
         ("USER\thi\t\t3\nUSER\tOVERALL\t\t3\n\nUSER\tcaf\xe9\t\t3\n", r"bad\.txt:4: not UTF-8"),
-        ("\n\n", r"bad\.txt: no dialogues"),
         ("USER\thi\t\t3\nSYSTEM\tok\t\t\n", r"bad\.txt:2: the dialogue starting at line 1 has no"),
+        ("USER\thi\t\t3,3\nSYSTEM\thello\t\t4\nUSER\tOVERALL\t\t3\n", r"bad\.txt:2: a SYSTEM line carries ratings"),
     ],
 )
-def test_malformed_uss_files_name_file_and_line(tmp_path: Path, content: str, message: str) -> None:
+def test_malformed_uss_files_are_replay_errors_naming_file_and_line(tmp_path: Path, content: str, message: str) -> None:
+    """The library parser refuses the file (all its cases: tests/test_uss_data.py); replay says the same as a ReplayError."""
     path = tmp_path / "bad.txt"
     path.write_bytes(content.encode("latin-1"))
-    with pytest.raises(ReplayError, match=message):
+    with pytest.raises(UssFormatError, match=message) as library:
+        read_uss(path)
+    with pytest.raises(ReplayError, match=message) as replay:
         uss_events(path)
+    assert str(replay.value) == str(library.value)
+
+
+def test_a_missing_uss_file_is_a_replay_error(tmp_path: Path) -> None:
+    with pytest.raises(ReplayError, match=r"missing\.txt: cannot read"):
+        uss_events(tmp_path / "missing.txt")
 
 
 def test_uss_accepts_crlf(tmp_path: Path) -> None:

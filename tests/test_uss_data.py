@@ -1,4 +1,4 @@
-"""USS and LLM-Rubric converters on the real files: counts, labels, splits, and refusal of malformed files."""
+"""USS and LLM-Rubric converters on the real files: counts, per-turn ratings, labels, splits, and refusal of malformed files."""
 
 from __future__ import annotations
 
@@ -47,6 +47,29 @@ def test_each_uss_file_has_1000_dialogues_with_their_turns(uss_file):
         assert 3 <= len(d.overall_ratings) <= 7 and all(1 <= r <= 5 for r in d.overall_ratings)
         assert d.mean_overall == pytest.approx(np.mean(d.overall_ratings))
     assert [d.mean_overall for d in dialogues] == pytest.approx(_raw_overall_means(uss_file))
+
+
+@pytest.mark.parametrize(("name", "turns", "low"), [("MWOZ", 22108, 53), ("SGD", 25666, 37)])
+def test_uss_turn_counts_low_overall_and_turn_ratings(name: str, turns: int, low: int) -> None:
+    """Counts checked independently: 1,000 OVERALL lines per file, turns = non-blank lines minus those."""
+    path = USS / f"{name}.txt"
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert sum(1 for line in lines if line.startswith("USER\tOVERALL\t")) == 1000
+    assert sum(1 for line in lines if line.strip()) - 1000 == turns
+    dialogues = read_uss(path)
+    assert sum(len(d.conversation.turns) for d in dialogues) == turns
+    assert sum(d.mean_overall <= 2.5 for d in dialogues) == low  # the data README's figure
+    for d in dialogues:
+        assert len(d.turn_ratings) == len(d.conversation.turns)
+        for turn, ratings in zip(d.conversation.turns, d.turn_ratings):
+            assert (turn.role == "user") == bool(ratings) and all(1 <= r <= 5 for r in ratings)
+        assert lines[d.first_line - 1].split("\t")[1] == d.conversation.turns[0].text
+        assert d.conversation.attributes == {"dataset": name, "first_line": str(d.first_line)}
+    # the first MWOZ dialogue, by hand: 'USER<TAB>I'm looking for a cheap restaurant ...<TAB>Restaurant-Inform<TAB>3,3,3,3' on line 2
+    if name == "MWOZ":
+        first = dialogues[0]
+        assert first.first_line == 2 and first.turn_ratings[:2] == ((3, 3, 3, 3), ())
+        assert first.overall_ratings == (3, 3, 2, 3) and len(first.conversation.turns) == 13
 
 
 def test_uss_labels_and_the_middle(uss_file):
@@ -105,30 +128,60 @@ def test_stratified_split_refuses_what_it_cannot_do():
         stratified_split(tiny)
 
 
+NO_OVERALL = "the dialogue starting at line {} has no final USER OVERALL line"
+
+
 @pytest.mark.parametrize(
     "content, message",
     [
-        ("USER\thi\t\t3,3\nUSER\tOVERALL\t\t3\n\n", None),
-        ("USER\thi\t3,3\n", r"x.txt:1: expected 4 tab-separated fields"),
-        ("BOT\thi\t\t3\nUSER\tOVERALL\t\t3\n", r"x.txt:1: role 'BOT' is not one of"),
-        ("USER\thi\t\t3,9\nUSER\tOVERALL\t\t3\n", r"x.txt:1: ratings '3,9' must be 1..5"),
-        ("USER\thi\t\tgood\nUSER\tOVERALL\t\t3\n", r"x.txt:1: ratings 'good' are not comma-separated integers"),
-        ("USER\thi\t\t3\nSYSTEM\tok\t\t4\nUSER\tOVERALL\t\t3\n", r"x.txt:2: SYSTEM lines carry no ratings"),
-        ("USER\thi\t\t3\n\nUSER\tOVERALL\t\t3\n", r"x.txt:2: dialogue starting at line 1 has no final USER OVERALL line"),
-        ("USER\thi\t\t3\nSYSTEM\tbye\t\t\n", r"dialogue starting at line 1 has no final USER OVERALL line"),
-        ("USER\tOVERALL\t\t3\n", r"x.txt:1: OVERALL line without any turns"),
-        ("\n\n", r"x.txt: no dialogues"),
+        ("USER\thi\t3,3\n", r"x\.txt:1: expected 4 tab-separated fields"),
+        ("USER\thi\t\t3,3\nSYSTEM\thello\n", r"x\.txt:2: expected 4 tab-separated fields"),
+        ("BOT\thi\t\t3\nUSER\tOVERALL\t\t3\n", r"x\.txt:1: role 'BOT' is not one of"),
+        ("BOT\thi\t\t3\n", r"x\.txt:1: role 'BOT' is not one of"),
+        ("USER\thi\t\t3,9\nUSER\tOVERALL\t\t3\n", r"x\.txt:1: ratings '3,9' must be 1\.\.5"),
+        ("USER\thi\t\t3,6\nUSER\tOVERALL\t\t3\n", r"x\.txt:1: ratings '3,6' must be 1\.\.5"),
+        ("USER\thi\t\t3\nUSER\tOVERALL\t\t0\n", r"x\.txt:2: ratings '0' must be 1\.\.5"),
+        ("USER\thi\t\tgood\nUSER\tOVERALL\t\t3\n", r"x\.txt:1: ratings 'good' are not comma-separated integers"),
+        ("USER\thi\t\t 3,+4\nUSER\tOVERALL\t\t3\n", r"x\.txt:1: ratings ' 3,\+4' are not comma-separated integers"),
+        ("USER\thi\t\t\nUSER\tOVERALL\t\t3\n", r"x\.txt:1: ratings '' are not comma-separated integers"),
+        ("USER\thi\t\t3\nSYSTEM\tok\t\t4\nUSER\tOVERALL\t\t3\n", r"x\.txt:2: a SYSTEM line carries ratings '4'"),
+        ("USER\thi\t\t3\nSYSTEM\tok\t\t \nUSER\tOVERALL\t\t3\n", r"x\.txt:2: a SYSTEM line carries ratings ' '"),
+        ("USER\thi\t\t3\n\nUSER\tOVERALL\t\t3\n", r"x\.txt:2: " + NO_OVERALL.format(1)),
+        ("USER\thi\t\t3,3\nSYSTEM\thello\t\t\n\nUSER\tnext\t\t3\n", r"x\.txt:3: " + NO_OVERALL.format(1)),
+        ("USER\thi\t\t3\nSYSTEM\tbye\t\t\n", r"x\.txt:2: " + NO_OVERALL.format(1)),
+        ("USER\thi\t\t3\nUSER\tOVERALL\t\t3\n\n\nUSER\tagain\t\t3\nSYSTEM\tok\t\t\n", r"x\.txt:6: " + NO_OVERALL.format(5)),
+        ("USER\thi\t\t3\nUSER\tOVERALL\t\t3\nUSER\tmore\t\t3\n", r"x\.txt:3: a line after the dialogue's OVERALL line"),
+        ("USER\tOVERALL\t\t3\n", r"x\.txt:1: OVERALL line before any turn"),
+        ("USER\t \t\t3\nUSER\tOVERALL\t\t3\n", r"x\.txt:1: empty turn text"),
+        ("USER\thi\t\t3\nSYSTEM\t\t\t\nUSER\tOVERALL\t\t3\n", r"x\.txt:2: empty turn text"),
+        ("USER\thi\t\t3\nUSER\tOVERALL\t\t3\n\nUSER\tcaf\xe9\t\t3\n", r"x\.txt:4: not UTF-8 \(invalid continuation byte at byte 8\)"),
+        ("\n\n", r"x\.txt: no dialogues"),
+        ("", r"x\.txt: no dialogues"),
     ],
 )
 def test_malformed_uss_files_are_refused_with_file_and_line(tmp_path, content, message):
     path = tmp_path / "x.txt"
-    path.write_text(content, encoding="utf-8")
-    if message is None:
-        [dialogue] = read_uss(path)
-        assert dialogue.id == "x-0001" and dialogue.overall_ratings == (3,)
-        return
+    path.write_bytes(content.encode("latin-1"))  # latin-1: the one non-UTF-8 case keeps its raw byte
     with pytest.raises(UssFormatError, match=message):
         read_uss(path)
+
+
+def test_a_minimal_uss_file_lf_or_crlf(tmp_path):
+    lf = b"USER\thi\tgreet\t3,4\nSYSTEM\thello\t\t\nUSER\tOVERALL\t\t4,5\n\n\nUSER\tbye\t\t2\nUSER\tOVERALL\t\t1\n"
+    path = tmp_path / "x.txt"
+    path.write_bytes(lf)
+    dialogues = read_uss(path)
+    assert [d.id for d in dialogues] == ["x-0001", "x-0002"] and [d.first_line for d in dialogues] == [1, 6]
+    assert [(t.role, t.text) for t in dialogues[0].conversation.turns] == [("user", "hi"), ("assistant", "hello")]
+    assert dialogues[0].turn_ratings == ((3, 4), ()) and dialogues[0].overall_ratings == (4, 5) and dialogues[0].mean_overall == 4.5
+    assert dialogues[1].turn_ratings == ((2,),) and dialogues[1].mean_overall == 1.0
+    path.write_bytes(lf.replace(b"\n", b"\r\n"))
+    assert read_uss(path) == dialogues  # CRLF: the same dialogues, no stray "\r" in texts or ratings
+
+
+def test_an_unreadable_uss_file_is_a_format_error(tmp_path):
+    with pytest.raises(UssFormatError, match=r"missing\.txt: cannot read"):
+        read_uss(tmp_path / "missing.txt")
 
 
 def test_llm_rubric_real_conversations_labelled_from_human_q0():
