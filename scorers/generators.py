@@ -6,7 +6,7 @@ with two backends matching the judge layer's:
 
 - `OpenAIGenerator`: any OpenAI-compatible ``/chat/completions`` endpoint
   (OpenAI, vLLM, llama.cpp server). The prompt is sent as one user message.
-  Failures follow the judge's policy (`scorers.judges.openai_http`): 429, 408,
+  Failures follow the judge's policy (`scorers.openai_chat`): 429, 408,
   5xx, timeouts and connection errors are retried with exponential backoff and
   full jitter (delay before retry r uniform in ``[0, min(backoff_max_s,
   backoff_initial_s * 2**r)]``) at most ``max_retries`` times, then
@@ -49,14 +49,14 @@ from openai.types.chat import ChatCompletion
 from scorers.judges.local import (
     DEFAULT_MAX_CONTEXT_TOKENS,
     LocalModelError,
-    _is_gguf,
-    _load_directory,
-    _max_positions,
     convert_gguf,
     default_cache_dir,
     default_model_path,
+    is_gguf,
+    load_model_directory,
+    max_positions,
 )
-from scorers.judges.openai_http import NO_API_KEY, RETRYABLE_STATUS
+from scorers.openai_chat import NO_API_KEY, ChatErrors, complete_with_retries, require
 
 log = logging.getLogger(__name__)
 
@@ -111,14 +111,19 @@ class TextGenerator(Protocol):
         ...
 
 
-def _require(ok: bool, field: str, value: object, rule: str) -> None:
-    if not ok:
-        raise ValueError(f"{field} must be {rule}, got {value!r}")
+_ERRORS = ChatErrors(
+    role="generator",
+    unavailable=GeneratorUnavailable,
+    auth=GeneratorAuthError,
+    model_not_found=GeneratorModelNotFound,
+    rejected=GeneratorError,
+    reply=GeneratorReplyError,
+)
 
 
 def _check_call(max_tokens: int, temperature: float) -> None:
-    _require(isinstance(max_tokens, int) and max_tokens >= 1, "max_tokens", max_tokens, "an int >= 1")
-    _require(0.0 <= temperature <= 2.0, "temperature", temperature, "in [0, 2]")
+    require(isinstance(max_tokens, int) and max_tokens >= 1, "max_tokens", max_tokens, "an int >= 1")
+    require(0.0 <= temperature <= 2.0, "temperature", temperature, "in [0, 2]")
 
 
 class OpenAIGenerator:
@@ -145,10 +150,10 @@ class OpenAIGenerator:
             raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
         if not model:
             raise ValueError("model must be a non-empty string")
-        _require(max_retries >= 0, "max_retries", max_retries, ">= 0")
-        _require(backoff_initial_s > 0, "backoff_initial_s", backoff_initial_s, "> 0")
-        _require(backoff_max_s > 0, "backoff_max_s", backoff_max_s, "> 0")
-        _require(timeout_s > 0, "timeout_s", timeout_s, "> 0")
+        require(max_retries >= 0, "max_retries", max_retries, ">= 0")
+        require(backoff_initial_s > 0, "backoff_initial_s", backoff_initial_s, "> 0")
+        require(backoff_max_s > 0, "backoff_max_s", backoff_max_s, "> 0")
+        require(timeout_s > 0, "timeout_s", timeout_s, "> 0")
         self.name = name
         self.base_url = base_url
         self.model = model
@@ -193,54 +198,25 @@ class OpenAIGenerator:
         )
 
     def _complete(self, prompt: str, max_tokens: int, temperature: float) -> ChatCompletion:
-        attempts = self.max_retries + 1
-        for attempt in range(attempts):
-            try:
-                completion = self._client.chat.completions.create(
-                    model=self.model,
-                    messages=[{"role": "user", "content": prompt}],
-                    max_tokens=max_tokens,
-                    temperature=temperature,
-                    seed=self.seed if self.seed is not None else openai.omit,
-                    extra_body=self.extra_body or None,
-                )
-            except openai.APIError as e:
-                reason, last_error = self._transient_reason(e), e
-            else:
-                if not isinstance(completion, ChatCompletion):
-                    raise GeneratorReplyError(f"generator {self.model!r} sent a reply that is not a chat completion")
-                return completion
-            if attempt + 1 == attempts:
-                raise GeneratorUnavailable(
-                    f"generator {self.model!r} at {self.base_url} still failing after {attempts} attempt(s): {reason}"
-                ) from last_error
-            delay = self._rng.uniform(0.0, min(self.backoff_max_s, self.backoff_initial_s * 2**attempt))
-            log.warning(
-                "generator %r at %s: attempt %d/%d failed (%s); retrying in %.2fs",
-                self.model, self.base_url, attempt + 1, attempts, reason, delay,
-            )
-            time.sleep(delay)
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _transient_reason(self, e: openai.APIError) -> str:
-        """Describe a retryable failure, or raise the non-retryable `GeneratorError` it maps to."""
-        if isinstance(e, openai.APITimeoutError):
-            return f"timed out after {self.timeout_s}s"
-        if isinstance(e, openai.APIConnectionError):
-            return f"connection error: {e.__cause__ or e}"
-        if isinstance(e, openai.APIStatusError):
-            status, detail = e.status_code, e.message
-            if status in RETRYABLE_STATUS or status >= 500:
-                return detail
-            if status in (401, 403):
-                raise GeneratorAuthError(f"generator at {self.base_url} refused the API key ({detail})") from e
-            if status == 404 or e.code == "model_not_found":
-                raise GeneratorModelNotFound(
-                    f"generator at {self.base_url} does not serve model {self.model!r} ({detail}); "
-                    "check the model name and that base_url is the API root (e.g. ending in /v1)"
-                ) from e
-            raise GeneratorError(f"generator at {self.base_url} rejected the request ({detail})") from e
-        raise GeneratorReplyError(f"generator {self.model!r} at {self.base_url} sent an unusable reply: {e}") from e
+        return complete_with_retries(
+            self._client,
+            base_url=self.base_url,
+            model=self.model,
+            timeout_s=self.timeout_s,
+            max_retries=self.max_retries,
+            backoff_initial_s=self.backoff_initial_s,
+            backoff_max_s=self.backoff_max_s,
+            rng=self._rng,
+            errors=_ERRORS,
+            log=log,
+            create_kwargs={
+                "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": max_tokens,
+                "temperature": temperature,
+                "seed": self.seed if self.seed is not None else openai.omit,
+                "extra_body": self.extra_body or None,
+            },
+        )[0]
 
 
 class LocalGenerator:
@@ -263,10 +239,10 @@ class LocalGenerator:
         repetition_penalty: float = 1.0,
         name: str = "local",
     ) -> None:
-        _require(max_context_tokens >= 1, "max_context_tokens", max_context_tokens, ">= 1")
-        _require(repetition_penalty > 0, "repetition_penalty", repetition_penalty, "> 0")
+        require(max_context_tokens >= 1, "max_context_tokens", max_context_tokens, ">= 1")
+        require(repetition_penalty > 0, "repetition_penalty", repetition_penalty, "> 0")
         if torch_threads is not None:
-            _require(torch_threads >= 1, "torch_threads", torch_threads, ">= 1")
+            require(torch_threads >= 1, "torch_threads", torch_threads, ">= 1")
             torch.set_num_threads(torch_threads)
         self.name = name
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -277,17 +253,17 @@ class LocalGenerator:
             if not source.exists():
                 raise LocalModelError(f"local generator model {source}: no such file or directory")
             if source.is_file():
-                if not _is_gguf(source):
+                if not is_gguf(source):
                     raise LocalModelError(f"{source}: neither a GGUF file nor a Hugging Face model directory")
                 self.model_dir = convert_gguf(source, self.cache_dir)
             else:
                 self.model_dir = source
-            self._model, self._tokenizer = _load_directory(self.model_dir)
+            self._model, self._tokenizer = load_model_directory(self.model_dir)
         except LocalModelError as e:
             raise GeneratorModelNotFound(str(e)) from e
         self.source_path = source
         self.model = source.name
-        limit = _max_positions(self._model.config)
+        limit = max_positions(self._model.config)
         self.max_context_tokens = min(max_context_tokens, limit) if limit else max_context_tokens
         self.uses_chat_template = bool(getattr(self._tokenizer, "chat_template", None))
         self._lock = threading.Lock()

@@ -167,12 +167,13 @@ def convert_gguf(gguf_path: Path, cache_dir: Path) -> Path:
     return target
 
 
-def _is_gguf(path: Path) -> bool:
+def is_gguf(path: Path) -> bool:
+    """Whether the file at ``path`` starts with the GGUF magic bytes."""
     with path.open("rb") as handle:
         return handle.read(len(GGUF_MAGIC)) == GGUF_MAGIC
 
 
-def _load_directory(model_dir: Path) -> tuple[Any, Any]:
+def load_model_directory(model_dir: Path) -> tuple[Any, Any]:
     """Load a causal LM and its tokenizer from a Hugging Face model directory, in fp32, eval mode."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -196,7 +197,8 @@ def _load_directory(model_dir: Path) -> tuple[Any, Any]:
     return model, tokenizer
 
 
-def _max_positions(config: Any) -> int | None:
+def max_positions(config: Any) -> int | None:
+    """The model's maximum positions (text decoder's ``max_position_embeddings``), None if unknown."""
     value = getattr(config.get_text_config(decoder=True), "max_position_embeddings", None)
     return int(value) if isinstance(value, int) and value > 0 else None
 
@@ -242,16 +244,16 @@ class LocalJudge:
         if not source.exists():
             raise LocalModelError(f"local judge model {source}: no such file or directory")
         if source.is_file():
-            if not _is_gguf(source):
+            if not is_gguf(source):
                 raise LocalModelError(f"{source}: neither a GGUF file nor a Hugging Face model directory")
             self.model_dir = convert_gguf(source, self.cache_dir)
         else:
             self.model_dir = source
         self.source_path = source
         self.model = source.name  # what provenance records: the GGUF file or model directory name
-        self._model, self._tokenizer = _load_directory(self.model_dir)
+        self._model, self._tokenizer = load_model_directory(self.model_dir)
 
-        model_limit = _max_positions(self._model.config)
+        model_limit = max_positions(self._model.config)
         self.max_context_tokens = min(max_context_tokens, model_limit) if model_limit else max_context_tokens
         bos = self._tokenizer.bos_token_id
         # Only the leading BOS of the tokenizer's own special tokens, never a trailing EOS.

@@ -33,7 +33,8 @@ retries are disabled so this is the only policy. Not retried: 401/403
 (`JudgeAuthError`), 404 or a ``model_not_found`` error code
 (`JudgeModelNotFound`), other 4xx (`JudgeError`), and unusable replies
 (`JudgeReplyError`): at temperature 0 the same request yields the same reply,
-so retrying a malformed one would only spend another call. One semaphore per
+so retrying a malformed one would only spend another call (the loop is
+`scorers.openai_chat.complete_with_retries`, shared with `OpenAIGenerator`). One semaphore per
 judge instance caps requests in flight across all threads using it. The API
 key is handed to the client and never put in messages, logs or ``repr``.
 """
@@ -66,21 +67,26 @@ from scorers.judges.base import (
     Provenance,
 )
 from scorers.judges.prompt import PROMPT_VERSION, multi_question_prompt, single_question_prompt
+from scorers.openai_chat import NO_API_KEY, ChatErrors, complete_with_retries, require
 from scorers.questions import Question
 
 log = logging.getLogger(__name__)
 
 JUDGE_NAME = "openai"
-# Sent when the endpoint needs no key: the openai client refuses to run without one,
-# and falling back to OPENAI_API_KEY from the environment would bypass our settings.
-NO_API_KEY = "no-key"
 MAX_TOP_LOGPROBS = 20  # the OpenAI API's limit
 SINGLE_MAX_TOKENS = 1
 # A line "12: 3\n" is ~5 tokens; the slack lets a model add a few stray tokens.
 TOKENS_PER_ANSWER_LINE = 8
 MULTI_EXTRA_TOKENS = 8
-RETRYABLE_STATUS = frozenset({408, 429})  # plus every 5xx
 REPLY_EXCERPT_CHARS = 200
+_ERRORS = ChatErrors(
+    role="judge",
+    unavailable=JudgeUnavailable,
+    auth=JudgeAuthError,
+    model_not_found=JudgeModelNotFound,
+    rejected=JudgeError,
+    reply=JudgeReplyError,
+)
 _ANSWER_LINE = re.compile(r"^[ \t]*(\d+)[ \t]*:[ \t]*", re.MULTILINE)
 
 
@@ -176,13 +182,13 @@ class OpenAIJudge:
             raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
         if not model:
             raise ValueError("model must be a non-empty string")
-        _require(questions_per_call >= 1, "questions_per_call", questions_per_call, ">= 1")
-        _require(1 <= top_logprobs <= MAX_TOP_LOGPROBS, "top_logprobs", top_logprobs, f"in 1..{MAX_TOP_LOGPROBS}")
-        _require(max_concurrency >= 1, "max_concurrency", max_concurrency, ">= 1")
-        _require(max_retries >= 0, "max_retries", max_retries, ">= 0")
-        _require(backoff_initial_s > 0, "backoff_initial_s", backoff_initial_s, "> 0")
-        _require(backoff_max_s > 0, "backoff_max_s", backoff_max_s, "> 0")
-        _require(timeout_s > 0, "timeout_s", timeout_s, "> 0")
+        require(questions_per_call >= 1, "questions_per_call", questions_per_call, ">= 1")
+        require(1 <= top_logprobs <= MAX_TOP_LOGPROBS, "top_logprobs", top_logprobs, f"in 1..{MAX_TOP_LOGPROBS}")
+        require(max_concurrency >= 1, "max_concurrency", max_concurrency, ">= 1")
+        require(max_retries >= 0, "max_retries", max_retries, ">= 0")
+        require(backoff_initial_s > 0, "backoff_initial_s", backoff_initial_s, "> 0")
+        require(backoff_max_s > 0, "backoff_max_s", backoff_max_s, "> 0")
+        require(timeout_s > 0, "timeout_s", timeout_s, "> 0")
         self.name = name
         self.base_url = base_url
         self.model = model
@@ -305,59 +311,24 @@ class OpenAIJudge:
 
     def _complete(self, prompt: str, max_tokens: int) -> tuple[ChatCompletion, int]:
         """One chat completion under the retry policy; returns it and the number of attempts."""
-        attempts = self.max_retries + 1
-        for attempt in range(attempts):
-            try:
-                with self._slots:
-                    completion = self._client.chat.completions.create(
-                        model=self.model,
-                        messages=[{"role": "user", "content": prompt}],
-                        temperature=0,
-                        max_tokens=max_tokens,
-                        logprobs=True,
-                        top_logprobs=self.top_logprobs,
-                        extra_body=self.extra_body or None,
-                    )
-            except openai.APIError as e:
-                reason, last_error = self._transient_reason(e), e
-            else:
-                if not isinstance(completion, ChatCompletion):
-                    raise JudgeReplyError(f"judge {self.model!r} sent a reply that is not a chat completion")
-                return completion, attempt + 1
-            if attempt + 1 == attempts:
-                raise JudgeUnavailable(
-                    f"judge {self.model!r} at {self.base_url} still failing after {attempts} attempt(s): {reason}"
-                ) from last_error
-            delay = self._rng.uniform(0.0, min(self.backoff_max_s, self.backoff_initial_s * 2**attempt))
-            log.warning(
-                "judge %r at %s: attempt %d/%d failed (%s); retrying in %.2fs",
-                self.model, self.base_url, attempt + 1, attempts, reason, delay,
-            )
-            time.sleep(delay)
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _transient_reason(self, e: openai.APIError) -> str:
-        """Describe a retryable failure, or raise the non-retryable `JudgeError` it maps to."""
-        if isinstance(e, openai.APITimeoutError):
-            return f"timed out after {self.timeout_s}s"
-        if isinstance(e, openai.APIConnectionError):
-            return f"connection error: {e.__cause__ or e}"
-        if isinstance(e, openai.APIStatusError):
-            status = e.status_code
-            detail = e.message  # "Error code: <status> - <server's message>"
-            if status in RETRYABLE_STATUS or status >= 500:
-                return detail
-            if status in (401, 403):
-                raise JudgeAuthError(f"judge at {self.base_url} refused the API key ({detail})") from e
-            if status == 404 or e.code == "model_not_found":
-                raise JudgeModelNotFound(
-                    f"judge at {self.base_url} does not serve model {self.model!r} ({detail}); "
-                    "check the model name and that base_url is the API root (e.g. ending in /v1)"
-                ) from e
-            raise JudgeError(f"judge at {self.base_url} rejected the request ({detail})") from e
-        raise JudgeReplyError(f"judge {self.model!r} at {self.base_url} sent an unusable reply: {e}") from e
-
-
-def _require(ok: bool, field: str, value: object, rule: str) -> None:
-    if not ok:
-        raise ValueError(f"{field} must be {rule}, got {value!r}")
+        return complete_with_retries(
+            self._client,
+            base_url=self.base_url,
+            model=self.model,
+            timeout_s=self.timeout_s,
+            max_retries=self.max_retries,
+            backoff_initial_s=self.backoff_initial_s,
+            backoff_max_s=self.backoff_max_s,
+            rng=self._rng,
+            errors=_ERRORS,
+            log=log,
+            create_kwargs={
+                "messages": [{"role": "user", "content": prompt}],
+                "temperature": 0,
+                "max_tokens": max_tokens,
+                "logprobs": True,
+                "top_logprobs": self.top_logprobs,
+                "extra_body": self.extra_body or None,
+            },
+            slots=self._slots,
+        )

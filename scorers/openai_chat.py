@@ -1,0 +1,123 @@
+"""One chat completion from an OpenAI-compatible endpoint under the shared retry policy.
+
+`OpenAIJudge` (`scorers.judges.openai_http`) and `OpenAIGenerator`
+(`scorers.generators`) differ in what they ask and read, not in how they
+survive failures, so both call `complete_with_retries`:
+
+- 429, 408, 5xx, timeouts and connection errors are retried with exponential
+  backoff and full jitter (delay before retry r uniform in
+  ``[0, min(backoff_max_s, backoff_initial_s * 2**r)]``), at most
+  ``max_retries`` times, then ``errors.unavailable``; each retry logs a warning.
+- Not retried: 401/403 (``errors.auth``), 404 or a ``model_not_found`` error
+  code (``errors.model_not_found``), other 4xx (``errors.rejected``), and
+  anything else, including a reply that is not a chat completion
+  (``errors.reply``).
+
+Each caller names its own exception classes and its role word ("judge",
+"generator") in a `ChatErrors`, so messages read ``judge 'm' at <url> ...``.
+Clients must be built with ``max_retries=0`` so this is the only policy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+import openai
+from openai.types.chat import ChatCompletion
+
+# Sent when the endpoint needs no key: the openai client refuses to run without one,
+# and falling back to OPENAI_API_KEY from the environment would bypass our settings.
+NO_API_KEY = "no-key"
+RETRYABLE_STATUS = frozenset({408, 429})  # plus every 5xx
+
+
+@dataclass(frozen=True)
+class ChatErrors:
+    """The exception classes one caller raises, and the word naming it in messages."""
+
+    role: str
+    unavailable: type[Exception]
+    auth: type[Exception]
+    model_not_found: type[Exception]
+    rejected: type[Exception]
+    reply: type[Exception]
+
+
+def require(ok: bool, field: str, value: object, rule: str) -> None:
+    """Raise ``ValueError("<field> must be <rule>, got <value>")`` unless ``ok`` (argument checks)."""
+    if not ok:
+        raise ValueError(f"{field} must be {rule}, got {value!r}")
+
+
+def complete_with_retries(
+    client: openai.OpenAI,
+    *,
+    base_url: str,
+    model: str,
+    timeout_s: float,
+    max_retries: int,
+    backoff_initial_s: float,
+    backoff_max_s: float,
+    rng: random.Random,
+    errors: ChatErrors,
+    log: logging.Logger,
+    create_kwargs: Mapping[str, Any],
+    slots: AbstractContextManager[Any] | None = None,
+) -> tuple[ChatCompletion, int]:
+    """``client.chat.completions.create(model=model, **create_kwargs)`` under the retry policy.
+
+    Returns the completion and the number of attempts it took. ``slots`` (e.g. a
+    semaphore) is held around each request only, never during a backoff sleep.
+    """
+    attempts = max_retries + 1
+    for attempt in range(attempts):
+        try:
+            with slots if slots is not None else contextlib.nullcontext():
+                completion = client.chat.completions.create(model=model, **create_kwargs)
+        except openai.APIError as e:
+            reason, last_error = _transient_reason(e, base_url=base_url, model=model, timeout_s=timeout_s, errors=errors), e
+        else:
+            if not isinstance(completion, ChatCompletion):
+                raise errors.reply(f"{errors.role} {model!r} sent a reply that is not a chat completion")
+            return completion, attempt + 1
+        if attempt + 1 == attempts:
+            raise errors.unavailable(
+                f"{errors.role} {model!r} at {base_url} still failing after {attempts} attempt(s): {reason}"
+            ) from last_error
+        delay = rng.uniform(0.0, min(backoff_max_s, backoff_initial_s * 2**attempt))
+        log.warning(
+            "%s %r at %s: attempt %d/%d failed (%s); retrying in %.2fs",
+            errors.role, model, base_url, attempt + 1, attempts, reason, delay,
+        )
+        time.sleep(delay)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _transient_reason(e: openai.APIError, *, base_url: str, model: str, timeout_s: float, errors: ChatErrors) -> str:
+    """Describe a retryable failure, or raise the non-retryable error it maps to."""
+    role = errors.role
+    if isinstance(e, openai.APITimeoutError):
+        return f"timed out after {timeout_s}s"
+    if isinstance(e, openai.APIConnectionError):
+        return f"connection error: {e.__cause__ or e}"
+    if isinstance(e, openai.APIStatusError):
+        status = e.status_code
+        detail = e.message  # "Error code: <status> - <server's message>"
+        if status in RETRYABLE_STATUS or status >= 500:
+            return detail
+        if status in (401, 403):
+            raise errors.auth(f"{role} at {base_url} refused the API key ({detail})") from e
+        if status == 404 or e.code == "model_not_found":
+            raise errors.model_not_found(
+                f"{role} at {base_url} does not serve model {model!r} ({detail}); "
+                "check the model name and that base_url is the API root (e.g. ending in /v1)"
+            ) from e
+        raise errors.rejected(f"{role} at {base_url} rejected the request ({detail})") from e
+    raise errors.reply(f"{role} {model!r} at {base_url} sent an unusable reply: {e}") from e
