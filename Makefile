@@ -6,6 +6,8 @@ PIP    := $(VENV)/bin/pip
 # llama-cpp-python has no wheel on PyPI; its default build crashes on this CPU (AMX), so pin the ISA.
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
                     -DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX_VNNI=ON
+# Installed without its dependencies (listed in pyproject.toml): it pins click<8.4, which transformers' hub client cannot use.
+FAUST := faust-streaming==0.15.3
 PYTEST_ARGS ?=
 
 .PHONY: install test demo demo-stop bench clean stack-deps
@@ -14,6 +16,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip wheel
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install --quiet -e ".[test,llama-server]"
+	$(PIP) install --quiet --no-deps $(FAUST)
 	touch $@
 
 install: $(VENV)/.installed

@@ -182,3 +182,10 @@ def test_a_model_that_is_not_a_causal_lm_is_refused(tmp_path):
     with pytest.raises(LocalModelError, match="not a causal language model") as info:
         LocalJudge(encoder, cache_dir=tmp_path)
     assert isinstance(info.value, JudgeError)
+
+
+def test_the_converted_tokenizer_splits_text_into_subwords(judge: LocalJudge) -> None:
+    """The GGUF's BPE tokenizer survives the conversion (transformers 5.17 made it split text almost per character)."""
+    sentence = "The assistant answers the user's question about Python lists with a working example."
+    ids = judge._tokenizer(sentence, add_special_tokens=False)["input_ids"]
+    assert len(ids) <= len(sentence.split()) * 2, len(ids)

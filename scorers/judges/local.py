@@ -129,9 +129,14 @@ def _sha256_file(path: Path) -> str:
 
 
 def converted_model_dir(gguf_path: Path, cache_dir: Path) -> Path:
-    """Where the safetensors conversion of ``gguf_path`` lives (keyed by the file's content hash)."""
+    """Where the safetensors conversion of ``gguf_path`` lives: keyed by the file's content hash and the
+    transformers version that converted it (conversions differ between versions: 5.17 turned Gemma 3's
+    tokenizer into a near per-character Unigram model)."""
+    from importlib.metadata import version
+
     gguf_path = Path(gguf_path)
-    return Path(cache_dir) / "models" / f"{gguf_path.stem}-{_sha256_file(gguf_path)[:_HASH_CHARS]}"
+    converter = "transformers" + version("transformers")
+    return Path(cache_dir) / "models" / f"{gguf_path.stem}-{_sha256_file(gguf_path)[:_HASH_CHARS]}-{converter}"
 
 
 def convert_gguf(gguf_path: Path, cache_dir: Path) -> Path:
