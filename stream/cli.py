@@ -42,6 +42,7 @@ from scorers.questions import QuestionError, load_questions
 from scorers.rubrics import DEFAULT_PRECISION, RubricSet, RubricSetError, evaluate
 from stream.judge_factory import judge_from_settings
 from stream.settings import Settings, SettingsError, load_settings
+from stream.learn_command import LEARN_USER_ERRORS, learn, uss_command
 from stream.replay import ReplayError
 from stream.store import StoreError
 from stream.topics import TopicError, ensure_topics
@@ -58,6 +59,7 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     StoreError,
     TopicError,
     ReplayError,
+    *LEARN_USER_ERRORS,
 )
 # Raised by modules that are slow to import (torch): added to USER_ERRORS once they are loaded.
 LAZY_USER_ERRORS = {"scorers.calibration": "CalibrationError"}
@@ -352,6 +354,10 @@ def data_llm_rubric(data_dir: Path, split: str, negative_max_q0: float, labelled
         rubric_set = dimension_rubric_set(data_dir / QUESTIONS_FILE)
         rubric_set.save(rubric_set_out)
         click.echo(f"wrote rubric set {rubric_set.version} to {rubric_set_out}")
+
+
+cli.add_command(learn)
+data.add_command(uss_command)
 
 
 # ------------------------------------------------------------------ service
