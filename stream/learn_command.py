@@ -16,10 +16,7 @@ from typing import Any
 
 import click
 
-from scorers.embeddings import EmbeddingModelError
-from scorers.generators import GeneratorError, LocalGenerator, OpenAIGenerator, TextGenerator
 from scorers.labelled import LabelledConversation, load_labelled_jsonl, write_labelled_jsonl
-from scorers.rubric_generation import RubricGenerationError
 from scorers.rubric_learning import METHODS, RubricLearner, write_report
 from scorers.rubric_pool import RubricPool, RubricPoolError, merge, seed_pool
 from scorers.rubric_selection import DEFAULT_ALPHAS, LearningError
@@ -29,14 +26,13 @@ from scorers.uss_data import UssFormatError, read_uss, stratified_split, uss_lab
 from stream.judge_factory import judge_from_settings
 from stream.settings import Settings, SettingsError
 
-# Add these to stream.cli.USER_ERRORS: bad input or configuration, printed as one line.
+# Add these to stream.cli.USER_ERRORS: bad input or configuration, printed as one line. Generation's own
+# errors (generator, embedding model) become LearningError here, so that importing this module stays light
+# (the generation stack imports torch and transformers only when a pool is generated).
 LEARN_USER_ERRORS: tuple[type[Exception], ...] = (
     LearningError,
     RubricPoolError,
     ScoreCacheError,
-    GeneratorError,
-    RubricGenerationError,
-    EmbeddingModelError,
     UssFormatError,
 )
 
@@ -84,8 +80,10 @@ def _read_domain(path: Path) -> str:
     return text
 
 
-def _generator(settings: Settings, base_url: str | None, model: str | None, seed: int) -> TextGenerator:
+def _generator(settings: Settings, base_url: str | None, model: str | None, seed: int) -> Any:
     """The generator named on the command line, else the judge's endpoint or local model from settings."""
+    from scorers.generators import LocalGenerator, OpenAIGenerator
+
     j = settings.judge
     retry = {"max_retries": j.max_retries, "backoff_initial_s": j.backoff_initial_s, "backoff_max_s": j.backoff_max_s}
     if (base_url is None) != (model is None):
@@ -107,27 +105,25 @@ def _generator(settings: Settings, base_url: str | None, model: str | None, seed
     )
 
 
-def _preflight(generator: TextGenerator) -> None:
-    """One tiny call, so an unreachable generator fails in seconds rather than after every conversation is skipped."""
-    try:
-        generator.generate(PREFLIGHT_PROMPT, max_tokens=2, temperature=0.0)
-    except GeneratorError as e:
-        raise type(e)(f"cannot use the generator: {e}") from e
-
-
 def _generated_pool(
     settings: Settings, labelled: list[LabelledConversation], domain: str, existing: RubricPool | None,
     base_url: str | None, model: str | None, seed: int, pool_out: Path, progress: _StageProgress,
 ) -> RubricPool:
-    from scorers.embeddings import SentenceEmbedder
-    from scorers.rubric_generation import generate_pool
+    from scorers.embeddings import EmbeddingModelError, SentenceEmbedder
+    from scorers.generators import GeneratorError
+    from scorers.rubric_generation import RubricGenerationError, generate_pool
 
-    generator = _generator(settings, base_url, model, seed)
-    _preflight(generator)
-    embedder = SentenceEmbedder()
+    try:
+        generator = _generator(settings, base_url, model, seed)
+        # One tiny call first, so an unreachable generator fails in seconds, not after every conversation is skipped.
+        generator.generate(PREFLIGHT_PROMPT, max_tokens=2, temperature=0.0)
+    except GeneratorError as e:
+        raise LearningError(f"cannot use the generator: {e}") from e
     _say(f"generating rubrics with {generator!r} from {len(labelled)} conversations")
     try:
-        pool, report = generate_pool(generator, labelled, domain, embedder, existing=existing, seed=seed, progress=progress)
+        pool, report = generate_pool(generator, labelled, domain, SentenceEmbedder(), existing=existing, seed=seed, progress=progress)
+    except (GeneratorError, RubricGenerationError, EmbeddingModelError) as e:
+        raise LearningError(f"rubric generation failed: {e}") from e
     finally:
         progress.close()
     pool.save(pool_out)
@@ -268,7 +264,7 @@ def _edge(value: float | None) -> str:
 @click.option("--labelled-out", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="Where to write the labelled conversations (JSONL); the training part with --split-out-test.")
 @click.option("--n-per-class", type=click.IntRange(min=2), default=None,
-              help="Draw this many positive and this many negative dialogues at random (default: all).")
+              help="Draw this many positive and this many negative dialogues at random, before the split (default: all).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the draw and the split.")
 @click.option("--split-out-test", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Split each class 50/50 and write the test half here.")

@@ -1,0 +1,241 @@
+"""`convowatch learn` and `convowatch data uss` on real data with real judges.
+
+Once `stream.cli` registers the commands, every case runs as a real
+subprocess (``python -m stream.cli ...``). Until then the same arguments go
+through click's CliRunner on the CLI group with the commands added in this
+process, and user errors are rendered the way `stream.cli.main` renders
+``USER_ERRORS`` (one ``convowatch: error:`` line, exit code 2).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from scorers.labelled import load_labelled_jsonl
+from scorers.rubric_pool import seed_pool
+from scorers.rubrics import RubricSet
+from scorers.uss_data import read_uss, uss_labelled
+from stream.learn_command import LEARN_USER_ERRORS, learn, uss_command
+from tests import servers
+from tests.data_paths import LLM_RUBRIC, SHARED_DATA
+
+REAL_ANSWERS = LLM_RUBRIC / "gpt-3.5-turbo-16k_real_evaluations_FIXED.tsv"
+MWOZ = SHARED_DATA / "uss" / "MWOZ.txt"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _registered() -> bool:
+    from stream.cli import cli
+
+    data = cli.commands.get("data")
+    return "learn" in cli.commands and data is not None and "uss" in data.commands  # type: ignore[attr-defined]
+
+
+REGISTERED = _registered()  # decided before this module adds the commands in-process
+
+
+def convowatch(*args: str | Path, env: dict[str, str] | None = None) -> Result:
+    argv = [str(a) for a in args]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("CONVOWATCH_")}
+    if REGISTERED:
+        r = subprocess.run([sys.executable, "-m", "stream.cli", *argv], capture_output=True, text=True,
+                           env={**clean, **(env or {})}, timeout=600, cwd=ROOT)
+        return Result(r.returncode, r.stdout, r.stderr)
+    from click.testing import CliRunner
+
+    from stream.cli import USER_ERRORS, cli
+
+    cli.add_command(learn)
+    cli.commands["data"].add_command(uss_command)  # type: ignore[attr-defined]
+    unset = {k: None for k in os.environ if k.startswith("CONVOWATCH_")}
+    result = CliRunner().invoke(cli, argv, env={**unset, **(env or {})})
+    stderr = result.stderr
+    code = result.exit_code
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        if not isinstance(result.exception, USER_ERRORS + LEARN_USER_ERRORS):
+            raise result.exception
+        stderr += f"convowatch: error: {result.exception}\n"
+        code = 2
+    return Result(code, result.stdout, stderr)
+
+
+def recorded() -> dict[str, str]:
+    return {"CONVOWATCH_JUDGE__BACKEND": "recorded", "CONVOWATCH_JUDGE__RECORDED_ANSWERS": str(REAL_ANSWERS)}
+
+
+def error_line(r: Result) -> str:
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert lines, "no error message"
+    return lines[-1]
+
+
+@pytest.fixture(scope="module")
+def llm_rubric_files(tmp_path_factory) -> tuple[Path, Path]:
+    """The real LLM-Rubric conversations as labelled JSONL, and Q1-Q8 as an unfitted rubric set (by the CLI's converter)."""
+    out = tmp_path_factory.mktemp("llm-rubric")
+    labelled, candidates = out / "real.jsonl", out / "q1-q8.json"
+    r = convowatch("data", "llm-rubric", "--data-dir", LLM_RUBRIC, "--split", "real", "--labelled-out", labelled,
+                   "--rubric-set-out", candidates)
+    assert r.returncode == 0, r.stderr
+    return labelled, candidates
+
+
+@pytest.fixture(scope="module")
+def domain(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("domain") / "domain.md"
+    path.write_text("A research assistant answers questions about papers, citing the references it was given.\n"
+                    "Success: the user's question is answered correctly and the claims are supported by citations.\n")
+    return path
+
+
+# ---------------------------------------------------------------------------- success
+
+
+def test_learn_from_real_labels_with_the_recorded_judge(tmp_path, llm_rubric_files, domain):
+    labelled, candidates = llm_rubric_files
+    out, report_dir = tmp_path / "rubricset.json", tmp_path / "report"
+    r = convowatch("learn", "--data", labelled, "--domain", domain, "--candidates", candidates, "--out", out,
+                   "--n-sat", "3", "--n-dsat", "0", "--precision", "0.75", "--cache", tmp_path / "scores.sqlite",
+                   "--report-dir", report_dir, env=recorded())
+    assert r.returncode == 0, r.stderr
+    rubric_set = RubricSet.load(out)
+    assert len(rubric_set.rubrics) == 3 and rubric_set.precision == 0.75
+    meta = rubric_set.metadata
+    assert meta["selection"]["method"] == "greedy" and meta["judge"].startswith("recorded|gpt-3.5-turbo-16k_real_evaluations_FIXED|")
+    assert meta["prompt_versions"]["judge"] == "judge-v1" and len(meta["training_data_hash"]) == 16
+    assert len(meta["pool"]["hash"]) == 16 and meta["pool"]["size"] == 8 and len(meta["domain_sha256"]) == 16
+    assert f"wrote {out} (version {rubric_set.version})" in r.stdout
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith("judge: 0 calls in 223 requests") and "1784 asked" in last  # the recorded judge reports 0 calls
+    assert "rating" in r.stderr  # progress
+    report = json.loads((report_dir / "report.json").read_text())
+    assert [s["id"] for s in report["selected"]] == [x.id for x in rubric_set.rubrics]
+    assert (report_dir / "precision_curves.png").stat().st_size > 20_000
+
+    again = convowatch("learn", "--data", labelled, "--domain", domain, "--candidates", candidates, "--out", tmp_path / "again.json",
+                       "--n-sat", "3", "--n-dsat", "0", "--precision", "0.75", "--cache", tmp_path / "scores.sqlite", env=recorded())
+    assert again.returncode == 0, again.stderr
+    assert "1784 answers from the cache, 0 asked" in again.stdout.strip().splitlines()[-1]
+    assert RubricSet.load(tmp_path / "again.json").version == rubric_set.version
+
+
+def test_uss_to_rubric_set_that_the_cli_scores_with(tmp_path, domain):
+    """USS -> labelled JSONL (2+2 train, 2+2 test) -> learn (2 seed rubrics, packaged Gemma judge) -> `rubrics evaluate` uses the set."""
+    train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+    r = convowatch("data", "uss", "--file", MWOZ, "--labelled-out", train, "--n-per-class", "4", "--seed", "3",
+                   "--split-out-test", test)
+    assert r.returncode == 0, r.stderr
+    pool_file = tmp_path / "pool.json"
+    full = seed_pool()
+    sat = [j for j, x in enumerate(full.rubrics) if x.polarity.value == "sat"][:1]
+    dsat = [j for j, x in enumerate(full.rubrics) if x.polarity.value == "dsat"][:1]
+    full.subset(sat + dsat).save(pool_file)
+    local = {"CONVOWATCH_JUDGE__BACKEND": "local", "CONVOWATCH_CACHE_DIR": str(servers.cache_dir())}
+    out = tmp_path / "uss-rubricset.json"
+    r = convowatch("learn", "--data", train, "--domain", domain, "--pool", "generated", "--pool-file", pool_file, "--out", out,
+                   "--n-sat", "1", "--n-dsat", "1", "--folds", "2", "--cache", tmp_path / "scores.sqlite", env=local)
+    assert r.returncode == 0, r.stderr
+    rubric_set = RubricSet.load(out)
+    assert {x.polarity.value for x in rubric_set.rubrics} == {"sat", "dsat"}
+    assert rubric_set.metadata["pool_kind"] == "generated" and rubric_set.metadata["training_file"] == "train.jsonl"
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith("judge: ") and "in 4 requests" in last and "0 answers from the cache, 8 asked" in last
+    r = convowatch("rubrics", "evaluate", "--rubric-set", out, "--labelled", test, "--json", env=local)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["rubric_set"] == rubric_set.version and got["n"] == 4 and got["n_positive"] == 2
+
+
+def test_data_uss_labels_by_mean_overall_and_reports_the_middle(tmp_path):
+    out = tmp_path / "all.jsonl"
+    r = convowatch("data", "uss", "--file", MWOZ, "--labelled-out", out)
+    assert r.returncode == 0, r.stderr
+    labelled, middle = uss_labelled(read_uss(MWOZ))
+    items = load_labelled_jsonl(out)
+    assert [i.conversation.id for i in items] == [i.conversation.id for i in labelled]
+    assert [i.positive for i in items] == [i.positive for i in labelled]
+    assert f"{len(middle)} in between (not written)" in r.stderr
+    sampled = tmp_path / "sampled.jsonl"
+    r = convowatch("data", "uss", "--file", MWOZ, "--labelled-out", sampled, "--n-per-class", "7")
+    assert r.returncode == 0, r.stderr
+    items = load_labelled_jsonl(sampled)
+    assert sum(i.positive for i in items) == 7 and len(items) == 14
+
+
+# ---------------------------------------------------------------------------- errors: one line, exit 2
+
+
+def test_malformed_labelled_data(tmp_path, domain):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"conversation_id": "a", "label": "positive", "turns": [{"role": "user", "text": "hi"}]}\n{not json\n')
+    r = convowatch("learn", "--data", bad, "--domain", domain, "--out", tmp_path / "o.json", env=recorded())
+    assert error_line(r) == f"convowatch: error: {bad}:2: not valid JSON: Expecting property name enclosed in double quotes"
+    bad.write_text('{"conversation_id": "a", "label": "maybe", "turns": []}\n')
+    r = convowatch("learn", "--data", bad, "--domain", domain, "--out", tmp_path / "o.json", env=recorded())
+    assert error_line(r).startswith(f"convowatch: error: {bad}:1: label must be 'positive' or 'negative'")
+
+
+def test_empty_class(tmp_path, llm_rubric_files, domain):
+    labelled, _ = llm_rubric_files
+    positives = tmp_path / "positives.jsonl"
+    positives.write_text("".join(line + "\n" for line in labelled.read_text().splitlines() if '"label": "positive"' in line))
+    r = convowatch("learn", "--data", positives, "--domain", domain, "--out", tmp_path / "o.json", env=recorded())
+    assert error_line(r) == f"convowatch: error: {positives}: no negative conversations (150 positive, 0 negative); learning needs both classes"
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_fewer_examples_per_class_than_folds(tmp_path, llm_rubric_files, domain):
+    labelled, _ = llm_rubric_files
+    lines = labelled.read_text().splitlines()
+    few = tmp_path / "few.jsonl"
+    few.write_text("\n".join([x for x in lines if '"positive"' in x][:6] + [x for x in lines if '"negative"' in x][:3]) + "\n")
+    r = convowatch("learn", "--data", few, "--domain", domain, "--out", tmp_path / "o.json", env=recorded())
+    assert "6 positive and 3 negative conversations; every class needs at least folds=5" in error_line(r)
+
+
+def test_missing_or_empty_domain_file(tmp_path, llm_rubric_files):
+    labelled, _ = llm_rubric_files
+    r = convowatch("learn", "--data", labelled, "--domain", tmp_path / "nope.md", "--out", tmp_path / "o.json", env=recorded())
+    line = error_line(r)
+    assert "--domain" in line and "nope.md" in line and "does not exist" in line
+    empty = tmp_path / "empty.md"
+    empty.write_text("  \n")
+    r = convowatch("learn", "--data", labelled, "--domain", empty, "--out", tmp_path / "o.json", env=recorded())
+    assert error_line(r) == f"convowatch: error: {empty}: the domain description is empty (say what the assistant is for and what success means)"
+
+
+def test_generator_unreachable(tmp_path, llm_rubric_files, domain):
+    labelled, _ = llm_rubric_files
+    url = f"http://127.0.0.1:{servers.free_port()}/v1"  # nothing listens there
+    r = convowatch("learn", "--data", labelled, "--domain", domain, "--out", tmp_path / "o.json", "--pool", "generated",
+                   "--generator-base-url", url, "--generator-model", "qwen", env={**recorded(), "CONVOWATCH_JUDGE__MAX_RETRIES": "0"})
+    line = error_line(r)
+    assert line.startswith(f"convowatch: error: cannot use the generator: generator 'qwen' at {url} still failing after 1 attempt(s): connection error")
+
+
+def test_a_generated_pool_needs_a_generator(tmp_path, llm_rubric_files, domain):
+    labelled, _ = llm_rubric_files
+    r = convowatch("learn", "--data", labelled, "--domain", domain, "--out", tmp_path / "o.json", "--pool", "both", env=recorded())
+    assert "a generated pool needs a generator" in error_line(r)
+
+
+def test_malformed_uss_file(tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_text("USER\thello\t\t3,4\nSYSTEM\thi\t\t\nUSER\tOVERALL\t\t3,x\n")
+    r = convowatch("data", "uss", "--file", bad, "--labelled-out", tmp_path / "o.jsonl")
+    assert error_line(r) == f"convowatch: error: {bad}:3: ratings '3,x' are not comma-separated integers"
