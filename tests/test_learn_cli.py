@@ -1,11 +1,4 @@
-"""`convowatch learn` and `convowatch data uss` on real data with real judges.
-
-Once `stream.cli` registers the commands, every case runs as a real
-subprocess (``python -m stream.cli ...``). Until then the same arguments go
-through click's CliRunner on the CLI group with the commands added in this
-process, and user errors are rendered the way `stream.cli.main` renders
-``USER_ERRORS`` (one ``convowatch: error:`` line, exit code 2).
-"""
+"""`convowatch learn` and `convowatch data uss` on real data with real judges, run as real subprocesses."""
 
 from __future__ import annotations
 
@@ -13,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -22,7 +14,6 @@ from scorers.labelled import load_labelled_jsonl
 from scorers.rubric_pool import seed_pool
 from scorers.rubrics import RubricSet
 from scorers.uss_data import read_uss, uss_labelled
-from stream.learn_command import LEARN_USER_ERRORS, learn, uss_command
 from tests import servers
 from tests.data_paths import LLM_RUBRIC, SHARED_DATA
 
@@ -31,53 +22,17 @@ MWOZ = SHARED_DATA / "uss" / "MWOZ.txt"
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@dataclass
-class Result:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def _registered() -> bool:
-    from stream.cli import cli
-
-    data = cli.commands.get("data")
-    return "learn" in cli.commands and data is not None and "uss" in data.commands  # type: ignore[attr-defined]
-
-
-REGISTERED = _registered()  # decided before this module adds the commands in-process
-
-
-def convowatch(*args: str | Path, env: dict[str, str] | None = None) -> Result:
-    argv = [str(a) for a in args]
+def convowatch(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("CONVOWATCH_")}
-    if REGISTERED:
-        r = subprocess.run([sys.executable, "-m", "stream.cli", *argv], capture_output=True, text=True,
-                           env={**clean, **(env or {})}, timeout=600, cwd=ROOT)
-        return Result(r.returncode, r.stdout, r.stderr)
-    from click.testing import CliRunner
-
-    from stream.cli import USER_ERRORS, cli
-
-    cli.add_command(learn)
-    cli.commands["data"].add_command(uss_command)  # type: ignore[attr-defined]
-    unset = {k: None for k in os.environ if k.startswith("CONVOWATCH_")}
-    result = CliRunner().invoke(cli, argv, env={**unset, **(env or {})})
-    stderr = result.stderr
-    code = result.exit_code
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        if not isinstance(result.exception, USER_ERRORS + LEARN_USER_ERRORS):
-            raise result.exception
-        stderr += f"convowatch: error: {result.exception}\n"
-        code = 2
-    return Result(code, result.stdout, stderr)
+    return subprocess.run([sys.executable, "-m", "stream.cli", *map(str, args)], capture_output=True, text=True,
+                          env={**clean, **(env or {})}, timeout=600, cwd=ROOT)
 
 
 def recorded() -> dict[str, str]:
     return {"CONVOWATCH_JUDGE__BACKEND": "recorded", "CONVOWATCH_JUDGE__RECORDED_ANSWERS": str(REAL_ANSWERS)}
 
 
-def error_line(r: Result) -> str:
+def error_line(r: subprocess.CompletedProcess[str]) -> str:
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
     assert lines, "no error message"

@@ -31,7 +31,7 @@ from typing import Sequence
 
 from scorers.rubrics import Polarity
 
-PROMPT_VERSIONS: dict[str, str] = {"extraction": "extract-v1", "summarisation": "summarise-v1"}
+PROMPT_VERSIONS: dict[str, str] = {"extraction": "extract-v1", "summarisation": "summarise-v2"}
 
 # The acceptance rule for rubric assertions (enforced by `scorers.rubric_generation`)
 # is stated in the summarisation prompt from these same values.
@@ -100,8 +100,10 @@ Examples: "{example_1}" "{example_2}"
 
 Reply with numbered lines and nothing else, in this form:
 1. <rubric>
-2. <rubric>
-If the rubrics already written cover every reason, reply with the single word {none}."""
+2. <rubric>{none_clause}"""
+
+# Offered only when rubrics exist: with an empty pool, small models answered NONE to every batch (summarise-v1).
+NONE_CLAUSE = "\nIf the rubrics already written cover every reason, reply with the single word {none}."
 
 RETRY_NOTE = """
 
@@ -173,5 +175,5 @@ def summarisation_prompt(
         subjects=_subjects(),
         example_1=example_1,
         example_2=example_2,
-        none=NONE_REPLY,
+        none_clause=NONE_CLAUSE.format(none=NONE_REPLY) if existing else "",
     ) + _retry(problem)
