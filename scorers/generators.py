@@ -49,12 +49,10 @@ from openai.types.chat import ChatCompletion
 from scorers.judges.local import (
     DEFAULT_MAX_CONTEXT_TOKENS,
     LocalModelError,
-    convert_gguf,
     default_cache_dir,
-    default_model_path,
-    is_gguf,
     load_model_directory,
     max_positions,
+    resolve_model,
 )
 from scorers.openai_chat import NO_API_KEY, ChatErrors, complete_with_retries, require
 
@@ -249,15 +247,7 @@ class LocalGenerator:
         self.seed = seed
         self.repetition_penalty = repetition_penalty
         try:
-            source = Path(model_path) if model_path is not None else default_model_path(self.cache_dir)
-            if not source.exists():
-                raise LocalModelError(f"local generator model {source}: no such file or directory")
-            if source.is_file():
-                if not is_gguf(source):
-                    raise LocalModelError(f"{source}: neither a GGUF file nor a Hugging Face model directory")
-                self.model_dir = convert_gguf(source, self.cache_dir)
-            else:
-                self.model_dir = source
+            source, self.model_dir = resolve_model(model_path, self.cache_dir, "local generator")
             self._model, self._tokenizer = load_model_directory(self.model_dir)
         except LocalModelError as e:
             raise GeneratorModelNotFound(str(e)) from e

@@ -139,6 +139,18 @@ def converted_model_dir(gguf_path: Path, cache_dir: Path) -> Path:
     return Path(cache_dir) / "models" / f"{gguf_path.stem}-{_sha256_file(gguf_path)[:_HASH_CHARS]}-{converter}"
 
 
+def resolve_model(model_path: Path | None, cache_dir: Path, what: str) -> tuple[Path, Path]:
+    """(source, model directory) for a GGUF file (converted once), a model directory, or None = packaged Gemma."""
+    source = Path(model_path) if model_path is not None else default_model_path(cache_dir)
+    if not source.exists():
+        raise LocalModelError(f"{what} model {source}: no such file or directory")
+    if not source.is_file():
+        return source, source
+    if not is_gguf(source):
+        raise LocalModelError(f"{source}: neither a GGUF file nor a Hugging Face model directory")
+    return source, convert_gguf(source, cache_dir)
+
+
 def convert_gguf(gguf_path: Path, cache_dir: Path) -> Path:
     """Return a model directory holding ``gguf_path`` as fp32 safetensors + tokenizer, converting once."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
@@ -245,15 +257,7 @@ class LocalJudge:
         self.max_transcript_chars = max_transcript_chars
         self.use_kv_cache = use_kv_cache
 
-        source = Path(model_path) if model_path is not None else default_model_path(self.cache_dir)
-        if not source.exists():
-            raise LocalModelError(f"local judge model {source}: no such file or directory")
-        if source.is_file():
-            if not is_gguf(source):
-                raise LocalModelError(f"{source}: neither a GGUF file nor a Hugging Face model directory")
-            self.model_dir = convert_gguf(source, self.cache_dir)
-        else:
-            self.model_dir = source
+        source, self.model_dir = resolve_model(model_path, self.cache_dir, "local judge")
         self.source_path = source
         self.model = source.name  # what provenance records: the GGUF file or model directory name
         self._model, self._tokenizer = load_model_directory(self.model_dir)
