@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Iterable
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
@@ -71,6 +71,17 @@ class WorkerApp(faust.App):
 
     def _new_transport(self) -> Any:
         return _transport_with_fetch_wait(self.fetch_max_wait_ms)(self.conf.broker_consumer, self)
+
+
+async def consumer_lag(app: faust.App, partitions: Iterable[TP]) -> dict[tuple[str, int], int]:
+    """High-water mark minus position for each partition whose high-water mark the broker has reported."""
+    lags = {}
+    for tp in partitions:
+        highwater = app.consumer.highwater(tp)
+        position = await app.consumer.position(tp)
+        if highwater is not None and position is not None:
+            lags[(tp.topic, tp.partition)] = highwater - position
+    return lags
 
 
 def create_app(settings: Settings, scorer: ConversationScorer, metrics: ServiceMetrics) -> faust.App:
@@ -158,6 +169,7 @@ def create_app(settings: Settings, scorer: ConversationScorer, metrics: ServiceM
             await events_topic.send(key=key.encode("utf-8"), value=encode_event(end), partition=state["partition"])
         metrics.open_conversations.set(open_count)
         metrics.assigned_partitions.set(sum(1 for tp in actives if tp.topic == k.events_topic))
+        metrics.set_consumer_lag(await consumer_lag(app, actives))
         for key, at in list(requested.items()):
             if now - at > a.idle_check_interval_s * 10:
                 del requested[key]

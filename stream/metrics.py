@@ -88,6 +88,11 @@ class ServiceMetrics:
         self.conversations_closed = Counter("convowatch_conversations_closed", "Conversations closed, by cause.", ["cause"], registry=r)
         self.open_conversations = Gauge("convowatch_open_conversations", "Conversations being assembled on this worker.", registry=r)
         self.assigned_partitions = Gauge("convowatch_assigned_partitions", "Events-topic partitions this worker owns.", registry=r)
+        self.consumer_lag = Gauge(
+            "convowatch_consumer_lag", "Records not yet consumed: the broker's high-water mark minus this consumer's position.",
+            ["topic", "partition"], registry=r,
+        )
+        self._lag_partitions: set[tuple[str, str]] = set()
 
         # scoring
         self.conversations_scored = Counter(
@@ -133,6 +138,16 @@ class ServiceMetrics:
 
     def attribute_values(self, attributes: Mapping[str, str]) -> tuple[str, ...]:
         return self.attributes.values(attributes)
+
+    def set_consumer_lag(self, lags: Mapping[tuple[str, int], int]) -> None:
+        """Lag per assigned (topic, partition); partitions no longer reported (revoked, or no high-water mark
+        from the broker) lose their series instead of keeping a stale value."""
+        current = {(topic, str(partition)) for topic, partition in lags}
+        for topic, partition in self._lag_partitions - current:
+            self.consumer_lag.remove(topic, partition)
+        for (topic, partition), lag in lags.items():
+            self.consumer_lag.labels(topic, str(partition)).set(max(0, lag))
+        self._lag_partitions = current
 
     def serve(self, host: str, port: int) -> int:
         """Expose ``/metrics`` on ``host:port`` (0 = pick a free port); returns the bound port."""

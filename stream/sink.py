@@ -146,6 +146,7 @@ class ScoreSink:
         while not stop.is_set():
             polled = self.consumer.poll(timeout_ms=timeout_ms, max_records=self.settings.store.batch_size)
             messages = [m for part in polled.values() for m in part]
+            self.report_lag()
             if not messages:
                 continue
             batch = self.decode(messages)
@@ -158,6 +159,15 @@ class ScoreSink:
             except (CommitFailedError, KafkaError) as e:
                 # A rebalance took the partitions: the batch is re-delivered to their new owner and rewritten idempotently.
                 log.warning("offset commit failed after a durable write (will be re-delivered, deduplicated): %s", e)
+
+    def report_lag(self) -> None:
+        """Consumer lag per assigned partition, where the broker has reported a high-water mark."""
+        lags = {}
+        for tp in self.consumer.assignment():
+            highwater = self.consumer.highwater(tp)
+            if highwater is not None:
+                lags[(tp.topic, tp.partition)] = highwater - self.consumer.position(tp)
+        self.metrics.set_consumer_lag(lags)
 
     def close(self) -> None:
         self.consumer.close()

@@ -132,6 +132,11 @@ def test_replayed_conversations_are_scored_in_clickhouse_and_metrics(pipeline: P
     assert worker.metric_sum("convowatch_conversations_scored_total", model_version="variant-0") == 76
     assert worker.metric_sum("convowatch_dead_letters_total") == 0
     assert sink.metric_sum("convowatch_close_to_store_latency_seconds_count") == N_REAL
+    # tansu reports high-water marks: once everything is consumed, both consumers show lag series at 0
+    wait_for(lambda: worker.metric_sum("convowatch_consumer_lag", topic=pipeline.topic("events")) == 0
+             and len([k for k in worker.metrics() if k[0] == "convowatch_consumer_lag"]) >= 4, timeout=30, what="worker lag 0")
+    assert sink.metric_sum("convowatch_consumer_lag", topic=pipeline.topic("scores")) == 0
+    assert any(k[0] == "convowatch_consumer_lag" for k in sink.metrics())
 
     sink.terminate()
     assert sink.popen.returncode == 0, sink.log_tail()

@@ -32,6 +32,7 @@ def every_series(metrics: ServiceMetrics) -> None:
     m.judge_latency.labels("recorded").observe(0.1)
     m.judge_errors.labels("recorded", "JudgeUnavailable").inc()
     m.sink_rows.labels("scores").inc()
+    m.set_consumer_lag({("convowatch.events", 0): 3})
 
 
 # --- attribute labels --------------------------------------------------------------
@@ -91,6 +92,17 @@ def test_attribute_keys_that_clash_with_fixed_labels_are_refused() -> None:
     for key in ("label", "reason", "dimension"):
         with pytest.raises(ValueError, match=key):
             ServiceMetrics(attribute_keys=("product", key))
+
+
+def test_consumer_lag_drops_the_series_of_partitions_no_longer_reported() -> None:
+    metrics = ServiceMetrics()
+    metrics.set_consumer_lag({("events", 0): 5, ("events", 1): 0})
+    lag = metrics.registry.get_sample_value
+    assert lag("convowatch_consumer_lag", {"topic": "events", "partition": "0"}) == 5
+    metrics.set_consumer_lag({("events", 1): 7, ("events", 2): -1})  # partition 0 revoked; a negative lag reads as 0
+    assert lag("convowatch_consumer_lag", {"topic": "events", "partition": "0"}) is None
+    assert lag("convowatch_consumer_lag", {"topic": "events", "partition": "1"}) == 7
+    assert lag("convowatch_consumer_lag", {"topic": "events", "partition": "2"}) == 0
 
 
 # --- names -------------------------------------------------------------------------
