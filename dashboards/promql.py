@@ -1,0 +1,81 @@
+"""PromQL over convowatch's metrics, shared by the dashboards and the alert rules.
+
+Metric names are strings here on purpose (``dashboards`` imports nothing from
+``stream``); tests hold them to what the running exporter serves. Every
+function returns one PromQL expression. ``matchers`` is the inside of a label
+selector, e.g. ``'product=~"$product"'`` on a dashboard or ``""`` in a rule.
+
+The dissatisfaction rate is the *calibrated* one: the sum of the calibrated
+P(dissatisfied) over the number of calibrated conversations. It estimates the
+share of conversations a human judge would call dissatisfied without the bias
+of thresholded labels, and it has a binomial standard error
+``sqrt(p (1 - p) / n)`` over ``n`` conversations.
+"""
+
+from __future__ import annotations
+
+# The attribute labels the service attaches by default (metrics.label_attributes).
+ATTRIBUTES = ("product", "model_version")
+BY_ATTRIBUTES = "product, model_version"
+# Dashboard template variables (multi-value, "All" = ".*").
+DASHBOARD_MATCHERS = 'product=~"$product", model_version=~"$model_version"'
+
+SCORED = "convowatch_conversations_scored_total"
+UNSCORED = "convowatch_conversations_unscored_total"
+CALIBRATED = "convowatch_calibrated_conversations_total"
+CALIBRATED_DSAT = "convowatch_calibrated_dissatisfaction_probability_total"
+NETSAT_BUCKET = "convowatch_netsat_bucket"
+DIMENSION = "convowatch_dimension_expected_value"
+EVENTS = "convowatch_events_total"
+DEAD_LETTERS = "convowatch_dead_letters_total"
+JUDGE_CALLS = "convowatch_judge_calls_total"
+JUDGE_ERRORS = "convowatch_judge_errors_total"
+
+
+def _by(by: str) -> str:
+    return f" by ({by})" if by else ""
+
+
+def increase(metric: str, window: str, matchers: str = "", by: str = "") -> str:
+    """How much a counter grew over ``window``, summed (per ``by`` group)."""
+    return f"sum{_by(by)}(increase({metric}{{{matchers}}}[{window}]))"
+
+
+def rate(metric: str, window: str, matchers: str = "", by: str = "") -> str:
+    """A counter's per-second rate over ``window``, summed (per ``by`` group)."""
+    return f"sum{_by(by)}(rate({metric}{{{matchers}}}[{window}]))"
+
+
+def calibrated_dsat_rate(window: str, matchers: str = "", by: str = "") -> str:
+    """Calibrated dissatisfaction rate: mean calibrated P(dsat) of the conversations scored in ``window``."""
+    return f"{rate(CALIBRATED_DSAT, window, matchers, by)} / {rate(CALIBRATED, window, matchers, by)}"
+
+
+def calibrated_dsat_band(window: str, matchers: str = "", by: str = "", z: float = 1.96, upper: bool = True) -> str:
+    """One edge of the rate's confidence band: p ± z·sqrt(p(1-p)/n), n = conversations in ``window``."""
+    p = f"({calibrated_dsat_rate(window, matchers, by)})"
+    n = increase(CALIBRATED, window, matchers, by)
+    sign = "+" if upper else "-"
+    return f"{p} {sign} {z:g} * sqrt({p} * (1 - {p}) / {n})"
+
+
+def label_share(label: str, window: str, matchers: str = "", by: str = "") -> str:
+    """Share of scored conversations labelled ``label`` (sat, dsat or uncertain) in ``window``."""
+    inner = f'label="{label}", {matchers}' if matchers else f'label="{label}"'
+    return f"{rate(SCORED, window, inner, by)} / {rate(SCORED, window, matchers, by)}"
+
+
+def yield_share(window: str, matchers: str = "", by: str = "") -> str:
+    """Yield: share of scored conversations that got a label (not uncertain)."""
+    return f"1 - ({label_share('uncertain', window, matchers, by)})"
+
+
+def histogram_quantile(q: float, bucket_metric: str, window: str, matchers: str = "", by: str = "") -> str:
+    """Quantile ``q`` of a histogram over ``window`` (``le`` is always kept)."""
+    keep = f"le, {by}" if by else "le"
+    return f"histogram_quantile({q:g}, sum by ({keep}) (rate({bucket_metric}{{{matchers}}}[{window}])))"
+
+
+def histogram_mean(metric: str, window: str, matchers: str = "", by: str = "") -> str:
+    """Mean of a histogram with a ``_sum`` over ``window`` (not the NetSAT histogram: it has no ``_sum``)."""
+    return f"{rate(metric + '_sum', window, matchers, by)} / {rate(metric + '_count', window, matchers, by)}"
