@@ -5,11 +5,14 @@ Metric names are strings here on purpose (``dashboards`` imports nothing from
 function returns one PromQL expression. ``matchers`` is the inside of a label
 selector, e.g. ``'product=~"$product"'`` on a dashboard or ``""`` in a rule.
 
-The dissatisfaction rate is the *calibrated* one: the sum of the calibrated
-P(dissatisfied) over the number of calibrated conversations. It estimates the
-share of conversations a human judge would call dissatisfied without the bias
-of thresholded labels, and it has a binomial standard error
-``sqrt(p (1 - p) / n)`` over ``n`` conversations.
+The dissatisfaction rate is the *calibrated* one: the mean calibrated
+P(dissatisfied) of the conversations in a window. It estimates the share of
+conversations a human judge would call dissatisfied without the bias of
+thresholded labels. Its standard error is the one of a sample mean,
+``sqrt(var(P) / n)``, with ``var(P) = mean(P²) - mean(P)²`` from the
+sum-of-squares counter; var(P) is at most ``p (1 - p)`` (the binomial bound,
+reached when every P is 0 or 1), so a weak calibrator whose P barely varies
+gets a narrow band around a rate that also barely moves.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ SCORED = "convowatch_conversations_scored_total"
 UNSCORED = "convowatch_conversations_unscored_total"
 CALIBRATED = "convowatch_calibrated_conversations_total"
 CALIBRATED_DSAT = "convowatch_calibrated_dissatisfaction_probability_total"
+CALIBRATED_DSAT_SQUARED = "convowatch_calibrated_dissatisfaction_probability_squared_total"
 NETSAT_BUCKET = "convowatch_netsat_bucket"
 DIMENSION = "convowatch_dimension_expected_value"
 EVENTS = "convowatch_events_total"
@@ -36,27 +40,42 @@ def _by(by: str) -> str:
     return f" by ({by})" if by else ""
 
 
-def increase(metric: str, window: str, matchers: str = "", by: str = "") -> str:
-    """How much a counter grew over ``window``, summed (per ``by`` group)."""
-    return f"sum{_by(by)}(increase({metric}{{{matchers}}}[{window}]))"
+def _range(window: str, offset: str) -> str:
+    """``[window]``, shifted back by ``offset`` when given (e.g. ``"1d"``: the same window yesterday)."""
+    return f"[{window}] offset {offset}" if offset else f"[{window}]"
 
 
-def rate(metric: str, window: str, matchers: str = "", by: str = "") -> str:
-    """A counter's per-second rate over ``window``, summed (per ``by`` group)."""
-    return f"sum{_by(by)}(rate({metric}{{{matchers}}}[{window}]))"
+def increase(metric: str, window: str, matchers: str = "", by: str = "", offset: str = "") -> str:
+    """How much a counter grew over ``window`` (``offset`` earlier), summed (per ``by`` group)."""
+    return f"sum{_by(by)}(increase({metric}{{{matchers}}}{_range(window, offset)}))"
 
 
-def calibrated_dsat_rate(window: str, matchers: str = "", by: str = "") -> str:
-    """Calibrated dissatisfaction rate: mean calibrated P(dsat) of the conversations scored in ``window``."""
-    return f"{rate(CALIBRATED_DSAT, window, matchers, by)} / {rate(CALIBRATED, window, matchers, by)}"
+def rate(metric: str, window: str, matchers: str = "", by: str = "", offset: str = "") -> str:
+    """A counter's per-second rate over ``window`` (``offset`` earlier), summed (per ``by`` group)."""
+    return f"sum{_by(by)}(rate({metric}{{{matchers}}}{_range(window, offset)}))"
+
+
+def calibrated_dsat_rate(window: str, matchers: str = "", by: str = "", offset: str = "") -> str:
+    """Calibrated dissatisfaction rate: mean calibrated P(dsat) of the conversations scored in ``window`` (``offset`` earlier)."""
+    return f"{rate(CALIBRATED_DSAT, window, matchers, by, offset)} / {rate(CALIBRATED, window, matchers, by, offset)}"
+
+
+def calibrated_dsat_variance(window: str, matchers: str = "", by: str = "") -> str:
+    """Variance of P(dsat) across the conversations in ``window``: mean(P²) - mean(P)², never below 0."""
+    mean_sq = f"{rate(CALIBRATED_DSAT_SQUARED, window, matchers, by)} / {rate(CALIBRATED, window, matchers, by)}"
+    p = f"({calibrated_dsat_rate(window, matchers, by)})"
+    return f"clamp_min({mean_sq} - {p} ^ 2, 0)"
+
+
+def calibrated_dsat_stderr(window: str, matchers: str = "", by: str = "") -> str:
+    """Standard error of the calibrated dissatisfaction rate over ``window``: sqrt(var(P) / n)."""
+    return f"sqrt(({calibrated_dsat_variance(window, matchers, by)}) / {increase(CALIBRATED, window, matchers, by)})"
 
 
 def calibrated_dsat_band(window: str, matchers: str = "", by: str = "", z: float = 1.96, upper: bool = True) -> str:
-    """One edge of the rate's confidence band: p ± z·sqrt(p(1-p)/n), n = conversations in ``window``."""
-    p = f"({calibrated_dsat_rate(window, matchers, by)})"
-    n = increase(CALIBRATED, window, matchers, by)
+    """One edge of the rate's confidence band: p ± z·stderr (z = 1.96: 95 %)."""
     sign = "+" if upper else "-"
-    return f"{p} {sign} {z:g} * sqrt({p} * (1 - {p}) / {n})"
+    return f"({calibrated_dsat_rate(window, matchers, by)}) {sign} {z:g} * {calibrated_dsat_stderr(window, matchers, by)}"
 
 
 def label_share(label: str, window: str, matchers: str = "", by: str = "") -> str:

@@ -109,6 +109,11 @@ class ServiceMetrics:
             "Sum of calibrated P(dissatisfied); divide its rate by convowatch_calibrated_conversations_total's.",
             attrs, registry=r,
         )
+        # With the count and the sum, the spread of P(dsat) across conversations: the standard error of the rate.
+        self.calibrated_dissatisfaction_squared = Counter(
+            "convowatch_calibrated_dissatisfaction_probability_squared",
+            "Sum of squared calibrated P(dissatisfied), for the variance of P across conversations.", attrs, registry=r,
+        )
         self.netsat = Histogram("convowatch_netsat", "NetSAT of scored conversations.", attrs, buckets=NETSAT_BUCKETS, registry=r)
         self.dimension = Histogram(
             "convowatch_dimension_expected_value", "Calibrated expected answer per dimension (question).",

@@ -198,5 +198,6 @@ class ConversationScorer:
         if record.dissatisfaction_probability is not None:
             self.metrics.calibrated_conversations.labels(*attrs).inc()
             self.metrics.calibrated_dissatisfaction.labels(*attrs).inc(record.dissatisfaction_probability)
+            self.metrics.calibrated_dissatisfaction_squared.labels(*attrs).inc(record.dissatisfaction_probability ** 2)
         for d in record.dimensions:
             self.metrics.dimension.labels(d.question_id, *attrs).observe(d.expected_value)

@@ -176,6 +176,8 @@ def test_scoring_updates_the_metrics(judge, rubric_set, calibrator, conversation
     assert sample(metrics, "convowatch_calibrated_conversations_total", **attrs) == 1
     assert sample(metrics, "convowatch_calibrated_dissatisfaction_probability_total", **attrs) == pytest.approx(
         record.dissatisfaction_probability)
+    assert sample(metrics, "convowatch_calibrated_dissatisfaction_probability_squared_total", **attrs) == pytest.approx(
+        record.dissatisfaction_probability ** 2)
     assert sample(metrics, "convowatch_netsat_count", **attrs) == 1
     # no convowatch_netsat_sum: see tests/test_service_metrics.py (negative buckets)
     assert sample(metrics, "convowatch_netsat_bucket", le="+Inf", **attrs) == 1

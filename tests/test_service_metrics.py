@@ -24,6 +24,7 @@ def every_series(metrics: ServiceMetrics) -> None:
     m.conversations_unscored.labels("JudgeUnavailable", *attrs).inc()
     m.calibrated_conversations.labels(*attrs).inc()
     m.calibrated_dissatisfaction.labels(*attrs).inc(0.25)
+    m.calibrated_dissatisfaction_squared.labels(*attrs).inc(0.0625)
     m.netsat.labels(*attrs).observe(12.5)
     m.dimension.labels("Q0", *attrs).observe(3.2)
     m.scoring_attempts.labels("JudgeUnavailable").inc()
