@@ -60,10 +60,10 @@ def calibrated_dsat_rate(window: str, matchers: str = "", by: str = "", offset: 
     return f"{rate(CALIBRATED_DSAT, window, matchers, by, offset)} / {rate(CALIBRATED, window, matchers, by, offset)}"
 
 
-def calibrated_dsat_variance(window: str, matchers: str = "", by: str = "") -> str:
-    """Variance of P(dsat) across the conversations in ``window``: mean(P²) - mean(P)², never below 0."""
-    mean_sq = f"{rate(CALIBRATED_DSAT_SQUARED, window, matchers, by)} / {rate(CALIBRATED, window, matchers, by)}"
-    p = f"({calibrated_dsat_rate(window, matchers, by)})"
+def calibrated_dsat_variance(window: str, matchers: str = "", by: str = "", offset: str = "") -> str:
+    """Variance of P(dsat) across the conversations in ``window`` (``offset`` earlier): mean(P²) - mean(P)², never below 0."""
+    mean_sq = f"{rate(CALIBRATED_DSAT_SQUARED, window, matchers, by, offset)} / {rate(CALIBRATED, window, matchers, by, offset)}"
+    p = f"({calibrated_dsat_rate(window, matchers, by, offset)})"
     return f"clamp_min({mean_sq} - {p} ^ 2, 0)"
 
 
@@ -98,3 +98,24 @@ def histogram_quantile(q: float, bucket_metric: str, window: str, matchers: str 
 def histogram_mean(metric: str, window: str, matchers: str = "", by: str = "") -> str:
     """Mean of a histogram with a ``_sum`` over ``window`` (not the NetSAT histogram: it has no ``_sum``)."""
     return f"{rate(metric + '_sum', window, matchers, by)} / {rate(metric + '_count', window, matchers, by)}"
+
+
+# --- operations metrics (added for the Operations dashboard) ------------------------------------
+
+CONVERSATIONS_CLOSED = "convowatch_conversations_closed_total"
+OPEN_CONVERSATIONS = "convowatch_open_conversations"
+ASSIGNED_PARTITIONS = "convowatch_assigned_partitions"
+CONSUMER_LAG = "convowatch_consumer_lag"
+SCORING_LATENCY = "convowatch_scoring_latency_seconds"
+SCORING_RETRIES = "convowatch_scoring_retries_total"
+JUDGE_TOKENS = "convowatch_judge_tokens_total"
+JUDGE_LATENCY = "convowatch_judge_latency_seconds"
+SINK_ROWS = "convowatch_sink_rows_total"
+SINK_ERRORS = "convowatch_sink_errors_total"
+SINK_LATENCY = "convowatch_sink_latency_seconds"
+CLOSE_TO_STORE_LATENCY = "convowatch_close_to_store_latency_seconds"
+
+
+def gauge_sum(metric: str, matchers: str = "", by: str = "") -> str:
+    """A gauge summed over the processes that export it (per ``by`` group)."""
+    return f"sum{_by(by)}({metric}{{{matchers}}})"

@@ -42,6 +42,7 @@ from scorers.questions import QuestionError, load_questions
 from scorers.rubrics import DEFAULT_PRECISION, RubricSet, RubricSetError, evaluate
 from stream.judge_factory import judge_from_settings
 from stream.settings import Settings, SettingsError, load_settings
+from stream.dashboards_command import DASHBOARDS_USER_ERRORS, dashboards
 from stream.learn_command import LEARN_USER_ERRORS, learn, uss_command
 from stream.replay import ReplayError
 from stream.store import StoreError
@@ -60,6 +61,7 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     TopicError,
     ReplayError,
     *LEARN_USER_ERRORS,
+    *DASHBOARDS_USER_ERRORS,
 )
 # Raised by modules that are slow to import (torch): added to USER_ERRORS once they are loaded.
 LAZY_USER_ERRORS = {"scorers.calibration": "CalibrationError"}
@@ -357,6 +359,7 @@ def data_llm_rubric(data_dir: Path, split: str, negative_max_q0: float, labelled
 
 
 cli.add_command(learn)
+cli.add_command(dashboards)
 data.add_command(uss_command)
 
 

@@ -1,0 +1,104 @@
+"""The Operations dashboard (Prometheus): is the pipeline healthy, fast and keeping up?
+
+Events in (by type and outcome) and dead letters (by reason); assembly
+(open conversations, closes by cause, owned partitions, consumer lag where
+the broker reports it); the judge (calls, errors, latency, tokens); scoring
+(latency, retries, unscored); the sink (rows, errors, batch latency, close to
+store latency). These metrics carry no product / model-version labels (they
+are per process), so the dashboard has no such variables.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dashboards import panels as p
+from dashboards import promql
+
+UID = "convowatch-operations"
+TITLE = "convowatch / Operations"
+W = "$__rate_interval"
+LATENCY_QUANTILES = (0.5, 0.9, 0.99)
+
+
+def dashboard() -> dict[str, Any]:
+    """The Operations dashboard's JSON model."""
+    board = p.new_dashboard(
+        UID, TITLE,
+        "Pipeline health: events, dead letters, assembly, consumer lag, judge calls/errors/latency/tokens, "
+        "scoring and sink latency, rows written.",
+    )
+    sections = (
+        ("Events and assembly", _events()),
+        ("Judge", _judge()),
+        ("Scoring and sink", _scoring_and_sink()),
+    )
+    for title, section in sections:
+        board = board.with_row(p.row(title))
+        for panel in section:
+            board = board.with_panel(panel)
+    return p.finish(board)
+
+
+def _latency(title: str, description: str, metric: str, by: str = "") -> Any:
+    legend = f" {{{{{by}}}}}" if by else ""
+    return p.time_series(
+        title, description,
+        [p.promql(promql.histogram_quantile(q, metric + "_bucket", W, by=by), f"p{round(q * 100)}{legend}") for q in LATENCY_QUANTILES],
+        "s", span=8,
+    )
+
+
+def _events() -> list:
+    return [
+        p.time_series("Events / s by type and outcome", "Events consumed from the events topic per second.",
+                      [p.promql(promql.rate(promql.EVENTS, W, by="type, outcome"), "{{type}} {{outcome}}")], "cps"),
+        p.time_series("Dead letters / s by reason", "Events sent to the dead-letter topic per second, by reason.",
+                      [p.promql(promql.rate(promql.DEAD_LETTERS, W, by="reason"), "{{reason}}")], "cps"),
+        p.time_series("Open conversations", "Conversations being assembled, per worker.",
+                      [p.promql(promql.gauge_sum(promql.OPEN_CONVERSATIONS, by="instance"), "{{instance}}")], "short", span=8),
+        p.time_series("Conversations closed / s by cause", "Closes per second: end event, idle timeout, max turns.",
+                      [p.promql(promql.rate(promql.CONVERSATIONS_CLOSED, W, by="cause"), "{{cause}}")], "cps", span=8),
+        p.time_series("Assigned partitions", "Events-topic partitions each worker owns (a rebalance shows as a step).",
+                      [p.promql(promql.gauge_sum(promql.ASSIGNED_PARTITIONS, by="instance"), "{{instance}}")], "short", span=8),
+        p.time_series(
+            "Consumer lag (where the broker reports it)",
+            "Messages between a partition's high watermark and the worker's position. Empty when the broker does not "
+            "report watermarks.",
+            [p.promql(promql.gauge_sum(promql.CONSUMER_LAG, by="topic, partition"), "{{topic}}/{{partition}}")],
+            "short", span=24,
+        ),
+    ]
+
+
+def _judge() -> list:
+    calls = promql.rate(promql.JUDGE_CALLS, W, by="judge")
+    errors = promql.rate(promql.JUDGE_ERRORS, W, by="judge")
+    return [
+        p.time_series("Judge calls / s", "Judge requests per second, by judge.",
+                      [p.promql(calls, "{{judge}}")], "reqps", span=8),
+        p.time_series("Judge error rate", "Judge failures per judge request (all error types).",
+                      [p.promql(f"{errors} / {calls}", "{{judge}}")], "percentunit", span=8, min_value=0),
+        p.time_series("Judge errors / s by error", "Judge failures per second, by error type.",
+                      [p.promql(promql.rate(promql.JUDGE_ERRORS, W, by="judge, error"), "{{judge}} {{error}}")], "cps", span=8),
+        _latency("Judge latency", "Judge time per conversation: p50 / p90 / p99 per judge.", promql.JUDGE_LATENCY, by="judge"),
+        p.time_series("Judge tokens / s", "Tokens per second, by judge and kind (prompt / completion).",
+                      [p.promql(promql.rate(promql.JUDGE_TOKENS, W, by="judge, kind"), "{{judge}} {{kind}}")], "short", span=16),
+    ]
+
+
+def _scoring_and_sink() -> list:
+    return [
+        _latency("Scoring latency", "Time to score one conversation (judge included): p50 / p90 / p99.", promql.SCORING_LATENCY),
+        _latency("Sink batch latency", "Time to write one batch to the store: p50 / p90 / p99.", promql.SINK_LATENCY),
+        _latency("Close to store latency", "From a conversation's close to its row in the store: p50 / p90 / p99.",
+                 promql.CLOSE_TO_STORE_LATENCY),
+        p.time_series("Sink rows / s by table", "Rows written to the store per second, by table.",
+                      [p.promql(promql.rate(promql.SINK_ROWS, W, by="table"), "{{table}}")], "short", span=8),
+        p.time_series("Sink errors / s", "Failed store writes per second (retried).",
+                      [p.promql(promql.rate(promql.SINK_ERRORS, W), "errors")], "cps", span=8),
+        p.time_series("Scoring retries and unscored / s",
+                      "Scoring attempts retried (by reason) and conversations stored unscored (by reason), per second.",
+                      [p.promql(promql.rate(promql.SCORING_RETRIES, W, by="reason"), "retry {{reason}}"),
+                       p.promql(promql.rate(promql.UNSCORED, W, by="reason"), "unscored {{reason}}")], "cps", span=8),
+    ]

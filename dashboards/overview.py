@@ -1,0 +1,129 @@
+"""The Overview dashboard (Prometheus): how many conversations, how satisfied, how sure.
+
+Headline numbers over the dashboard's range, then over time: volume (scored
+and unscored), the shares of sat / dsat / uncertain labels, the *calibrated*
+dissatisfaction rate with its 95 % band (the unbiased estimate of the share
+a human would call dissatisfied and its standard error, see
+`dashboards.promql`), the yield (share of conversations the rubric set dared
+to label), and the same rate and volume by model version and by product.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dashboards import promql
+from dashboards import panels as p
+
+UID = "convowatch-overview"
+TITLE = "convowatch / Overview"
+M = promql.DASHBOARD_MATCHERS
+W = "$__rate_interval"  # per-point window of the time-series panels
+RANGE = "$__range"  # the whole dashboard range, for the headline numbers
+DSAT_LEGEND, UPPER, LOWER = "calibrated P(dsat)", "upper 95%", "lower 95%"
+
+
+def dashboard() -> dict[str, Any]:
+    """The Overview dashboard's JSON model."""
+    board = p.new_dashboard(
+        UID, TITLE,
+        "Conversation volume, label shares, the calibrated dissatisfaction rate with its 95% band, yield, "
+        "and breakdowns by model version and product.",
+    )
+    board = board.with_variable(p.prometheus_label_variable("product", "Product", promql.SCORED))
+    board = board.with_variable(
+        p.prometheus_label_variable("model_version", "Model version", f'{promql.SCORED}{{product=~"$product"}}')
+    )
+    board = board.with_row(p.row("Over the selected range"))
+    for panel in _headline():
+        board = board.with_panel(panel)
+    board = board.with_row(p.row("Over time"))
+    for panel in _over_time():
+        board = board.with_panel(panel)
+    board = board.with_row(p.row("By model version and product"))
+    for panel in _breakdowns():
+        board = board.with_panel(panel)
+    return p.finish(board)
+
+
+def _headline() -> list:
+    scored_and_unscored = f"{promql.increase(promql.SCORED, RANGE, M)} + ({promql.increase(promql.UNSCORED, RANGE, M)} or vector(0))"
+    return [
+        p.single_stat("Conversations", "Conversations closed and processed in the range (scored + stored unscored).",
+                      p.promql_instant(scored_and_unscored, "conversations"), "short", decimals=0),
+        p.single_stat("Calibrated dissatisfaction rate",
+                      "Mean calibrated P(user dissatisfied) over the range: the estimated share of dissatisfied "
+                      "conversations (not the share of dsat labels).",
+                      p.promql_instant(promql.calibrated_dsat_rate(RANGE, M), DSAT_LEGEND), "percentunit", decimals=1),
+        p.single_stat("Yield", "Share of scored conversations the rubric set labelled (sat or dsat, not uncertain).",
+                      p.promql_instant(promql.yield_share(RANGE, M), "yield"), "percentunit", decimals=1),
+        p.single_stat("Dissatisfied-label share", "Share of scored conversations labelled dsat by the rubric set.",
+                      p.promql_instant(promql.label_share("dsat", RANGE, M), "dsat"), "percentunit", decimals=1),
+    ]
+
+
+def _over_time() -> list:
+    rate_panel = p.time_series(
+        "Calibrated dissatisfaction rate (95% band)",
+        "Mean calibrated P(dissatisfied) of the conversations scored in each window, with a 95% band: "
+        "p ± 1.96·sqrt(var(P)/n) over the window's n calibrated conversations. Few conversations per window give a wide band.",
+        [
+            p.promql(promql.calibrated_dsat_rate(W, M), DSAT_LEGEND),
+            p.promql(promql.calibrated_dsat_band(W, M, upper=True), UPPER),
+            p.promql(promql.calibrated_dsat_band(W, M, upper=False), LOWER),
+        ],
+        "percentunit", min_value=0, max_value=1,
+    ).interval("1m")
+    return [
+        p.time_series(
+            "Conversation volume", "Conversations per second: scored (any label) and stored unscored (judge failed).",
+            [p.promql(promql.rate(promql.SCORED, W, M), "scored"), p.promql(promql.rate(promql.UNSCORED, W, M), "unscored")],
+            "cps",
+        ),
+        p.time_series(
+            "Label shares", "Shares of scored conversations labelled sat, dsat and uncertain by the rubric set's windows.",
+            [p.promql(promql.label_share(label, W, M), label) for label in ("sat", "dsat", "uncertain")],
+            "percentunit", min_value=0, max_value=1,
+        ),
+        p.confidence_band(rate_panel, UPPER, LOWER),
+        p.time_series(
+            "Yield (share not uncertain)",
+            "Share of scored conversations outside the abstention zone. A falling yield means the judge separates "
+            "conversations less well (drift).",
+            [p.promql(promql.yield_share(W, M), "yield")],
+            "percentunit", min_value=0, max_value=1,
+        ),
+    ]
+
+
+def _breakdowns() -> list:
+    return [
+        p.time_series(
+            "Calibrated dissatisfaction rate by model version", "Mean calibrated P(dissatisfied) per model version.",
+            [p.promql(promql.calibrated_dsat_rate(W, M, by="model_version"), "{{model_version}}")],
+            "percentunit", min_value=0, max_value=1,
+        ).interval("1m"),
+        p.time_series(
+            "Calibrated dissatisfaction rate by product", "Mean calibrated P(dissatisfied) per product.",
+            [p.promql(promql.calibrated_dsat_rate(W, M, by="product"), "{{product}}")],
+            "percentunit", min_value=0, max_value=1,
+        ).interval("1m"),
+        p.time_series(
+            "Volume by model version", "Scored conversations per second per model version.",
+            [p.promql(promql.rate(promql.SCORED, W, M, by="model_version"), "{{model_version}}")], "cps",
+        ),
+        p.time_series(
+            "Volume by product", "Scored conversations per second per product.",
+            [p.promql(promql.rate(promql.SCORED, W, M, by="product"), "{{product}}")], "cps",
+        ),
+        p.time_series(
+            "Yield by model version", "Share of scored conversations labelled (not uncertain), per model version.",
+            [p.promql(promql.yield_share(W, M, by="model_version"), "{{model_version}}")],
+            "percentunit", min_value=0, max_value=1,
+        ),
+        p.time_series(
+            "Dissatisfied-label share by model version", "Share of scored conversations labelled dsat, per model version.",
+            [p.promql(promql.label_share("dsat", W, M, by="model_version"), "{{model_version}}")],
+            "percentunit", min_value=0, max_value=1,
+        ),
+    ]

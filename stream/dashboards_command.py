@@ -1,0 +1,61 @@
+"""`convowatch dashboards build | check | push`: the Grafana dashboards as code.
+
+``build`` writes the generated JSON (one ``<uid>.json`` per dashboard),
+``check`` exits 1 listing the files that differ from the generator (for CI),
+``push`` saves them into a Grafana through its HTTP API with the token from
+``CONVOWATCH_GRAFANA_TOKEN``. Registered on the CLI in `stream.cli`; the
+CLI prints `DASHBOARDS_USER_ERRORS` as one ``convowatch: error: ...`` line.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from dashboards import catalog
+from dashboards.push import DEFAULT_FOLDER, DEFAULT_TIMEOUT_S, TOKEN_ENV, PushError, push
+
+DASHBOARDS_USER_ERRORS: tuple[type[Exception], ...] = (PushError, catalog.CatalogError)
+
+_DIR = click.Path(file_okay=False, path_type=Path)
+
+
+@click.group("dashboards")
+def dashboards() -> None:
+    """Grafana dashboards as code: build the JSON, check it is current, push it to a Grafana."""
+
+
+@dashboards.command("build")
+@click.option("--out", type=_DIR, default=catalog.DEFAULT_DIR, show_default=True, help="Directory to write <uid>.json files to.")
+def build(out: Path) -> None:
+    """Write every dashboard's JSON model."""
+    for path in catalog.write(out):
+        click.echo(f"wrote {path}")
+
+
+@dashboards.command("check")
+@click.option("--dir", "directory", type=_DIR, default=catalog.DEFAULT_DIR, show_default=True,
+              help="Directory holding the committed <uid>.json files.")
+def check(directory: Path) -> None:
+    """Exit 1 when the JSON files in --dir differ from what the generator makes now."""
+    problems = catalog.check(directory)
+    if problems:
+        for problem in problems:
+            click.echo(problem, err=True)
+        sys.exit(1)
+    click.echo(f"{len(catalog.dashboards())} dashboards in {directory} match the generator")
+
+
+@dashboards.command("push")
+@click.option("--url", required=True, help="Grafana base URL, e.g. https://grafana.example.com (token from $" + TOKEN_ENV + ").")
+@click.option("--folder", default=DEFAULT_FOLDER, show_default=True, help="Grafana folder to save the dashboards in (created if missing).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=DEFAULT_TIMEOUT_S, show_default=True,
+              help="Seconds to wait for each Grafana request.")
+def push_command(url: str, folder: str, timeout_s: float) -> None:
+    """Save every dashboard into Grafana, overwriting by uid (idempotent)."""
+    token = os.environ.get(TOKEN_ENV) or None
+    for pushed in push(url, token, catalog.dashboards(), folder=folder, timeout_s=timeout_s):
+        click.echo(f"pushed {pushed.uid} (version {pushed.version}) {pushed.url}")
