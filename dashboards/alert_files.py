@@ -1,0 +1,69 @@
+"""The committed alert files and their generators: write them, or check they are current.
+
+``python -m dashboards.alert_files`` rewrites them from the production
+`AlertWindows`; ``python -m dashboards.alert_files --check`` exits 1 listing
+every file that differs from its generator (for CI and ``convowatch dashboards check``).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from dashboards.alert_rules import rules_yaml
+from dashboards.alert_windows import AlertWindows
+from dashboards.grafana_alerts import grafana_alerts_json, grafana_alerts_yaml
+
+RULES = "dashboards/alerts/convowatch.rules.yml"
+GRAFANA_JSON = "dashboards/alerts/grafana/convowatch-alerts.json"
+GRAFANA_PROVISIONING = "deploy/grafana/provisioning/alerting/convowatch.yml"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def generated(windows: AlertWindows = AlertWindows()) -> dict[str, str]:
+    """Repository-relative path -> the text its generator produces for ``windows``."""
+    return {
+        RULES: rules_yaml(windows),
+        GRAFANA_JSON: grafana_alerts_json(windows),
+        GRAFANA_PROVISIONING: grafana_alerts_yaml(windows),
+    }
+
+
+def write(root: Path = REPO_ROOT) -> list[Path]:
+    """Write every alert file under ``root``; returns the paths written."""
+    written = []
+    for rel, text in generated().items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def check(root: Path = REPO_ROOT) -> list[str]:
+    """One message per alert file under ``root`` that is missing or differs from its generator (empty: all current)."""
+    problems = []
+    for rel, text in generated().items():
+        path = root / rel
+        if not path.is_file():
+            problems.append(f"{rel}: missing (run `python -m dashboards.alert_files`)")
+        elif path.read_text(encoding="utf-8") != text:
+            problems.append(f"{rel}: differs from its generator (run `python -m dashboards.alert_files`)")
+    return problems
+
+
+def main(argv: list[str]) -> int:
+    if argv[1:] == ["--check"]:
+        problems = check()
+        print("\n".join(problems) or "alert files are current")
+        return 1 if problems else 0
+    if argv[1:]:
+        print("usage: python -m dashboards.alert_files [--check]", file=sys.stderr)
+        return 2
+    for path in write():
+        print(f"wrote {path.relative_to(REPO_ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

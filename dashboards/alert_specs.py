@@ -1,0 +1,231 @@
+"""What each convowatch alert compares, independent of the system that evaluates it.
+
+An alert is a few PromQL *queries* (each under a short ref) and *clauses*
+``(ref, op, ref or number)`` that must all hold, per label set, for ``for``.
+The Prometheus rules (`dashboards.alert_rules`) join the clauses with ``and``
+and read the recorded series; the Grafana rules (`dashboards.grafana_alerts`)
+run each query on the Prometheus datasource and join the clauses in a math
+expression (``$P > $T && $N >= 50``). Both are rendered from the same
+`alert_specs` call, with a different `Lookup`, so they cannot drift apart.
+
+Series are named by a key (``"dsat_short"``); `series` gives each key its
+PromQL over the exported metrics (from `dashboards.promql`) and, when the
+Prometheus rules record it, its recorded name with the window in it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+from dashboards import promql as q
+from dashboards.alert_windows import AlertWindows
+
+Severity = Literal["page", "ticket"]
+# A severity=page alert wakes someone up; a ticket is looked at during working hours.
+SEVERITIES: tuple[Severity, ...] = ("page", "ticket")
+
+DSAT_SPIKE = "ConvowatchDissatisfactionSpike"
+DSAT_ABOVE_YESTERDAY = "ConvowatchDissatisfactionAboveYesterday"
+UNCERTAIN_SURGE = "ConvowatchUncertainSurge"
+JUDGE_ERRORS = "ConvowatchJudgeErrors"
+PIPELINE_STALLED = "ConvowatchPipelineStalled"
+DEAD_LETTER_SURGE = "ConvowatchDeadLetterSurge"
+ALERT_NAMES = (DSAT_SPIKE, DSAT_ABOVE_YESTERDAY, UNCERTAIN_SURGE, JUDGE_ERRORS, PIPELINE_STALLED, DEAD_LETTER_SURGE)
+
+RUNBOOKS = "docs/runbooks.md"
+
+
+def runbook_url(alert: str, base: str = RUNBOOKS) -> str:
+    """Where an alert's runbook is: ``base#anchor``; the anchor is the heading's GitHub slug (the lowercased name)."""
+    return f"{base}#{alert.lower()}"
+
+
+@dataclass(frozen=True)
+class Series:
+    """A PromQL expression over the exported metrics, and the name the Prometheus rules record it under ("" = not recorded)."""
+
+    expr: str
+    record: str = ""
+
+
+def series(w: AlertWindows) -> dict[str, Series]:
+    """Every series the alerts read, by key, for windows ``w``."""
+    by = q.BY_ATTRIBUTES
+    short, base, ago = w.short, w.baseline, w.yesterday
+    judge_errors = q.rate(q.JUDGE_ERRORS, short, by="judge")
+    judge_ok = q.rate(q.JUDGE_LATENCY + "_count", short, by="judge")  # one observation per successful judgement
+    judge_errors_n = q.increase(q.JUDGE_ERRORS, short, by="judge")
+    judge_ok_n = q.increase(q.JUDGE_LATENCY + "_count", short, by="judge")
+    # `x or y * 0`: a judge that never succeeded has no latency series at all; count its successes as 0.
+    return {
+        "dsat_short": Series(q.calibrated_dsat_rate(short, by=by), f"convowatch:calibrated_dsat_rate:ratio_rate{short}"),
+        "dsat_base": Series(q.calibrated_dsat_rate(base, by=by), f"convowatch:calibrated_dsat_rate:ratio_rate{base}"),
+        "dsat_var_base": Series(q.calibrated_dsat_variance(base, by=by), f"convowatch:calibrated_dsat_variance:rate{base}"),
+        "calibrated_short": Series(q.increase(q.CALIBRATED, short, by=by), f"convowatch:calibrated_conversations:increase{short}"),
+        "dsat_ago": Series(q.calibrated_dsat_rate(short, by=by, offset=ago),
+                           f"convowatch:calibrated_dsat_rate:ratio_rate{short}_offset{ago}"),
+        "dsat_var_ago": Series(q.calibrated_dsat_variance(short, by=by, offset=ago),
+                               f"convowatch:calibrated_dsat_variance:rate{short}_offset{ago}"),
+        "calibrated_ago": Series(q.increase(q.CALIBRATED, short, by=by, offset=ago),
+                                 f"convowatch:calibrated_conversations:increase{short}_offset{ago}"),
+        "uncertain_short": Series(q.label_share("uncertain", short, by=by), f"convowatch:uncertain_share:ratio_rate{short}"),
+        "uncertain_base": Series(q.label_share("uncertain", base, by=by), f"convowatch:uncertain_share:ratio_rate{base}"),
+        "scored_short": Series(q.increase(q.SCORED, short, by=by), f"convowatch:conversations_scored:increase{short}"),
+        "judge_error_ratio": Series(f"{judge_errors} / ({judge_errors} + ({judge_ok} or {judge_errors} * 0))",
+                                    f"convowatch:judge_errors:ratio_rate{short}"),
+        "judge_attempts": Series(f"{judge_errors_n} + ({judge_ok_n} or {judge_errors_n} * 0)", f"convowatch:judge_attempts:increase{short}"),
+        "dead_letter_ratio": Series(f"{q.rate(q.DEAD_LETTERS, short)} / {q.rate(q.EVENTS, short)}",
+                                    f"convowatch:dead_letters:ratio_rate{short}"),
+        "events_short": Series(q.increase(q.EVENTS, short), f"convowatch:events:increase{short}"),
+        # Not recorded: each is read by one alert only.
+        "closing_events": Series(q.increase(q.EVENTS, w.stall_for, 'outcome="closed"')),
+        "finished": Series(f"({q.increase(q.SCORED, w.stall_for)} or vector(0)) + ({q.increase(q.UNSCORED, w.stall_for)} or vector(0))"),
+    }
+
+
+Lookup = Callable[[str], str]
+"""Series key -> PromQL text to put in an expression (a recorded name, or a parenthesised expression)."""
+
+
+def unwrap(promql: str) -> str:
+    """``promql`` without parentheses around the whole of it (``(a / b)`` -> ``a / b``; ``(a) + (b)`` unchanged)."""
+    while promql.startswith("(") and promql.endswith(")"):
+        depth = 0
+        for i, ch in enumerate(promql):
+            depth += {"(": 1, ")": -1}.get(ch, 0)
+            if depth == 0 and i < len(promql) - 1:
+                return promql  # the first parenthesis closes before the end
+        promql = promql[1:-1]
+    return promql
+
+
+def recorded_lookup(w: AlertWindows) -> Lookup:
+    """Recorded names where the Prometheus rules record the series, the expression otherwise."""
+    table = series(w)
+    return lambda key: table[key].record or f"({table[key].expr})"
+
+
+def raw_lookup(w: AlertWindows) -> Lookup:
+    """Always the expression over the exported metrics (for Grafana, which cannot assume the recording rules are loaded)."""
+    table = series(w)
+    return lambda key: f"({table[key].expr})"
+
+
+Op = Literal[">", ">=", "=="]
+
+
+@dataclass(frozen=True)
+class Clause:
+    """``query[left] op right``; ``right`` is another query's ref or a number."""
+
+    left: str
+    op: Op
+    right: str
+
+
+@dataclass(frozen=True)
+class AlertSpec:
+    """One alert: its queries (ref -> PromQL), the clauses that must all hold, and what a human reads."""
+
+    name: str
+    severity: Severity
+    labels: tuple[str, ...]
+    """Labels the alert carries per firing series (besides severity)."""
+    queries: dict[str, str]
+    clauses: tuple[Clause, ...]
+    summary: str
+    description: str
+    """Text with ``{ref:fmt}`` placeholders: each system renders them as its own template syntax."""
+
+    @property
+    def value_ref(self) -> str:
+        """The query whose value the alert reports (Prometheus' ``$value``: the first clause's left side)."""
+        return self.clauses[0].left
+
+
+def _points(share: float) -> str:
+    return f"{share * 100:g} points"
+
+
+def _percent(share: float) -> str:
+    return f"{share * 100:g}%"
+
+
+def _spike_threshold(base: str, var: str, n: str, w: AlertWindows) -> str:
+    """base + max(min_lift, z * stderr), stderr = sqrt(var(P) / n): a rise that is both large and significant."""
+    return f"{base} + clamp_min({w.z:g} * sqrt({var} / {n}), {w.min_lift:g})"
+
+
+def _yesterday_threshold(ago: str, var_ago: str, n: str, n_ago: str, w: AlertWindows) -> str:
+    """Two-sample version: both windows are short, so both means carry error: sqrt(var * (1/n + 1/n_ago))."""
+    return f"{ago} + clamp_min({w.z:g} * sqrt({var_ago} * (1 / {n} + 1 / {n_ago})), {w.min_lift:g})"
+
+
+def _share_threshold(base: str, n: str, w: AlertWindows) -> str:
+    """base + max(min_lift, z * sqrt(p (1 - p) / n)): the uncertain label is yes/no, so the binomial error is exact."""
+    return f"{base} + clamp_min({w.z:g} * sqrt({base} * (1 - {base}) / {n}), {w.uncertain_min_lift:g})"
+
+
+def alert_specs(w: AlertWindows, s: Lookup) -> list[AlertSpec]:
+    """Every convowatch alert for windows ``w``, its queries written with lookup ``s``."""
+    attrs = q.ATTRIBUTES
+    pct, count = "humanizePercentage", 'printf "%.0f"'
+    return [
+        AlertSpec(
+            DSAT_SPIKE, "page", attrs,
+            {"P": s("dsat_short"), "T": _spike_threshold(s("dsat_base"), s("dsat_var_base"), s("calibrated_short"), w),
+             "N": s("calibrated_short"), "B": s("dsat_base")},
+            (Clause("P", ">", "T"), Clause("N", ">=", str(w.min_conversations))),
+            "Dissatisfaction spike on {{ $labels.product }} {{ $labels.model_version }}",
+            f"Calibrated dissatisfaction rate over the last {w.short}: {{P:{pct}}} over {{N:{count}}} conversations, "
+            f"significantly above its {w.baseline} baseline of {{B:{pct}}} "
+            f"(threshold: baseline + max({_points(w.min_lift)}, {w.z:g} standard errors), for {w.for_}).",
+        ),
+        AlertSpec(
+            DSAT_ABOVE_YESTERDAY, "ticket", attrs,
+            {"P": s("dsat_short"),
+             "T": _yesterday_threshold(s("dsat_ago"), s("dsat_var_ago"), s("calibrated_short"), s("calibrated_ago"), w),
+             "N": s("calibrated_short"), "Y": s("calibrated_ago"), "B": s("dsat_ago")},
+            (Clause("P", ">", "T"), Clause("N", ">=", str(w.min_conversations)), Clause("Y", ">=", str(w.min_conversations))),
+            "Dissatisfaction above yesterday on {{ $labels.product }} {{ $labels.model_version }}",
+            f"Calibrated dissatisfaction rate over the last {w.short}: {{P:{pct}}} over {{N:{count}}} conversations; "
+            f"the same window {w.yesterday} ago: {{B:{pct}}} over {{Y:{count}}} conversations "
+            f"(threshold: that + max({_points(w.min_lift)}, {w.z:g} standard errors of the difference), for {w.for_}).",
+        ),
+        AlertSpec(
+            UNCERTAIN_SURGE, "ticket", attrs,
+            {"P": s("uncertain_short"), "T": _share_threshold(s("uncertain_base"), s("scored_short"), w),
+             "N": s("scored_short"), "B": s("uncertain_base")},
+            (Clause("P", ">", "T"), Clause("N", ">=", str(w.uncertain_min_conversations))),
+            "Uncertain share surging on {{ $labels.product }} {{ $labels.model_version }} (judge drift?)",
+            f"Share of scored conversations labelled uncertain over the last {w.short}: {{P:{pct}}} of {{N:{count}}}, "
+            f"against {{B:{pct}}} over {w.baseline} (threshold: baseline + max({_points(w.uncertain_min_lift)}, "
+            f"{w.z:g} standard errors), for {w.for_}). The judge may have stopped separating conversations.",
+        ),
+        AlertSpec(
+            JUDGE_ERRORS, "ticket", ("judge",),
+            {"P": s("judge_error_ratio"), "N": s("judge_attempts")},
+            (Clause("P", ">", f"{w.judge_error_ratio:g}"), Clause("N", ">=", str(w.judge_min_attempts))),
+            "Judge {{ $labels.judge }} is failing",
+            f"{{P:{pct}}} of {{N:{count}}} judge attempts failed over the last {w.short} "
+            f"(threshold {_percent(w.judge_error_ratio)}, for {w.for_}). Failed attempts are retried; "
+            "conversations that run out of attempts are stored unscored.",
+        ),
+        AlertSpec(
+            PIPELINE_STALLED, "page", (),
+            {"E": s("closing_events"), "S": s("finished")},
+            (Clause("E", ">", "0"), Clause("S", "==", "0")),
+            "convowatch pipeline stalled: conversations close but none is scored",
+            f"{{E:{count}}} conversations closed over the last {w.stall_for} and none was scored or stored unscored "
+            f"(for {w.for_}). Quality monitoring is blind until scoring resumes.",
+        ),
+        AlertSpec(
+            DEAD_LETTER_SURGE, "ticket", (),
+            {"P": s("dead_letter_ratio"), "N": s("events_short")},
+            (Clause("P", ">", f"{w.dead_letter_ratio:g}"), Clause("N", ">=", str(w.dead_letter_min_events))),
+            "Dead letters surging",
+            f"Dead letters over the last {w.short}: {{P:{pct}}} of the {{N:{count}}} consumed events "
+            f"(threshold {_percent(w.dead_letter_ratio)}, for {w.for_}). Producers may be sending events that break the contract.",
+        ),
+    ]

@@ -1,0 +1,492 @@
+"""Writes ``convowatch.rules.test.yml``: promtool unit tests whose expectations come from a model of the rules.
+
+Run from the repository root: ``python dashboards/alerts/tests/make_unit_tests.py``
+(``--check`` exits 1 if the committed file differs).
+
+Each scenario is a set of counters given as per-minute increments. The model
+here re-implements each alert's arithmetic on those increments (sums over the
+minutes ``(t - w, t]``, which is what ``rate``/``increase`` give on samples
+aligned with the window), evaluates it every minute like Prometheus with
+``for: 10m``, and asserts which alerts fire when; the expected alerts and the
+numbers in their descriptions are written from the model, never copied from
+promtool's output. The model knows the production `AlertWindows` defaults only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+OUT = Path(__file__).with_name("convowatch.rules.test.yml")
+SHORT, BASE, DAY, FOR, STALL = 10, 360, 1440, 10, 15  # minutes
+Z, LIFT, UNCERTAIN_LIFT = 3.0, 0.05, 0.15
+MIN_CONVERSATIONS, JUDGE_RATIO, JUDGE_MIN, DL_RATIO, DL_MIN = 50, 0.10, 20, 0.05, 200
+
+Increments = list[float]  # increments[i - 1] = increase during minute i (value 0 at minute 0)
+Alert = dict[str, Any]
+
+
+# --- promtool notation and YAML text -------------------------------------------------------------
+
+
+def _num(x: float) -> str:
+    return f"{round(x, 6):g}"
+
+
+def notation(increments: Increments) -> str:
+    """promtool's ``a+bxn`` segments for a counter at 0 at minute 0 that grows by ``increments``."""
+    parts, value, start = [], 0.0, 1
+    while start <= len(increments):
+        step, end = increments[start - 1], start
+        while end < len(increments) and increments[end] == step:
+            end += 1
+        if start == 1:
+            parts.append(f"0+{_num(step)}x{end}")
+            value = step * end
+        else:
+            first = value + step
+            parts.append(f"{_num(first)}+{_num(step)}x{end - start}")
+            value = first + step * (end - start)
+        start = end + 1
+    return " ".join(parts)
+
+
+def series(metric: str, increments: Increments, **labels: str) -> str:
+    inner = ", ".join(f'{k}="{v}"' for k, v in {"job": "convowatch", "instance": "worker-1:9464", **labels}.items())
+    return f"      - series: '{metric}{{{inner}}}'\n        values: '{notation(increments)}'\n"
+
+
+def _quoted(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def alert_test(t: int, alertname: str, alerts: list[Alert], comment: str) -> str:
+    out = f"      # {comment}\n      - eval_time: {t}m\n        alertname: {alertname}\n"
+    if not alerts:
+        return out + "        exp_alerts: []\n"
+    out += "        exp_alerts:\n"
+    for a in alerts:
+        out += "          - exp_labels:\n" + "".join(f"              {k}: {v}\n" for k, v in a["labels"].items())
+        out += "            exp_annotations:\n"
+        out += "".join(f"              {k}: {_quoted(a[k])}\n" for k in ("summary", "description", "runbook_url"))
+    return out
+
+
+def header(name: str, comments: list[str]) -> str:
+    return f"  - name: {_quoted(name)}\n" + "".join(f"    # {c}\n" for c in comments) + "    interval: 1m\n    input_series:\n"
+
+
+# --- the model ------------------------------------------------------------------------------------
+
+
+_CUMULATIVE: dict[int, tuple[Increments, list[float]]] = {}  # id -> (the list itself, so the id stays its own; cumulative sums)
+
+
+def window(increments: Increments | None, t: int, width: int, offset: int = 0) -> float:
+    """Increase over the minutes (t - offset - width, t - offset]: the counter's value at the end minus at the start."""
+    if not increments:
+        return 0.0
+    cached = _CUMULATIVE.get(id(increments))
+    if cached is None or cached[0] is not increments:
+        cached = _CUMULATIVE[id(increments)] = (increments, [0.0, *itertools.accumulate(increments)])
+    values = cached[1]
+    end = t - offset
+    return values[end] - values[max(0, end - width)]
+
+
+def states(condition: Callable[[int], bool], since: int, until: int) -> dict[int, str]:
+    """The alert's state at every minute from ``since`` to ``until``."""
+    out, active = {}, None
+    for u in range(since, until + 1):
+        active = (u if active is None else active) if condition(u) else None
+        out[u] = "inactive" if active is None else "firing" if u - active >= FOR else "pending"
+    return out
+
+
+def state_at(condition: Callable[[int], bool], t: int, since: int) -> str:
+    """The alert's state at minute ``t`` ("firing", "pending" or "inactive"), evaluating every minute from ``since``."""
+    active = None
+    for u in range(since, t + 1):
+        active = (u if active is None else active) if condition(u) else None
+    if active is None:
+        return "inactive"
+    return "firing" if t - active >= FOR else "pending"
+
+
+def pct(x: float) -> str:
+    """Prometheus' humanizePercentage."""
+    return f"{x * 100:.4g}%"
+
+
+def count(x: float) -> str:
+    return f"{x:.0f}"
+
+
+# --- dissatisfaction spike, against the baseline and against yesterday ----------------------------
+
+M1 = 1500
+TODAY = [(1461, 1500)]
+
+
+def _bursty(conversations: Increments, p: tuple[float, float], p2: tuple[float, float], bursts: list[tuple[int, int]]) -> dict[str, Any]:
+    """Per minute: conversations, sum of P(dsat), sum of P(dsat)^2; (calm, burst) means of P and P^2 per conversation."""
+    in_burst = [any(s <= i <= e for s, e in bursts) for i in range(1, len(conversations) + 1)]
+    return {
+        "n": conversations,
+        "dsat": [c * p[b] for c, b in zip(conversations, in_burst)],
+        "sq": [c * p2[b] for c, b in zip(conversations, in_burst)],
+    }
+
+
+PRODUCTS = {
+    "shop": _bursty([10] * M1, (.1, .5), (.03, .3), TODAY),  # on two workers, 5 conversations a minute each
+    "daily": _bursty([10] * M1, (.1, .5), (.03, .3), [(21, 60)] + TODAY),
+    "small": _bursty([2] * M1, (.1, .5), (.03, .3), TODAY),
+    "calm": _bursty([10] * M1, (.1, .5), (.03, .3), []),
+    "blip": _bursty([100] * M1, (.1, .5), (.03, .3), [(1461, 1462)]),
+    "grown": _bursty([2] * 1200 + [10] * 300, (.1, .5), (.03, .3), TODAY),
+    "edge": _bursty([100] * M1, (.1, .14), (.03, .14 * .14 + .02), TODAY),
+    "noisy": _bursty([10] * M1, (.1, .17), (.1, .17), TODAY),
+    "noisier": _bursty([10] * M1, (.1, .25), (.1, .25), TODAY),
+}
+WORKERS = {"shop": 2}
+
+
+def spike(name: str, t: int) -> tuple[bool, dict[str, float]]:
+    s = PRODUCTS[name]
+    n, nb = window(s["n"], t, SHORT), window(s["n"], t, BASE)
+    p, pb = window(s["dsat"], t, SHORT) / n, window(s["dsat"], t, BASE) / nb
+    var = max(window(s["sq"], t, BASE) / nb - pb ** 2, 0)
+    threshold = pb + max(LIFT, Z * math.sqrt(var / n))
+    return p > threshold and n >= MIN_CONVERSATIONS, {"P": p, "N": n, "B": pb}
+
+
+def above_yesterday(name: str, t: int) -> tuple[bool, dict[str, float]]:
+    s = PRODUCTS[name]
+    n, ny = window(s["n"], t, SHORT), window(s["n"], t, SHORT, DAY)
+    if ny == 0:
+        return False, {}
+    p, py = window(s["dsat"], t, SHORT) / n, window(s["dsat"], t, SHORT, DAY) / ny
+    var = max(window(s["sq"], t, SHORT, DAY) / ny - py ** 2, 0)
+    threshold = py + max(LIFT, Z * math.sqrt(var * (1 / n + 1 / ny)))
+    return p > threshold and n >= MIN_CONVERSATIONS and ny >= MIN_CONVERSATIONS, {"P": p, "N": n, "B": py, "Y": ny}
+
+
+def _state(kind: Callable[[str, int], tuple[bool, dict[str, float]]], name: str, t: int) -> str:
+    return state_at(lambda u: kind(name, u)[0], t, DAY + 20 if kind is above_yesterday else 400)
+
+
+def _spike_alert(name: str, t: int) -> Alert:
+    v = spike(name, t)[1]
+    return {"labels": {"severity": "page", "product": name, "model_version": "v1"},
+            "summary": f"Dissatisfaction spike on {name} v1",
+            "description": f"Calibrated dissatisfaction rate over the last 10m: {pct(v['P'])} over {count(v['N'])} conversations, "
+                           f"significantly above its 6h baseline of {pct(v['B'])} (threshold: baseline + max(5 points, 3 standard errors), for 10m).",
+            "runbook_url": "docs/runbooks.md#convowatchdissatisfactionspike"}
+
+
+def _yesterday_alert(name: str, t: int) -> Alert:
+    v = above_yesterday(name, t)[1]
+    return {"labels": {"severity": "ticket", "product": name, "model_version": "v1"},
+            "summary": f"Dissatisfaction above yesterday on {name} v1",
+            "description": f"Calibrated dissatisfaction rate over the last 10m: {pct(v['P'])} over {count(v['N'])} conversations; "
+                           f"the same window 1d ago: {pct(v['B'])} over {count(v['Y'])} conversations "
+                           "(threshold: that + max(5 points, 3 standard errors of the difference), for 10m).",
+            "runbook_url": "docs/runbooks.md#convowatchdissatisfactionaboveyesterday"}
+
+
+def dissatisfaction_tests() -> str:
+    out = [header("dissatisfaction spike, against the 6h baseline and against yesterday", [
+        "Minutes 0-1500 (25 h). Per minute: conversations and the sum of their calibrated P(dsat) and P(dsat)^2.",
+        "Calm: mean P 0.1 (mean P^2 0.03). Burst (minutes 1461-1500, i.e. 1d + 21m onwards): mean P 0.5 (mean P^2 0.3).",
+        "  shop   10/min on two workers, burst today                  -> both alerts fire",
+        "  daily  10/min, the same burst yesterday (minutes 21-60)    -> baseline alert only: yesterday was as bad",
+        "  small   2/min, burst today: the rate spikes, n = 20 < 50   -> nothing (low volume)",
+        "  calm   10/min, no burst                                    -> nothing",
+        "  blip  100/min, a 2-minute burst: true for 8m < for (10m)   -> pending, never firing",
+        "  grown   2/min until minute 1200, then 10/min, burst today  -> baseline alert; yesterday had n = 20 < 50",
+        "  edge  100/min, mean P 0.1 -> 0.14 today: 4 points < min_lift (5), though 8 standard errors -> nothing",
+        "  noisy  10/min, every P 0 or 1, 0.1 -> 0.17: 7 points > min_lift but < 3 standard errors -> nothing",
+        "  noisier 10/min, every P 0 or 1, 0.1 -> 0.25: above 3 standard errors  -> both alerts fire",
+    ])]
+    metrics = {"n": "convowatch_calibrated_conversations_total", "dsat": "convowatch_calibrated_dissatisfaction_probability_total",
+               "sq": "convowatch_calibrated_dissatisfaction_probability_squared_total"}
+    for name, s in PRODUCTS.items():
+        workers = WORKERS.get(name, 1)
+        for k in range(workers):
+            for key, metric in metrics.items():
+                out.append(series(metric, [x / workers for x in s[key]], instance=f"worker-{k + 1}:9464", product=name, model_version="v1"))
+
+    out.append("    alert_rule_test:\n")
+    for kind, alertname in ((spike, "ConvowatchDissatisfactionSpike"), (above_yesterday, "ConvowatchDissatisfactionAboveYesterday")):
+        assert all(_state(kind, p, 1455) == "inactive" for p in PRODUCTS), alertname
+        out.append(alert_test(1455, alertname, [], "before the burst: calm everywhere"))
+    for t in (1475, 1490):
+        later = ["noisier"] if t == 1490 else []
+        firing = [p for p in PRODUCTS if _state(spike, p, t) == "firing"]
+        assert firing == ["shop", "daily", "grown", *later], (t, firing)
+        out.append(alert_test(t, "ConvowatchDissatisfactionSpike", [_spike_alert(p, t) for p in firing],
+                              "shop, daily, grown fire (and noisier, which crosses later); small (n < 50), calm, "
+                              "blip (burst shorter than for), edge, noisy do not"))
+        firing = [p for p in PRODUCTS if _state(above_yesterday, p, t) == "firing"]
+        assert firing == ["shop", *later], (t, firing)
+        out.append(alert_test(t, "ConvowatchDissatisfactionAboveYesterday", [_yesterday_alert(p, t) for p in firing],
+                              "shop (and noisier, which crosses later): daily was as bad yesterday, grown had too few conversations yesterday"))
+
+    assert _state(spike, "blip", 1466) == "pending" and _state(spike, "blip", 1475) == "inactive"
+    for name in ("small", "calm", "blip", "edge", "noisy"):
+        for kind in (spike, above_yesterday):
+            assert "firing" not in states(lambda u, k=kind, n=name: k(n, u)[0], DAY + 20, M1).values(), (name, kind.__name__)
+    small = PRODUCTS["small"]
+    out += [
+        "    promql_expr_test:\n",
+        "      # blip's 2-minute burst met the condition (pending) but not for 10m, so it never fired (1475 above)\n",
+        '      - expr: ALERTS{alertname="ConvowatchDissatisfactionSpike", product="blip"}\n        eval_time: 1466m\n        exp_samples:\n',
+        "          - labels: 'ALERTS{alertname=\"ConvowatchDissatisfactionSpike\", alertstate=\"pending\", product=\"blip\", "
+        "model_version=\"v1\", severity=\"page\"}'\n            value: 1\n",
+        "      # over the last hour, none of the quiet products ever fired (blip was pending for 8 minutes only)\n",
+        '      - expr: max_over_time(ALERTS{alertname=~"ConvowatchDissatisfaction.*", alertstate="firing", '
+        'product=~"small|calm|blip|edge|noisy"}[1h])\n        eval_time: 1500m\n        exp_samples: []\n',
+        "      # small's rate did spike; only its volume kept it from alerting\n",
+        '      - expr: convowatch:calibrated_dsat_rate:ratio_rate10m{product="small"}\n        eval_time: 1490m\n        exp_samples:\n',
+        "          - labels: 'convowatch:calibrated_dsat_rate:ratio_rate10m{product=\"small\", model_version=\"v1\"}'\n"
+        f"            value: {_num(window(small['dsat'], 1490, SHORT) / window(small['n'], 1490, SHORT))}\n",
+        '      - expr: convowatch:calibrated_conversations:increase10m{product="small"}\n        eval_time: 1490m\n        exp_samples:\n',
+        "          - labels: 'convowatch:calibrated_conversations:increase10m{product=\"small\", model_version=\"v1\"}'\n"
+        f"            value: {_num(window(small['n'], 1490, SHORT))}\n",
+    ]
+    return "".join(out)
+
+
+# --- uncertain surge and judge errors -----------------------------------------------------------
+
+M2 = 400
+M3 = 120
+
+
+def seg(n: int, parts: list[tuple[int, int, float]]) -> Increments:
+    """Increments for minutes 1..n: ``v`` per minute from ``s`` to ``e`` for each (s, e, v), 0 elsewhere."""
+    out = [0.0] * n
+    for s, e, v in parts:
+        for i in range(s, e + 1):
+            out[i - 1] = v
+    return out
+
+
+SCORED = {  # scored conversations per minute, by label
+    "shop": {"uncertain": seg(M2, [(1, 360, 2), (361, 400, 8)]), "sat": seg(M2, [(1, 360, 6), (361, 400, 1)]),
+             "dsat": seg(M2, [(1, 360, 2), (361, 400, 1)])},
+    "small": {"uncertain": seg(M2, [(361, 400, 2)]), "sat": seg(M2, [(1, 360, 2)])},
+    "calm": {"uncertain": seg(M2, [(1, 400, 3)]), "sat": seg(M2, [(1, 400, 5)]), "dsat": seg(M2, [(1, 400, 2)])},
+}
+Judges = dict[str, dict[str, Any]]  # judge -> {"ok": successful judgements per minute or None, "errors": {type: per minute}}
+JUDGES: Judges = {
+    "openai:flaky": {"ok": seg(M2, [(1, 400, 10)]),
+                     "errors": {"JudgeTimeout": seg(M2, [(361, 400, 2)]), "JudgeUnavailable": seg(M2, [(361, 400, 3)])}},
+    "openai:down": {"ok": None, "errors": {"JudgeUnavailable": seg(M2, [(1, 400, 5)])}},
+    "openai:rare": {"ok": None, "errors": {"JudgeUnavailable": seg(M2, [(1, 400, 1)])}},
+    "openai:healthy": {"ok": seg(M2, [(1, 400, 10)]), "errors": {"JudgeTimeout": seg(M2, [])}},
+}
+QUIET_JUDGES: Judges = {
+    "openai:rare": {"ok": None, "errors": {"JudgeUnavailable": seg(M3, [(1, M3, 1)])}},
+    "openai:healthy": {"ok": seg(M3, [(1, M3, 10)]), "errors": {"JudgeTimeout": seg(M3, [])}},
+    "openai:noisy": {"ok": seg(M3, [(1, M3, 10)]), "errors": {"JudgeTimeout": seg(M3, [(1, M3, 1)])}},
+}
+
+
+def uncertain(name: str, t: int) -> tuple[bool, dict[str, float]]:
+    labels = SCORED[name]
+    n, nb = sum(window(a, t, SHORT) for a in labels.values()), sum(window(a, t, BASE) for a in labels.values())
+    p, pb = window(labels["uncertain"], t, SHORT) / n, window(labels["uncertain"], t, BASE) / nb
+    threshold = pb + max(UNCERTAIN_LIFT, Z * math.sqrt(pb * (1 - pb) / n))
+    return p > threshold and n >= MIN_CONVERSATIONS, {"P": p, "N": n, "B": pb}
+
+
+def judge(judges: Judges, name: str, t: int) -> tuple[bool, dict[str, float]]:
+    errors = sum(window(a, t, SHORT) for a in judges[name]["errors"].values())
+    attempts = errors + window(judges[name]["ok"], t, SHORT)
+    ratio = errors / attempts if attempts else 0.0
+    return ratio > JUDGE_RATIO and attempts >= JUDGE_MIN, {"P": ratio, "N": attempts}
+
+
+def _judge_series(judges: Judges) -> list[str]:
+    out = []
+    for name, j in judges.items():
+        if j["ok"]:
+            out.append(series("convowatch_judge_latency_seconds_count", j["ok"], judge=name))
+        for error, increments in j["errors"].items():
+            out.append(series("convowatch_judge_errors_total", increments, judge=name, error=error))
+    return out
+
+
+def _judge_alert(name: str, t: int) -> Alert:
+    v = judge(JUDGES, name, t)[1]
+    return {"labels": {"severity": "ticket", "judge": name}, "summary": f"Judge {name} is failing",
+            "description": f"{pct(v['P'])} of {count(v['N'])} judge attempts failed over the last 10m (threshold 10%, for 10m). "
+                           "Failed attempts are retried; conversations that run out of attempts are stored unscored.",
+            "runbook_url": "docs/runbooks.md#convowatchjudgeerrors"}
+
+
+def uncertain_and_judge_tests() -> str:
+    out = [header("uncertain surge (judge drift) and judge errors", [
+        "Minutes 0-400. Scored conversations per minute and label:",
+        "  shop  10/min, uncertain 2 -> 8 from minute 361          -> fires",
+        "  small  2/min, all sat -> all uncertain: n = 20 < 50      -> nothing (low volume)",
+        "  calm  10/min, 30 % uncertain throughout                  -> nothing",
+        "Judges: successful judgements (latency _count) and errors by type per minute:",
+        "  openai:flaky    10 ok; 5 errors (2 timeouts + 3 unavailable) from 361 -> fires (33 %)",
+        "  openai:down     never succeeds (no latency series), 5 errors    -> fires (100 %)",
+        "  openai:rare     never succeeds, 1 error: 10 attempts < 20        -> nothing (low volume)",
+        "  openai:healthy  10 ok, an error series that never grows          -> nothing",
+    ])]
+    for name, labels in SCORED.items():
+        for label, increments in labels.items():
+            out.append(series("convowatch_conversations_scored_total", increments, label=label, product=name, model_version="v1"))
+    out += _judge_series(JUDGES)
+
+    out.append("    alert_rule_test:\n")
+    assert not any(uncertain(n, 360)[0] for n in SCORED)
+    out.append(alert_test(360, "ConvowatchUncertainSurge", [], "before the surge"))
+    states = {n: state_at(lambda u, n=n: uncertain(n, u)[0], 390, 360) for n in SCORED}
+    assert [n for n, s in states.items() if s == "firing"] == ["shop"], states
+    v = uncertain("shop", 390)[1]
+    out.append(alert_test(390, "ConvowatchUncertainSurge", [{
+        "labels": {"severity": "ticket", "product": "shop", "model_version": "v1"},
+        "summary": "Uncertain share surging on shop v1 (judge drift?)",
+        "description": f"Share of scored conversations labelled uncertain over the last 10m: {pct(v['P'])} of {count(v['N'])}, "
+                       f"against {pct(v['B'])} over 6h (threshold: baseline + max(15 points, 3 standard errors), for 10m). "
+                       "The judge may have stopped separating conversations.",
+        "runbook_url": "docs/runbooks.md#convowatchuncertainsurge"}], "shop fires; small (n < 50) and calm do not"))
+    for t, expected, comment in ((360, ["openai:down"], "before flaky fails: only the judge that never succeeds"),
+                                 (390, ["openai:flaky", "openai:down"], "flaky and down fire; rare (10 attempts < 20) and healthy do not")):
+        states = {n: state_at(lambda u, n=n: judge(JUDGES, n, u)[0], t, SHORT + 1) for n in JUDGES}
+        firing = [n for n, s in states.items() if s == "firing"]
+        assert firing == expected, states
+        out.append(alert_test(t, "ConvowatchJudgeErrors", [_judge_alert(n, t) for n in firing], comment))
+    return "".join(out)
+
+
+def quiet_judge_tests() -> str:
+    out = [header("judge errors: nothing fires below the ratio or the minimum attempts", [
+        "  openai:rare     never succeeds, 1 error per minute: 10 attempts < 20",
+        "  openai:healthy  10 ok per minute, no errors",
+        "  openai:noisy    10 ok and 1 error per minute: 9.1 % < 10 %",
+    ])]
+    out += _judge_series(QUIET_JUDGES)
+    for n in QUIET_JUDGES:
+        assert state_at(lambda u, n=n: judge(QUIET_JUDGES, n, u)[0], 100, SHORT + 1) == "inactive", n
+    out += ["    alert_rule_test:\n", alert_test(100, "ConvowatchJudgeErrors", [], "none of them")]
+    return "".join(out)
+
+
+# --- pipeline stalled and dead letters ----------------------------------------------------------
+
+
+def _stall_test(name: str, comments: list[str], closed: Increments, scored: Increments | None, unscored: Increments | None,
+                checks: list[tuple[int, bool, str]]) -> str:
+    out = [header(name, comments),
+           series("convowatch_events_total", seg(M3, [(1, M3, 30)]), type="turn", outcome="accepted"),
+           series("convowatch_events_total", closed, type="end", outcome="closed")]
+    if scored is not None:
+        out.append(series("convowatch_conversations_scored_total", scored, label="sat", product="shop", model_version="v1"))
+    if unscored is not None:
+        out.append(series("convowatch_conversations_unscored_total", unscored, reason="JudgeUnavailable", product="shop", model_version="v1"))
+
+    def stalled(t: int) -> bool:
+        return window(closed, t, STALL) > 0 and window(scored, t, STALL) + window(unscored, t, STALL) == 0
+
+    out.append("    alert_rule_test:\n")
+    for t, firing, comment in checks:
+        assert (state_at(stalled, t, STALL) == "firing") == firing, (name, t)
+        alerts = [{"labels": {"severity": "page"}, "summary": "convowatch pipeline stalled: conversations close but none is scored",
+                   "description": f"{count(window(closed, t, STALL))} conversations closed over the last 15m and none was scored or "
+                                  "stored unscored (for 10m). Quality monitoring is blind until scoring resumes.",
+                   "runbook_url": "docs/runbooks.md#convowatchpipelinestalled"}] if firing else []
+        out.append(alert_test(t, "ConvowatchPipelineStalled", alerts, comment))
+    return "".join(out)
+
+
+def stall_tests() -> str:
+    closing = seg(M3, [(1, M3, 10)])
+    return "".join([
+        _stall_test("pipeline stalled: scoring stops at minute 60 while conversations keep closing",
+                    ["10 conversations close per minute; scored 10/min until minute 60, then nothing. No unscored series at all",
+                     "(a worker that never stored a conversation unscored does not export it): the rule must still fire."],
+                    closing, seg(M3, [(1, 60, 10)]), None,
+                    [(70, False, "nothing scored for 10m only: the 15m window still holds scores"),
+                     (80, False, "condition true since minute 75: pending"),
+                     (100, True, "stalled since minute 75, for 10m: fires")]),
+        _stall_test("pipeline not stalled: the judge is down and every conversation is stored unscored",
+                    ["Unscored conversations are finished work (the judge-errors alert covers them); no scored series at all."],
+                    closing, None, seg(M3, [(1, M3, 10)]), [(100, False, "unscored counts as progress")]),
+        _stall_test("pipeline not stalled: no conversation closes",
+                    ["Turns arrive (long conversations) but none closes, and nothing is scored: nothing to score, no alert."],
+                    seg(M3, []), seg(M3, []), None, [(100, False, "quiet is not stalled")]),
+    ])
+
+
+def _dead_letter_test(name: str, comments: list[str], accepted: Increments, invalid: Increments,
+                      checks: list[tuple[int, bool, str]]) -> str:
+    out = [header(name, comments),
+           series("convowatch_events_total", accepted, type="turn", outcome="accepted"),
+           series("convowatch_events_total", invalid, type="invalid", outcome="dead_letter"),
+           series("convowatch_dead_letters_total", invalid, reason="not_json")]
+
+    def events(t: int) -> float:
+        return window(accepted, t, SHORT) + window(invalid, t, SHORT)
+
+    def surging(t: int) -> bool:
+        return events(t) >= DL_MIN and window(invalid, t, SHORT) / events(t) > DL_RATIO
+
+    out.append("    alert_rule_test:\n")
+    for t, firing, comment in checks:
+        assert (state_at(surging, t, SHORT) == "firing") == firing, (name, t)
+        alerts = [{"labels": {"severity": "ticket"}, "summary": "Dead letters surging",
+                   "description": f"Dead letters over the last 10m: {pct(window(invalid, t, SHORT) / events(t))} of the {count(events(t))} "
+                                  "consumed events (threshold 5%, for 10m). Producers may be sending events that break the contract.",
+                   "runbook_url": "docs/runbooks.md#convowatchdeadlettersurge"}] if firing else []
+        out.append(alert_test(t, "ConvowatchDeadLetterSurge", alerts, comment))
+    return "".join(out)
+
+
+def dead_letter_tests() -> str:
+    return "".join([
+        _dead_letter_test("dead-letter surge: 10 bad events per minute among 100 good ones from minute 31",
+                          ["Every bad event is counted twice: in convowatch_events_total (type invalid, outcome dead_letter) and in",
+                           "convowatch_dead_letters_total by reason."],
+                          seg(M3, [(1, M3, 100)]), seg(M3, [(31, M3, 10)]),
+                          [(30, False, "no dead letters yet"), (40, False, "above 5 % since minute 36: pending"), (60, True, "fires")]),
+        _dead_letter_test("dead letters at low volume: half the events are bad, but only 100 events in 10m",
+                          ["5 good and 5 bad events per minute: the ratio is 50 % but 100 events < 200."],
+                          seg(M3, [(1, M3, 5)]), seg(M3, [(1, M3, 5)]), [(60, False, "low volume cannot alert")]),
+    ])
+
+
+HEADER = """\
+# promtool unit tests for the committed rules (default AlertWindows): fire and not-fire for every alert,
+# low-volume cases, a burst shorter than `for`, and the same-time-yesterday variant.
+# Run: promtool test rules dashboards/alerts/tests/convowatch.rules.test.yml
+# Counters go up by the stated amount every minute; `a+bxn` is promtool's notation for n steps of b from a.
+# Written by make_unit_tests.py: expected alerts and values come from its model of the rules (per-minute sums
+# over each window), not from promtool.
+rule_files:
+  - ../convowatch.rules.yml
+evaluation_interval: 1m
+tests:
+"""
+
+
+def text() -> str:
+    return HEADER + dissatisfaction_tests() + uncertain_and_judge_tests() + quiet_judge_tests() + stall_tests() + dead_letter_tests()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--check"]:
+        current = OUT.read_text(encoding="utf-8") == text()
+        print(f"{OUT.name} is {'current' if current else 'stale: run make_unit_tests.py'}")
+        sys.exit(0 if current else 1)
+    OUT.write_text(text(), encoding="utf-8")
+    print(f"wrote {OUT}")
