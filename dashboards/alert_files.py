@@ -1,13 +1,12 @@
 """The committed alert files and their generators: write them, or check they are current.
 
-``python -m dashboards.alert_files`` rewrites them from the production
-`AlertWindows`; ``python -m dashboards.alert_files --check`` exits 1 listing
-every file that differs from its generator (for CI and ``convowatch dashboards check``).
+``convowatch dashboards build`` rewrites them from the production
+`AlertWindows` (with the dashboards); ``convowatch dashboards check`` lists
+every file that differs from its generator.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from dashboards.alert_rules import rules_yaml
@@ -46,24 +45,7 @@ def check(root: Path = REPO_ROOT) -> list[str]:
     for rel, text in generated().items():
         path = root / rel
         if not path.is_file():
-            problems.append(f"{rel}: missing (run `python -m dashboards.alert_files`)")
+            problems.append(f"{rel}: missing (run `convowatch dashboards build`)")
         elif path.read_text(encoding="utf-8") != text:
-            problems.append(f"{rel}: differs from its generator (run `python -m dashboards.alert_files`)")
+            problems.append(f"{rel}: differs from its generator (run `convowatch dashboards build`)")
     return problems
-
-
-def main(argv: list[str]) -> int:
-    if argv[1:] == ["--check"]:
-        problems = check()
-        print("\n".join(problems) or "alert files are current")
-        return 1 if problems else 0
-    if argv[1:]:
-        print("usage: python -m dashboards.alert_files [--check]", file=sys.stderr)
-        return 2
-    for path in write():
-        print(f"wrote {path.relative_to(REPO_ROOT)}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

@@ -1,7 +1,9 @@
 """`convowatch dashboards build | check | push`: the Grafana dashboards as code.
 
-``build`` writes the generated JSON (one ``<uid>.json`` per dashboard),
-``check`` exits 1 listing the files that differ from the generator (for CI),
+``build`` writes the generated JSON (one ``<uid>.json`` per dashboard) and
+the alert files (Prometheus rules, Grafana-managed rules and their
+provisioning file, `dashboards.alert_files`), ``check`` exits 1 listing the
+files that differ from their generators (for CI),
 ``push`` saves them into a Grafana through its HTTP API with the token from
 ``CONVOWATCH_GRAFANA_TOKEN``. Registered on the CLI in `stream.cli`; the
 CLI prints `DASHBOARDS_USER_ERRORS` as one ``convowatch: error: ...`` line.
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from dashboards import catalog
+from dashboards import alert_files, catalog
 from dashboards.push import DEFAULT_FOLDER, DEFAULT_TIMEOUT_S, TOKEN_ENV, PushError, push
 
 DASHBOARDS_USER_ERRORS: tuple[type[Exception], ...] = (PushError, catalog.CatalogError)
@@ -31,8 +33,8 @@ def dashboards() -> None:
 @dashboards.command("build")
 @click.option("--out", type=_DIR, default=catalog.DEFAULT_DIR, show_default=True, help="Directory to write <uid>.json files to.")
 def build(out: Path) -> None:
-    """Write every dashboard's JSON model."""
-    for path in catalog.write(out):
+    """Write every dashboard's JSON model, and the alert files into the repository checkout."""
+    for path in [*catalog.write(out), *alert_files.write()]:
         click.echo(f"wrote {path}")
 
 
@@ -40,13 +42,13 @@ def build(out: Path) -> None:
 @click.option("--dir", "directory", type=_DIR, default=catalog.DEFAULT_DIR, show_default=True,
               help="Directory holding the committed <uid>.json files.")
 def check(directory: Path) -> None:
-    """Exit 1 when the JSON files in --dir differ from what the generator makes now."""
-    problems = catalog.check(directory)
+    """Exit 1 when the dashboards in --dir or the alert files differ from what the generators make now."""
+    problems = [*catalog.check(directory), *alert_files.check()]
     if problems:
         for problem in problems:
             click.echo(problem, err=True)
         sys.exit(1)
-    click.echo(f"{len(catalog.dashboards())} dashboards in {directory} match the generator")
+    click.echo(f"{len(catalog.dashboards())} dashboards in {directory} and {len(alert_files.generated())} alert files match the generators")
 
 
 @dashboards.command("push")

@@ -88,8 +88,8 @@ def test_check_names_a_stale_or_missing_file(tmp_path: Path) -> None:
     (tmp_path / alert_files.RULES).write_text("groups: []\n", encoding="utf-8")
     (tmp_path / alert_files.GRAFANA_JSON).unlink()
     assert alert_files.check(tmp_path) == [
-        f"{alert_files.RULES}: differs from its generator (run `python -m dashboards.alert_files`)",
-        f"{alert_files.GRAFANA_JSON}: missing (run `python -m dashboards.alert_files`)",
+        f"{alert_files.RULES}: differs from its generator (run `convowatch dashboards build`)",
+        f"{alert_files.GRAFANA_JSON}: missing (run `convowatch dashboards build`)",
     ]
 
 
