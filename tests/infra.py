@@ -13,18 +13,20 @@ Register the fixtures in a conftest with ``from tests.infra import kafka_broker,
   that delivers nowhere (alerts are still visible in ``/api/v2/alerts``).
 
 Helpers: ``free_port()``, ``free_ports(n)``, ``wait_for(predicate, timeout, interval)``,
-``prometheus_query(url, promql)``.
+``prometheus_query(url, promql)``, ``WebhookReceiver`` (records what Alertmanager delivers).
 """
 
 from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -69,17 +71,51 @@ def wait_for(predicate: Callable[[], T], timeout: float = 30.0, interval: float 
         time.sleep(interval)
 
 
-def prometheus_query(url: str, promql: str) -> list[dict[str, Any]]:
-    """The ``result`` list of an instant query (GET /api/v1/query); raises on a Prometheus error."""
-    query = urllib.parse.urlencode({"query": promql})
+def prometheus_query(url: str, promql: str, **params: float) -> list[dict[str, Any]]:
+    """The ``result`` list of an instant query (GET /api/v1/query); raises on a Prometheus error.
+
+    With ``start``, ``end`` and ``step`` (seconds) it is a range query (/api/v1/query_range) instead.
+    """
+    endpoint = "query_range" if params else "query"
+    query = urllib.parse.urlencode({"query": promql, **params})
     try:
-        with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=HTTP_TIMEOUT_S) as response:
+        with urllib.request.urlopen(f"{url}/api/v1/{endpoint}?{query}", timeout=HTTP_TIMEOUT_S) as response:
             body = json.load(response)
     except urllib.error.HTTPError as e:  # Prometheus answers 400/422 with a JSON error body for bad PromQL
         body = json.loads(e.read() or b"{}")
     if body.get("status") != "success":
         raise ValueError(f"Prometheus at {url} rejected {promql!r}: {body.get('errorType')}: {body.get('error')}")
     return list(body["data"]["result"])
+
+
+class WebhookReceiver:
+    """A local HTTP endpoint that records every JSON body POSTed to it: Alertmanager's webhook deliveries."""
+
+    def __init__(self) -> None:
+        self.payloads: list[dict[str, Any]] = []
+        received = self.payloads
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                received.append(json.loads(body))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer((LOCALHOST, 0), Handler)
+        self.url = f"http://{LOCALHOST}:{self._server.server_address[1]}/"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def alerts(self, status: str | None = None) -> list[dict[str, Any]]:
+        """Every alert delivered so far (optionally only ``firing`` or ``resolved`` ones)."""
+        return [a for p in self.payloads for a in p.get("alerts", []) if status is None or a.get("status") == status]
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
 
 
 def _port_of(url: str) -> int:
