@@ -57,7 +57,8 @@ def series(w: AlertWindows) -> dict[str, Series]:
     judge_ok = q.rate(q.JUDGE_LATENCY + "_count", short, by="judge")  # one observation per successful judgement
     judge_errors_n = q.increase(q.JUDGE_ERRORS, short, by="judge")
     judge_ok_n = q.increase(q.JUDGE_LATENCY + "_count", short, by="judge")
-    # `x or y * 0`: a judge that never succeeded has no latency series at all; count its successes as 0.
+    # `x or y * 0`: a judge that never succeeded has no latency series, one that never failed no error series;
+    # count the missing side as 0 so both the ratio and the attempts exist for every judge that was used.
     return {
         "dsat_short": Series(q.calibrated_dsat_rate(short, by=by), f"convowatch:calibrated_dsat_rate:ratio_rate{short}"),
         "dsat_base": Series(q.calibrated_dsat_rate(base, by=by), f"convowatch:calibrated_dsat_rate:ratio_rate{base}"),
@@ -72,9 +73,10 @@ def series(w: AlertWindows) -> dict[str, Series]:
         "uncertain_short": Series(q.label_share("uncertain", short, by=by), f"convowatch:uncertain_share:ratio_rate{short}"),
         "uncertain_base": Series(q.label_share("uncertain", base, by=by), f"convowatch:uncertain_share:ratio_rate{base}"),
         "scored_short": Series(q.increase(q.SCORED, short, by=by), f"convowatch:conversations_scored:increase{short}"),
-        "judge_error_ratio": Series(f"{judge_errors} / ({judge_errors} + ({judge_ok} or {judge_errors} * 0))",
+        "judge_error_ratio": Series(f"({judge_errors} or {judge_ok} * 0) / (({judge_errors} or {judge_ok} * 0) + ({judge_ok} or {judge_errors} * 0))",
                                     f"convowatch:judge_errors:ratio_rate{short}"),
-        "judge_attempts": Series(f"{judge_errors_n} + ({judge_ok_n} or {judge_errors_n} * 0)", f"convowatch:judge_attempts:increase{short}"),
+        "judge_attempts": Series(f"({judge_errors_n} or {judge_ok_n} * 0) + ({judge_ok_n} or {judge_errors_n} * 0)",
+                                 f"convowatch:judge_attempts:increase{short}"),
         "dead_letter_ratio": Series(f"{q.rate(q.DEAD_LETTERS, short)} / {q.rate(q.EVENTS, short)}",
                                     f"convowatch:dead_letters:ratio_rate{short}"),
         "events_short": Series(q.increase(q.EVENTS, short), f"convowatch:events:increase{short}"),
