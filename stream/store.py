@@ -56,6 +56,10 @@ _LC = "LowCardinality(String)"
 # failed re-score must not hide a good score, nor orphan its dimension/rubric rows); among rows of
 # the same status the later scored_at wins.
 SCORED_BIT = 1 << 62
+# A DSAT rubric "hit": the judge rates it at least the middle of the 0-10 scale (stored score <= -5). Almost
+# every probabilistic answer puts some mass on "applies", so score < 0 would flag nearly every conversation.
+# dashboards/rubrics.py's HIT_RATING says the same (tests hold the two equal).
+DSAT_HIT_RATING = 5.0
 _SCORE_VERSION = f"bitOr(toUInt64(status = 'scored') * {SCORED_BIT}, toUInt64(toUnixTimestamp64Micro(scored_at)))"
 
 MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -420,7 +424,7 @@ class ClickHouseStore:
             for h in self._select(
                 f"""SELECT conversation_id, scorer_version, scored_at, rubric_id, polarity, score
                     FROM {db}.rubric_scores FINAL
-                    WHERE conversation_id IN {{ids:Array(String)}} AND polarity = 'dsat' AND score < 0
+                    WHERE conversation_id IN {{ids:Array(String)}} AND polarity = 'dsat' AND score <= -{DSAT_HIT_RATING:g}
                     ORDER BY conversation_id, scorer_version, score ASC, rubric_id""",
                 {"ids": [w["conversation_id"] for w in worst_rows]},
                 "reading DSAT rubric hits",

@@ -511,3 +511,10 @@ def test_push_command_to_a_closed_port_is_one_error_line() -> None:
     r = convowatch("dashboards", "push", "--url", f"http://{LOCALHOST}:{closed_port()}", "--timeout", "5")
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and "is unreachable" in r.stderr, r.stderr
+
+
+def test_the_dashboards_and_the_store_count_the_same_dsat_hits() -> None:
+    """`convowatch summary` (stream/store.py) and the Rubrics dashboard must agree on what a DSAT hit is."""
+    from stream.store import DSAT_HIT_RATING
+
+    assert DSAT_HIT_RATING == HIT_RATING

@@ -338,7 +338,7 @@ def _summary_fixture() -> list[list[ScoreRecord]]:
         scored("g", "dsat", -20.0, 0.9, 1.0, attributes=dv0, rubrics=(RubricHit("d5", "dsat", -10.0),)),
     ]
     later = [
-        scored("d", "dsat", -4.0, 0.8, 2.0, attributes=dv1, scored_at=T0 + 150, rubrics=(RubricHit("d1", "dsat", -2.0),)),
+        scored("d", "dsat", -4.0, 0.8, 2.0, attributes=dv1, scored_at=T0 + 150, rubrics=(RubricHit("d1", "dsat", -5.0),)),
         scored("g", "sat", 7.0, 0.2, 3.0, attributes=dv0, scorer_version="v2", scored_at=T0 + 200),
     ]
     return [first, later]
@@ -371,8 +371,9 @@ def test_summary_matches_hand_computed_numbers(store_factory) -> None:  # noqa: 
     assert [w.conversation_id for w in s.worst] == ["b", "d", "c"]
     b, d, c = s.worst
     assert (b.netsat, b.label, b.dissatisfaction_probability) == (-9.0, "dsat", 0.8)
-    assert b.dsat_hits == (RubricHit("d2", "dsat", -9.0), RubricHit("d1", "dsat", -6.0), RubricHit("d3", "dsat", -3.0))
-    assert d.dsat_hits == (RubricHit("d1", "dsat", -2.0),)  # not the stale d9 from d's first score
+    # a hit is a DSAT rating >= 5 (score <= -5): b's d3 (-3) is not one
+    assert b.dsat_hits == (RubricHit("d2", "dsat", -9.0), RubricHit("d1", "dsat", -6.0))
+    assert d.dsat_hits == (RubricHit("d1", "dsat", -5.0),)  # not the stale d9 from d's first score
     assert c.dsat_hits == ()
 
 
