@@ -45,6 +45,7 @@ from stream.settings import Settings, SettingsError, load_settings
 from stream.dashboards_command import DASHBOARDS_USER_ERRORS, dashboards
 from stream.learn_command import LEARN_USER_ERRORS, learn, uss_command
 from stream.replay import ReplayError
+from stream.report import ReportError
 from stream.store import StoreError
 from stream.topics import TopicError, ensure_topics
 
@@ -60,6 +61,7 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     StoreError,
     TopicError,
     ReplayError,
+    ReportError,
     *LEARN_USER_ERRORS,
     *DASHBOARDS_USER_ERRORS,
 )
@@ -479,6 +481,35 @@ def summary_cmd(obj: _Context, group_by: str, worst: int, as_json: bool) -> None
         for w in summary.worst:
             hits = "; ".join(f"{h.rubric_id} {h.score:+.1f}" for h in w.dsat_hits) or "-"
             click.echo(f"  {w.conversation_id}  NetSAT {_num(w.netsat)}  {w.label:<9}  P(dsat) {_pct(w.dissatisfaction_probability)}  [{hits}]")
+
+
+@cli.command("report")
+@click.option("--since", required=True, help="Start of the window: a duration back from now (30m, 6h, 7d, 2w) or an ISO 8601 time.")
+@click.option("--until", default=None, help="End of the window (same forms; default: now).")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path), help="Directory for index.html and the PNGs.")
+@click.option("--product", default=None, help="Only this product.")
+@click.option("--model-version", default=None, help="Only this model version.")
+@click.pass_obj
+def report_cmd(obj: _Context, since: str, until: str | None, out_dir: Path, product: str | None, model_version: str | None) -> None:
+    """Render the Overview and Quality views from ClickHouse as PNG images and one HTML page (no Grafana needed).
+
+    Conversations count by when they closed (since <= closed_at < until). With the embedded store, stop the
+    sink first (only one process may open it).
+    """
+    from stream.report import load_report, question_names, resolve_window, write_report
+    from stream.store import ClickHouseStore
+
+    window = resolve_window(since, until)
+    questions = obj.settings.scoring.questions
+    names = question_names(questions) if questions is not None else {}
+    with ClickHouseStore.open(obj.settings.store) as store:
+        data = load_report(store, window, product, model_version, dimension_names=names)
+    page = write_report(data, out_dir)
+    if data.empty:
+        click.echo(f"no conversations closed in the window; wrote {page}")
+    else:
+        t = data.totals
+        click.echo(f"{t.conversations} conversations ({t.scored} scored, {t.unscored} unscored); wrote {page}")
 
 
 def _pct(x: float | None) -> str:

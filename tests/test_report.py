@@ -1,0 +1,195 @@
+"""`convowatch report`: windows, numbers read back from the real chDB engine, images, the page, errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import math
+import os
+import re
+import struct
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from stream.records import DimensionPrediction, RubricHit
+from stream.report import (
+    IMAGES,
+    PAGE,
+    Counts,
+    ReportError,
+    Window,
+    bucket_seconds,
+    load_report,
+    resolve_window,
+    write_report,
+)
+from tests.chdb_fixture import chdb_dsn, chdb_store, store_factory  # noqa: F401
+from tests.pipeline import REPO
+from tests.test_store import T0, closed, scored, unscored, utc
+
+NOW = datetime(2024, 2, 10, 12, 0, tzinfo=timezone.utc)
+DAY = Window(utc(T0 - 3600), utc(T0 + 86400))
+
+
+def at(record, closed_at: float):
+    """``record`` closed at ``closed_at`` instead of the fixture's fixed time."""
+    c = record.conversation
+    return dataclasses.replace(record, conversation=closed(c.conversation_id, c.attributes, closed_at=closed_at))
+
+
+def dims(*values: float) -> tuple[DimensionPrediction, ...]:
+    return tuple(DimensionPrediction(f"Q{i + 1}", (0.25, 0.25, 0.25, 0.25), v) for i, v in enumerate(values))
+
+
+def fixture_records():
+    """Two model versions over 6 hours; p_dsat chosen so the worst order and the rates are known by hand."""
+    a, b = {"product": "shop", "model_version": "a"}, {"product": "shop", "model_version": "b"}
+    hits = (RubricHit("dsat.rude", "dsat", -8.0), RubricHit("dsat.vague", "dsat", -2.0), RubricHit("sat.helpful", "sat", 1.0))
+    return [
+        at(scored("c1", "sat", 12.0, 0.10, 3.6, attributes=a, dimensions=dims(3.5, 3.0)), T0 + 600),
+        at(scored("c2", "dsat", -9.0, 0.90, 1.4, attributes=a, rubrics=hits, dimensions=dims(1.5, 2.0)), T0 + 3600),
+        at(scored("c3", "uncertain", 1.0, 0.40, 2.6, attributes=b, dimensions=dims(2.5, 2.5)), T0 + 7200),
+        at(scored("<script>alert(1)</script>", "uncertain", -2.0, 0.60, 2.2, attributes=b,
+                  rubrics=(RubricHit("<b>rubric</b>", "dsat", -6.0),)), T0 + 14400),
+        at(unscored("c5", attributes=b), T0 + 18000),
+        at(scored("outside", "dsat", -5.0, 0.99, 1.0, attributes=a), T0 + 3 * 86400),  # after the window
+    ]
+
+
+@pytest.fixture
+def store(store_factory):  # noqa: F811
+    s = store_factory()
+    s.write_scores(fixture_records())
+    return s
+
+
+# --- the window ----------------------------------------------------------------------------
+
+
+def test_durations_count_back_from_now_and_iso_times_are_utc() -> None:
+    assert resolve_window("6h", now=NOW) == Window(NOW - timedelta(hours=6), NOW)
+    assert resolve_window("2024-02-09", "2024-02-09T12:00:00+02:00", now=NOW) == Window(
+        datetime(2024, 2, 9, tzinfo=timezone.utc), datetime(2024, 2, 9, 10, tzinfo=timezone.utc))
+
+
+@pytest.mark.parametrize("since, until, message", [
+    ("yesterday", None, "neither a duration"),
+    ("0m", None, "must be positive"),
+    ("1h", "2h", "is not before"),
+    ("1800-01-01", None, "outside 1970-01-01"),
+])  # fmt: skip
+def test_bad_windows_are_refused_with_the_reason(since: str, until: str | None, message: str) -> None:
+    with pytest.raises(ReportError, match=message):
+        resolve_window(since, until, now=NOW)
+
+
+def test_buckets_are_round_and_keep_the_axis_short() -> None:
+    assert bucket_seconds(3600) == 120  # 1 min would need 61 buckets
+    for span in (10, 3600, 6 * 3600, 7 * 86400, 400 * 86400):
+        b = bucket_seconds(span)
+        assert span / b <= 59, (span, b)
+
+
+# --- numbers -----------------------------------------------------------------------------------
+
+
+def test_totals_rates_and_worst_match_the_store(store) -> None:
+    data = load_report(store, DAY)
+    t = data.totals
+    assert (t.conversations, t.scored, t.unscored, t.sat, t.dsat, t.uncertain, t.calibrated) == (5, 4, 1, 1, 1, 2, 4)
+    independent = store.query(
+        "SELECT count() AS n FROM latest_scores WHERE closed_at >= {a:DateTime64(6, 'UTC')} AND closed_at < {b:DateTime64(6, 'UTC')}",
+        {"a": DAY.since, "b": DAY.until})[0]["n"]
+    assert t.conversations == independent
+    p = [0.10, 0.90, 0.40, 0.60]
+    assert t.calibrated_dsat_rate == pytest.approx(sum(p) / 4)
+    lo, hi = t.calibrated_dsat_interval
+    se = math.sqrt((sum(x * x for x in p) / 4 - (sum(p) / 4) ** 2) / 4)
+    assert (lo, hi) == (pytest.approx(0.5 - 1.959964 * se), pytest.approx(0.5 + 1.959964 * se))
+    by_version = dict(data.by("model_version"))
+    assert by_version["a"].calibrated_dsat_rate == pytest.approx(0.5)
+    assert by_version["b"].conversations == 3
+    assert [w.conversation_id for w in data.worst] == ["c2", "<script>alert(1)</script>", "c3", "c1"]
+    # a DSAT hit is a rating >= 5 (score <= -5): c2's "vague" (-2) is not one
+    assert data.worst[0].dsat_hits == (RubricHit("dsat.rude", "dsat", -8.0),)
+    assert {d.question_id: d.n for d in data.dimensions} == {"Q1": 3, "Q2": 3}
+
+
+def test_filters_keep_one_model_version(store) -> None:
+    data = load_report(store, DAY, model_version="a")
+    assert data.totals.conversations == 2 and {w.conversation_id for w in data.worst} == {"c1", "c2"}
+
+
+def test_counts_without_calibration_have_no_rate() -> None:
+    assert Counts(conversations=3, scored=3, uncertain=3).calibrated_dsat_rate is None
+    assert Counts().calibrated_dsat_interval is None
+
+
+# --- images and page ----------------------------------------------------------------------------
+
+
+def png_size(path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n", path
+    return struct.unpack(">II", head[16:24])
+
+
+def test_the_page_shows_the_images_totals_and_escaped_worst_conversations(store, tmp_path) -> None:
+    page = write_report(load_report(store, DAY), tmp_path)
+    text = page.read_text(encoding="utf-8")
+    for name in IMAGES.values():
+        width, height = png_size(tmp_path / name)
+        assert width >= 800 and height >= 400
+        assert f'src="{name}"' in text
+    assert "<script>alert(1)</script>" not in text and "<b>rubric</b>" not in text
+    assert html.escape("<script>alert(1)</script>") in text and html.escape("<b>rubric</b>") in text
+    assert "dsat.rude" in text and "outside" not in text
+    assert re.search(r"50\.0%", text)  # the calibrated dissatisfaction rate
+
+
+def test_an_empty_window_writes_a_page_that_says_so_and_no_stale_images(store, tmp_path) -> None:
+    write_report(load_report(store, DAY), tmp_path)
+    empty = Window(utc(T0 - 10 * 86400), utc(T0 - 9 * 86400))
+    page = write_report(load_report(store, empty), tmp_path)
+    assert "no conversation closed in this window" in page.read_text(encoding="utf-8").lower()
+    assert not any((tmp_path / name).exists() for name in IMAGES.values())
+
+
+def test_a_store_without_the_database_is_a_clear_error(store_factory) -> None:  # noqa: F811
+    with pytest.raises(ReportError, match="nothing has been stored"):
+        load_report(store_factory(migrate=False), DAY)
+
+
+# --- the command --------------------------------------------------------------------------------
+
+
+def convowatch(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stream.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=300)
+
+
+def test_the_command_refuses_a_bad_window_with_exit_2(tmp_path) -> None:
+    done = convowatch("report", "--since", "yesterday", "--out", str(tmp_path))
+    assert done.returncode == 2
+    assert done.stderr.startswith("convowatch: error: --since 'yesterday' is neither a duration")
+
+
+def test_the_command_renders_a_store_written_by_another_process(tmp_path) -> None:
+    """The embedded store is one-process: write it in a child, report from another (as after `convowatch sink`)."""
+    dsn = f"chdb://{tmp_path / 'clickhouse'}"
+    code = (
+        "import sys\n"
+        "from stream.store import ClickHouseStore\n"
+        "from tests.test_report import fixture_records\n"
+        "with ClickHouseStore(sys.argv[1]) as s:\n"
+        "    s.migrate(); s.write_scores(fixture_records())\n"
+    )
+    subprocess.run([sys.executable, "-c", code, dsn], cwd=REPO, check=True, timeout=300)
+    done = convowatch("report", "--since", "2024-02-09T00:00:00Z", "--until", "2024-02-11", "--out", str(tmp_path / "report"),
+                      env={"CONVOWATCH_STORE__DSN": dsn})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("5 conversations (4 scored, 1 unscored); wrote")
+    assert (tmp_path / "report" / PAGE).is_file() and (tmp_path / "report" / IMAGES["overview"]).is_file()
