@@ -30,6 +30,7 @@ from deploy.local import stack
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "data" / "llm-rubric"
 STATE = REPO / ".convowatch" / "demo"
+RULES = REPO / "dashboards" / "alerts" / "convowatch.rules.yml"  # the production alert rules, evaluated by the demo's Prometheus
 WORKER_PORT, SINK_PORT = 9464, 9465
 PYTHONS = ("python", "python3", f"python{sys.version_info.major}.{sys.version_info.minor}")
 N_CONVERSATIONS = 223
@@ -142,7 +143,8 @@ def human_ratings() -> dict[str, tuple[int, float, float]]:
 
 def start() -> None:
     STATE.mkdir(parents=True, exist_ok=True)
-    cfg = stack.StackConfig(state_dir=STATE / "stack", scrape_targets=[f"127.0.0.1:{WORKER_PORT}", f"127.0.0.1:{SINK_PORT}"])
+    cfg = stack.StackConfig(state_dir=STATE / "stack", scrape_targets=[f"127.0.0.1:{WORKER_PORT}", f"127.0.0.1:{SINK_PORT}"],
+                            rule_files=[RULES])
     print("- starting the embedded stack (tansu, Prometheus, Alertmanager)")
     for service in stack.start_all(cfg).values():
         print(f"  {service.name:<13}{service.url}")
@@ -165,6 +167,8 @@ def start() -> None:
     print(f"  {'variant':<10}{'ratings':>8}{'mean Q0':>10}{'share Q0<=2':>13}")
     for v, (n, mean, low) in human_ratings().items():
         print(f"  {v:<10}{n:>8}{mean:>10.2f}{low:>13.1%}")
+    report = STATE / "report"
+    _cw("report", "--since", "1d", "--out", str(report), env=_settings_env(), quiet=True)
     start_service("sink", "sink", SINK_PORT)
 
     print(f"""
@@ -172,7 +176,9 @@ Running (stop with `make demo-stop`):
   worker metrics  http://127.0.0.1:{WORKER_PORT}/metrics
   sink metrics    http://127.0.0.1:{SINK_PORT}/metrics
   Prometheus      http://127.0.0.1:9090   e.g. sum by (model_version) (convowatch_conversations_scored_total)
-  Alertmanager    http://127.0.0.1:9093
+  Alertmanager    http://127.0.0.1:9093   (Prometheus evaluates dashboards/alerts/convowatch.rules.yml)
+  report          {report / "index.html"}   (`convowatch report --since 1d --out DIR`, sink stopped)
+  dashboards      dashboards/json/*.json  (import into Grafana: README "Dashboards and alerts")
   Kafka (tansu)   127.0.0.1:9092           topic convowatch.events
   state and logs  {STATE}
 The judge replays recorded answers; README "Use a live judge" shows how to point the worker at an OpenAI-compatible one.""")
