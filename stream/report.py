@@ -13,7 +13,7 @@ traffic into one bar; the bucket is the smallest round size that keeps the
 axis within ``max_buckets`` buckets (30-60 for most spans).
 
 `load_report` reads; `write_report` draws the images (`stream.report_charts`)
-and the page (`stream.report_page`); `render_report` does both.
+and the page (`stream.report_page`); `convowatch report` (stream/cli.py) runs both.
 """
 
 from __future__ import annotations
@@ -575,30 +575,6 @@ def write_report(data: ReportData, out_dir: str | Path) -> Path:
     except OSError as e:
         raise ReportError(f"cannot write {page}: {e}") from e
     return page
-
-
-def render_report(
-    store: ClickHouseStore,
-    since: datetime,
-    until: datetime,
-    out_dir: str | Path,
-    product: str | None = None,
-    model_version: str | None = None,
-    *,
-    max_buckets: int = MAX_BUCKETS,
-    worst: int = WORST,
-    dimension_names: Mapping[str, str] | None = None,
-) -> Path:
-    """Read the window from ``store`` and write the report into ``out_dir``; returns index.html's path.
-
-    ``max_buckets``: most time buckets on the charts; ``worst``: rows in the worst-conversations table;
-    ``dimension_names``: short names shown next to question ids (see `question_names`).
-    """
-    window = Window(_utc(since), _utc(until))
-    if window.since >= window.until:
-        raise ReportError(f"since {_iso(window.since)} is not before until {_iso(window.until)}")
-    data = load_report(store, window, product, model_version, max_buckets=max_buckets, worst=worst, dimension_names=dimension_names)
-    return write_report(data, out_dir)
 
 
 # --- time helpers ----------------------------------------------------------------------------------------
