@@ -285,7 +285,7 @@ def _series_legend(fig: Figure, ax, versions: list[str], data: ReportData, note:
         return
     all_versions = {g.model_version for g in data.groups}
     more = f"; busiest {len(versions)} of {len(all_versions)}" if len(all_versions) > len(versions) else ""
-    fig.legend(handles, labels, loc="outside upper center", ncol=min(len(handles), 6), frameon=False,
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(handles), 6), frameon=False,
                title=f"model version ({note}{more})")
 
 
