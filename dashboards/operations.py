@@ -28,15 +28,11 @@ def dashboard() -> dict[str, Any]:
         "Pipeline health: events, dead letters, assembly, consumer lag, judge calls/errors/latency/tokens, "
         "scoring and sink latency, rows written.",
     )
-    sections = (
+    board = p.with_rows(board, [
         ("Events and assembly", _events()),
         ("Judge", _judge()),
         ("Scoring and sink", _scoring_and_sink()),
-    )
-    for title, section in sections:
-        board = board.with_row(p.row(title))
-        for panel in section:
-            board = board.with_panel(panel)
+    ])
     return p.finish(board)
 
 

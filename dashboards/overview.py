@@ -30,19 +30,12 @@ def dashboard() -> dict[str, Any]:
         "Conversation volume, label shares, the calibrated dissatisfaction rate with its 95% band, yield, "
         "and breakdowns by model version and product.",
     )
-    board = board.with_variable(p.prometheus_label_variable("product", "Product", promql.SCORED))
-    board = board.with_variable(
-        p.prometheus_label_variable("model_version", "Model version", f'{promql.SCORED}{{product=~"$product"}}')
-    )
-    board = board.with_row(p.row("Over the selected range"))
-    for panel in _headline():
-        board = board.with_panel(panel)
-    board = board.with_row(p.row("Over time"))
-    for panel in _over_time():
-        board = board.with_panel(panel)
-    board = board.with_row(p.row("By model version and product"))
-    for panel in _breakdowns():
-        board = board.with_panel(panel)
+    board = p.with_attribute_variables(board, promql.SCORED)
+    board = p.with_rows(board, [
+        ("Over the selected range", _headline()),
+        ("Over time", _over_time()),
+        ("By model version and product", _breakdowns()),
+    ])
     return p.finish(board)
 
 

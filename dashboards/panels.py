@@ -77,6 +77,21 @@ def row(title: str) -> dash.Row:
     return dash.Row(title).collapsed(False)
 
 
+def with_rows(board: dash.Dashboard, rows: Sequence[tuple[str | dash.Row, Sequence[Any]]]) -> dash.Dashboard:
+    """``board`` with each (row title or row, its panels) appended in order."""
+    for header, panels in rows:
+        board = board.with_row(row(header) if isinstance(header, str) else header)
+        for panel in panels:
+            board = board.with_panel(panel)
+    return board
+
+
+def with_attribute_variables(board: dash.Dashboard, metric: str) -> dash.Dashboard:
+    """``board`` with the ``product`` and ``model_version`` variables (model versions of the chosen products)."""
+    board = board.with_variable(prometheus_label_variable("product", "Product", metric))
+    return board.with_variable(prometheus_label_variable("model_version", "Model version", f'{metric}{{product=~"$product"}}'))
+
+
 # --- targets ----------------------------------------------------------------------------------
 
 

@@ -34,27 +34,22 @@ def dashboard() -> dict[str, Any]:
         "Calibrated quality dimensions (expected human answer per question) over time: mean and quantiles by model "
         "version, and their distributions; NetSAT quantiles and distribution.",
     )
-    board = board.with_variable(p.prometheus_label_variable("product", "Product", promql.SCORED))
-    board = board.with_variable(
-        p.prometheus_label_variable("model_version", "Model version", f'{promql.SCORED}{{product=~"$product"}}')
-    )
+    board = p.with_attribute_variables(board, promql.SCORED)
     board = board.with_variable(
         p.prometheus_label_variable("dimension", "Dimension", f"{promql.DIMENSION}_count{{{M}}}")
     )
-    board = board.with_row(p.row("All dimensions"))
-    board = board.with_panel(p.time_series(
+    all_dimensions = p.time_series(
         "Mean calibrated answer by dimension",
         "Mean of the calibrated expected answer (1..K scale, higher = better) of the conversations scored in each window.",
         [p.promql(promql.histogram_mean(promql.DIMENSION, W, M_DIM, by="dimension"), "{{dimension}}")],
         "none", span=24,
-    ))
-    board = board.with_row(p.row("NetSAT"))
-    for panel in _netsat():
-        board = board.with_panel(panel)
-    # A repeated row: Grafana copies it and the panels under it once per selected dimension.
-    board = board.with_row(p.row("Dimension $dimension").repeat("dimension"))
-    for panel in _dimension():
-        board = board.with_panel(panel)
+    )
+    board = p.with_rows(board, [
+        ("All dimensions", [all_dimensions]),
+        ("NetSAT", _netsat()),
+        # A repeated row: Grafana copies it and the panels under it once per selected dimension.
+        (p.row("Dimension $dimension").repeat("dimension"), _dimension()),
+    ])
     return p.finish(board)
 
 

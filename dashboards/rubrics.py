@@ -171,15 +171,11 @@ def dashboard() -> dict[str, Any]:
     board = board.with_variable(p.text_variable(
         "conversation_id", "Conversation id", "Conversation to show in the drill-down row (click an id in the worst-conversations table)."
     ))
-    board = board.with_row(p.row("DSAT rubrics"))
-    for panel in _rubric_panels():
-        board = board.with_panel(panel)
-    board = board.with_row(p.row("Conversations"))
-    for panel in _conversation_panels():
-        board = board.with_panel(panel)
-    board = board.with_row(p.row("Conversation $conversation_id"))
-    for panel in _drill_down():
-        board = board.with_panel(panel)
+    board = p.with_rows(board, [
+        ("DSAT rubrics", _rubric_panels()),
+        ("Conversations", _conversation_panels()),
+        ("Conversation $conversation_id", _drill_down()),
+    ])
     return p.finish(board)
 
 
