@@ -33,7 +33,7 @@ from stream.store import DSAT_HIT_RATING, ClickHouseStore
 MAX_BUCKETS = 60
 WORST = 20
 Z95 = 1.959964  # two-sided 95% normal quantile
-HISTOGRAM_BIN_WIDTH = 0.1  # of calibrated expected answers (answer scale 1..K)
+HISTOGRAM_BIN_WIDTH = 0.05  # of calibrated expected answers (answer scale 1..K)
 DSAT_HITS_SHOWN = 5
 WEAKEST_SAT_SHOWN = 3
 # Round bucket sizes (seconds), smallest first; past the last one, whole weeks.

@@ -27,6 +27,7 @@ from stream.report import Counts, ReportData, describe_seconds  # noqa: E402
 DPI = 100
 MAX_SERIES = 6  # model versions drawn as lines (the busiest)
 MAX_BARS = 15  # values per breakdown chart (the busiest)
+MIN_ANSWER_SPAN = 0.6  # narrowest answer-scale range a dimension chart shows
 LABEL_COLORS = {"sat": "#2a9d5c", "dsat": "#d1495b", "uncertain": "#e9a23b", "unscored": "#9aa5b1"}
 LABEL_NAMES = {"sat": "sat", "dsat": "dsat", "uncertain": "uncertain (abstained)", "unscored": "unscored (judge failed)"}
 # Series colours chosen apart from the label colours (no green/red/amber), so a line never reads as a label.
@@ -70,8 +71,8 @@ def overview(data: ReportData) -> Figure:
     bottom = np.zeros(len(counts))
     for key in ("sat", "dsat", "uncertain", "unscored"):
         values = np.array([getattr(c, key) for c in counts], dtype=float)
-        volume.bar(starts, values, width=width, bottom=bottom, align="edge", color=LABEL_COLORS[key],
-                   label=LABEL_NAMES[key], edgecolor="white", linewidth=0.4)
+        volume.bar(starts + width * 0.05, values, width=width * 0.9, bottom=bottom, align="edge", color=LABEL_COLORS[key],
+                   label=LABEL_NAMES[key], linewidth=0)
         bottom += values
     volume.set_title(f"Conversations closed per {per}, by label")
     volume.set_ylabel("conversations")
@@ -114,14 +115,14 @@ def overview(data: ReportData) -> Figure:
     rate.set_title("Calibrated dissatisfaction rate (estimated share of conversations a human would rate dissatisfied)")
     for ax in (rate, by_version):
         ax.set_ylabel("P(dissatisfied)")
-        ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
 
     y = np.array([_nan(c.yield_rate) for c in counts])
     yield_ax.plot(centres, y, color="#1f5fa8", marker="o", markersize=3.5, linewidth=1.6, label=f"yield per {per}")
     if totals.yield_rate is not None:
         yield_ax.axhline(totals.yield_rate, color="#444444", linestyle="--", linewidth=1, label=f"whole window {totals.yield_rate:.1%}")
     yield_ax.set_ylim(0, 1.04)
-    yield_ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    yield_ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
     yield_ax.set_title("Yield: share of scored conversations with a confident label (sat or dsat, not uncertain)")
     yield_ax.set_ylabel("yield")
     _legend(yield_ax)
@@ -214,7 +215,8 @@ def quality(data: ReportData) -> Figure | None:
                     mean[i], lo[i], hi[i] = p.mean, p.p10, p.p90
             ax.fill_between(centres, lo, hi, color=color, alpha=0.13, linewidth=0)
             ax.plot(centres, mean, color=color, marker="o", markersize=2.5, linewidth=1.4, label=_text(mv) or "(none)")
-        _answer_axis(ax, dim.n_options, "y")
+        shown = [p for p in data.dimension_series if p.question_id == dim.question_id and p.model_version in versions]
+        _answer_axis(ax, dim.n_options, "y", min((p.p10 for p in shown), default=dim.p10), max((p.p90 for p in shown), default=dim.p90))
         ax.set_title(_text(data.dimension_label(dim.question_id)), fontsize=10.5)
         ax.grid(alpha=0.3)
     for ax in axes[-min(len(axes), 3):]:
@@ -245,7 +247,8 @@ def distributions(data: ReportData) -> Figure | None:
                 values[i] += b.n / n
             ax.stairs(values, edges, color=color, linewidth=1.5, label=_text(mv) or "(none)", fill=False)
             ax.stairs(values, edges, color=color, alpha=0.08, fill=True)
-        _answer_axis(ax, dim.n_options, "x")
+        occupied = [b.lower for b in data.histogram if b.question_id == dim.question_id and b.model_version in versions and b.n]
+        _answer_axis(ax, dim.n_options, "x", min(occupied, default=dim.p10), max(occupied, default=dim.p90) + w)
         ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
         ax.set_ylim(bottom=0)
         ax.set_title(_text(data.dimension_label(dim.question_id)) + f"  (n={dim.n}, mean {dim.mean:.2f})", fontsize=10.5)
@@ -289,15 +292,26 @@ def _series_legend(fig: Figure, ax, versions: list[str], data: ReportData, note:
                title=f"model version ({note}{more})")
 
 
-def _answer_axis(ax, n_options: int, which: str) -> None:
-    ticks = range(1, max(n_options, 2) + 1)
+def _answer_axis(ax, n_options: int, which: str, low: float, high: float) -> None:
+    """The answer scale (1..K) zoomed to the data in [low, high], at least ``MIN_ANSWER_SPAN`` wide.
+
+    Calibrated expected answers often vary by tenths of a point; on the whole 1..K scale a real
+    change would be a flat line.
+    """
+    top = max(n_options, 2)
+    pad = max((MIN_ANSWER_SPAN - (high - low)) / 2, 0.0) + 0.05
+    lo, hi = max(1.0, low - pad), min(float(top), high + pad)
+    if hi - lo < MIN_ANSWER_SPAN:  # against an end of the scale: widen the other way
+        lo, hi = (1.0, 1.0 + MIN_ANSWER_SPAN) if lo <= 1.0 else (top - MIN_ANSWER_SPAN, float(top))
+    limits = (lo - 0.03, hi + 0.03)
+    locator = MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10])
     if which == "y":
-        ax.set_ylim(0.85, max(n_options, 2) + 0.15)
-        ax.set_yticks(list(ticks))
-        ax.set_ylabel("expected answer")
+        ax.set_ylim(*limits)
+        ax.yaxis.set_major_locator(locator)
+        ax.set_ylabel(f"expected answer (1–{top})")
     else:
-        ax.set_xlim(0.9, max(n_options, 2) + 0.2)
-        ax.set_xticks(list(ticks))
+        ax.set_xlim(*limits)
+        ax.xaxis.set_major_locator(locator)
         ax.set_xlabel("calibrated expected answer (1 = worst option)")
 
 

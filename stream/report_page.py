@@ -80,7 +80,7 @@ def _meta(data: ReportData) -> str:
     if data.first_closed is not None and data.last_closed is not None:
         lines.append(
             f"Conversations closed from {data.first_closed:%Y-%m-%d %H:%M:%S} to {data.last_closed:%Y-%m-%d %H:%M:%S} UTC; "
-            f"charts cover that span in {escape(describe_seconds(data.bucket_s))} buckets"
+            f"charts cover that span in buckets of {escape(describe_seconds(data.bucket_s))}"
         )
     lines.append(f"Generated {data.generated_at:%Y-%m-%d %H:%M:%S} UTC from {escape(data.source)}")
     return "<br>".join(lines)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import html
 import math
 import os
@@ -12,9 +13,10 @@ import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
 
+import numpy as np
 import pytest
 
-from stream.records import DimensionPrediction, RubricHit
+from stream.records import DimensionPrediction, RubricHit, ScoreRecord
 from stream.report import (
     IMAGES,
     PAGE,
@@ -193,3 +195,126 @@ def test_the_command_renders_a_store_written_by_another_process(tmp_path) -> Non
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("5 conversations (4 scored, 1 unscored); wrote")
     assert (tmp_path / "report" / PAGE).is_file() and (tmp_path / "report" / IMAGES["overview"]).is_file()
+
+
+# --- the real conversations ---------------------------------------------------------------------
+
+REAL_DATA = REPO / "data" / "llm-rubric"
+WEEK_END = datetime(2024, 3, 1, tzinfo=timezone.utc).timestamp()
+WEEK_START = WEEK_END - 7 * 86400
+LABEL_PIXELS = {"sat": (0x2A, 0x9D, 0x5C), "dsat": (0xD1, 0x49, 0x5B), "uncertain": (0xE9, 0xA2, 0x3B), "unscored": (0x9A, 0xA5, 0xB1)}
+
+
+@functools.lru_cache(maxsize=1)
+def real_records() -> tuple[ScoreRecord, ...]:
+    """The 223 real LLM-Rubric conversations scored as the worker scores them, closed evenly over a week.
+
+    Replayed as events and assembled by the real assembler; scored by `ConversationScorer` with the
+    recorded GPT-3.5 judge, the Q1-Q8 rubric set (Q6 redundancy and Q7 verbosity as DSAT rubrics, so
+    there are DSAT hits) fitted on the human labels at P = 0.75, and a calibrator trained on the synthetic
+    split. Model version ``model-b`` takes two in three conversations from 40% of the week on; the product
+    says whether the assistant showed references. Every 45th conversation is stored unscored with the
+    reason a judge outage gives (`ConversationScorer.unscored`, as the worker does when retries run out).
+    """
+    from scorers.calibration import CalibrationNetwork
+    from scorers.conversation import Conversation
+    from scorers.judges.recorded import RecordedJudge
+    from scorers.llm_rubric_data import QUESTIONS_FILE, dimension_rubric_set, load_split, satisfaction_labels
+    from scorers.rubrics import Polarity, Rubric, RubricSet, Scale
+    from stream.assembly import ConversationAssembler
+    from stream.metrics import ServiceMetrics
+    from stream.replay import llm_rubric_events
+    from stream.scoring import ConversationScorer
+    from stream.settings import AssemblySettings, ScoringSettings
+
+    judge = RecordedJudge.from_tsv(REAL_DATA / "gpt-3.5-turbo-16k_real_evaluations_FIXED.tsv")
+    rubrics = tuple(
+        Rubric(r.id, r.text, Polarity.DSAT, Scale(r.scale.keys, r.scale.labels, tuple(reversed(r.scale.scores))))
+        if r.id in ("Q6", "Q7") else r
+        for r in dimension_rubric_set(REAL_DATA / QUESTIONS_FILE).rubrics
+    )  # fmt: skip
+    labels = satisfaction_labels(load_split(REAL_DATA, "real"))
+    ids = sorted(labels)
+    unfitted = RubricSet(rubrics)
+    netsats = unfitted.netsats(judge, (Conversation(i, ()) for i in ids))
+    rubric_set = unfitted.fit_windows(netsats, np.array([labels[i] for i in ids]), precision=0.75)
+    calibrator = CalibrationNetwork(seed=0).fit(load_split(REAL_DATA, "synth"))
+    scorer = ConversationScorer(judge, rubric_set, calibrator, ScoringSettings(questions=REAL_DATA / QUESTIONS_FILE), ServiceMetrics())
+
+    assembler, states, closed_conversations = ConversationAssembler(AssemblySettings()), {}, []
+    for item in llm_rubric_events(REAL_DATA / "real_data.json"):
+        cid = item.event.conversation_id
+        step = assembler.apply(states.get(cid), item.event, 0, item.at)
+        states[cid] = step.state
+        if step.closed is not None:
+            closed_conversations.append(step.closed)
+    n = len(closed_conversations)
+    out = []
+    for i, c in enumerate(closed_conversations):
+        t = WEEK_START + (i + 0.5) * (WEEK_END - WEEK_START) / n
+        attributes = {
+            **c.attributes,
+            "model_version": "model-b" if i >= 0.4 * n and i % 3 else "model-a",
+            "product": "plain-chat" if c.attributes["dialogue_version"] == "0" else "chat-with-sources",
+        }
+        c = dataclasses.replace(c, attributes=attributes, closed_at=t, first_event_at=t - 60, last_event_at=t - 1)
+        record = scorer.unscored(c, "JudgeUnavailable: connection refused", 5) if i % 45 == 7 else scorer.score_once(c)
+        out.append(dataclasses.replace(record, scored_at=t + 2))
+    return tuple(out)
+
+
+def page_totals(text: str) -> dict[str, str]:
+    return dict(re.findall(r'data-total="(\w+)">([^<]*)<', text))
+
+
+def test_a_week_of_real_conversations(store_factory, tmp_path) -> None:  # noqa: F811
+    """Real scored conversations, delivered twice: the page's totals, worst table and images hold up against the records."""
+    from matplotlib.image import imread
+
+    from scorers.llm_rubric_data import QUESTIONS_FILE
+    from stream.report import question_names
+
+    records = real_records()
+    assert len(records) == 223
+    store = store_factory()
+    store.write_scores(records)
+    store.write_scores(records)  # re-delivered: must not count twice
+    window = Window(utc(WEEK_START + 86400), utc(WEEK_END))  # the last six of the seven days
+    data = load_report(store, window, dimension_names=question_names(REAL_DATA / QUESTIONS_FILE))
+    page = write_report(data, tmp_path)
+    text = page.read_text(encoding="utf-8")
+
+    inside = [r for r in records if window.since.timestamp() <= r.conversation.closed_at < window.until.timestamp()]
+    scored_ = [r for r in inside if r.status == "scored"]
+    expected = {
+        "conversations": len(inside), "scored": len(scored_), "unscored": len(inside) - len(scored_),
+        **{label: sum(r.label == label for r in scored_) for label in ("sat", "dsat", "uncertain")},
+        "calibrated": len(scored_),
+    }  # fmt: skip
+    assert 150 < len(inside) < 223 and all(expected[k] > 0 for k in expected)
+    shown = page_totals(text)
+    assert {k: int(shown[k]) for k in expected} == expected
+    assert store.query("SELECT count() AS n FROM latest_scores WHERE closed_at >= {a:DateTime64(6, 'UTC')}",
+                       {"a": window.since})[0]["n"] == expected["conversations"]
+    p = sum(r.dissatisfaction_probability for r in scored_) / len(scored_)
+    assert data.totals.calibrated_dsat_rate == pytest.approx(p)
+    assert shown["calibrated_dsat_rate"] == f"{p:.1%}"
+
+    worst = sorted(scored_, key=lambda r: (-r.dissatisfaction_probability, r.netsat, r.conversation_id))[:20]
+    assert re.findall(r'<tr data-conversation-id="([^"]+)"', text) == [r.conversation_id for r in worst]
+    for row, record in zip(data.worst, worst):
+        hits = sorted((h for h in record.rubrics if h.polarity == "dsat" and h.score <= -5), key=lambda h: (h.score, h.rubric_id))
+        assert row.dsat_hits == tuple(hits)
+    assert any(row.dsat_hits for row in data.worst)
+    assert "Q6 · redundancy" in text and "Q0 · overall satisfaction" in text
+
+    for name in IMAGES.values():
+        assert f'src="{name}"' in text
+        width, height = png_size(tmp_path / name)
+        assert width >= 1000 and height >= 600, (name, width, height)
+    overview = (imread(tmp_path / IMAGES["overview"])[..., :3] * 255).round().astype(int).reshape(-1, 3)
+    assert all(np.all(overview == rgb, axis=1).any() for rgb in LABEL_PIXELS.values())  # the stacked volume bars show all four outcomes
+
+    b = load_report(store, window, model_version="model-b")
+    assert b.totals.conversations == sum(r.conversation.attributes["model_version"] == "model-b" for r in inside)
+    assert {g.model_version for g in b.groups} == {"model-b"}
