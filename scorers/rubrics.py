@@ -448,7 +448,8 @@ class RubricSet:
         """The questions to put to a judge, in rubric order."""
         return tuple(r.question() for r in self.rubrics)
 
-    def _answer(self, judgement: Judgement, rubric: Rubric) -> Answer:
+    def answer_for(self, judgement: Judgement, rubric: Rubric) -> Answer:
+        """``rubric``'s answer in ``judgement``; `JudgeReplyError` if the judge gave none."""
         answer = judgement.answers.get(rubric.id)
         if answer is None:
             raise JudgeReplyError(f"judgement of {judgement.conversation_id!r} has no answer for rubric {rubric.id!r}")
@@ -456,7 +457,7 @@ class RubricSet:
 
     def netsat(self, judgement: Judgement) -> float:
         """Σ SAT ratings − Σ DSAT ratings for one judged conversation."""
-        return float(sum(r.score(self._answer(judgement, r)) for r in self.rubrics))
+        return float(sum(r.score(self.answer_for(judgement, r)) for r in self.rubrics))
 
     def netsats(self, judge: Judge, conversations: Iterable[Conversation]) -> np.ndarray:
         """NetSAT of each conversation, asking ``judge`` this set's questions (in iteration order)."""
@@ -467,7 +468,7 @@ class RubricSet:
         return self.windows.label(netsat)
 
     def score(self, judgement: Judgement) -> RubricScore:
-        scores = {r.id: r.score(self._answer(judgement, r)) for r in self.rubrics}
+        scores = {r.id: r.score(self.answer_for(judgement, r)) for r in self.rubrics}
         netsat = float(sum(scores.values()))
         return RubricScore(
             rubric_set_version=self.version,
