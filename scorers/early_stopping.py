@@ -18,7 +18,8 @@ the exact sum does not.
 `EarlyStoppingScorer` asks rubrics in the rubric set's order (learned sets are
 written in greedy selection order: the rubric that separated the classes most
 comes first), ``round_size`` per judge call, plus any ``always_ask`` questions
-(e.g. the calibrator's) in the first call. Rubrics it did not ask have *no*
+(e.g. the calibrator's) in the first call; rubrics that are also always-asked
+questions are answered in that call and count from the start. Rubrics it did not ask have *no*
 score (absent from ``rubric_scores``, NULL downstream), never 0; NetSAT is then
 only known to lie in ``[netsat_lower, netsat_upper]``.
 """
@@ -96,6 +97,12 @@ class EarlyStoppingScorer:
     ) -> None:
         if round_size is not None and round_size < 1:
             raise ValueError(f"round_size must be >= 1 or None, got {round_size}")
+        always = {q.id for q in always_ask}
+        # Rubrics that are also always-asked questions are answered in the first round anyway: they go first.
+        self.ask_order = tuple(r for r in rubric_set.rubrics if r.id in always) + tuple(
+            r for r in rubric_set.rubrics if r.id not in always
+        )
+        self._answered_first = sum(1 for r in rubric_set.rubrics if r.id in always)
         rubric_ids = {r.id for r in rubric_set.rubrics}
         self.always_ask = tuple(q for q in always_ask if q.id not in rubric_ids)
         self.rubric_set = rubric_set
@@ -104,14 +111,16 @@ class EarlyStoppingScorer:
 
     def score(self, conversation: Conversation) -> EarlyStoppedScore:
         """Ask rounds of rubrics until the label is decided or every rubric is answered."""
-        rubrics = self.rubric_set.rubrics
+        rubrics = self.ask_order
         windows = self.rubric_set.windows
         judgements: list[Judgement] = []
         scores: dict[str, float] = {}
         asked = 0
         while True:
-            batch = rubrics[asked : asked + self.round_size]
-            extra = self.always_ask if not judgements else ()
+            first = not judgements
+            end = asked + self.round_size + (self._answered_first if first else 0)
+            batch = rubrics[asked:end]
+            extra = self.always_ask if first else ()
             judgement = self.judge.judge(conversation, [r.question() for r in batch] + list(extra))
             judgements.append(judgement)
             for rubric in batch:
@@ -121,7 +130,7 @@ class EarlyStoppingScorer:
             if asked == len(rubrics) or decided(windows, low, high, len(rubrics)):
                 break
         complete = asked == len(rubrics)
-        netsat = float(sum(scores[r.id] for r in rubrics)) if complete else None
+        netsat = float(sum(scores[r.id] for r in self.rubric_set.rubrics)) if complete else None
         return EarlyStoppedScore(
             rubric_set_version=self.rubric_set.version,
             rubric_scores=scores,

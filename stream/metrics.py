@@ -126,7 +126,13 @@ class ServiceMetrics:
 
         # judge
         self.judge_calls = Counter("convowatch_judge_calls", "Judge requests made.", ["judge"], registry=r)
-        self.judge_tokens = Counter("convowatch_judge_tokens", "Judge tokens used.", ["judge", "kind"], registry=r)
+        self.judge_tokens = Counter(
+            "convowatch_judge_tokens", "Judge tokens used (kind: prompt, completion, cached_prompt = part of prompt).",
+            ["judge", "kind"], registry=r,
+        )  # fmt: skip
+        self.rubric_questions = Counter(
+            "convowatch_rubric_questions", "Rubric questions per outcome: asked, or skipped by early stopping.", ["outcome"], registry=r
+        )
         self.judge_latency = Histogram("convowatch_judge_latency_seconds", "Judge time per conversation.", ["judge"],
                                        buckets=LATENCY_BUCKETS, registry=r)
         self.judge_errors = Counter("convowatch_judge_errors", "Judge failures, by error type.", ["judge", "error"], registry=r)

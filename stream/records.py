@@ -129,7 +129,10 @@ class ScoreRecord:
     scored_at: float
     attempts: int
     unscored_reason: str = ""
-    netsat: float | None = None
+    netsat: float | None = None  # None when unscored, or when early stopping left rubrics unasked
+    netsat_lower: float | None = None  # NetSAT's range (equal to netsat when every rubric was asked)
+    netsat_upper: float | None = None
+    rubrics_unasked: tuple[str, ...] = ()  # rubrics early stopping did not ask: no score, not 0
     label: str = ""  # sat | dsat | uncertain ('' when unscored)
     threshold_label: str = ""  # sat | dsat by θ alone
     main_question_id: str = ""
@@ -141,6 +144,7 @@ class ScoreRecord:
     judge_calls: int = 0
     judge_prompt_tokens: int = 0
     judge_completion_tokens: int = 0
+    judge_cached_prompt_tokens: int = 0  # prompt tokens the judge server reported served from its cache
     judge_latency_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -171,6 +175,9 @@ class ScoreRecord:
                 attempts=int(d["attempts"]),
                 unscored_reason=d.get("unscored_reason", ""),
                 netsat=d.get("netsat"),
+                netsat_lower=d.get("netsat_lower"),
+                netsat_upper=d.get("netsat_upper"),
+                rubrics_unasked=tuple(str(x) for x in d.get("rubrics_unasked", ())),
                 label=d.get("label", ""),
                 threshold_label=d.get("threshold_label", ""),
                 main_question_id=d.get("main_question_id", ""),
@@ -182,6 +189,7 @@ class ScoreRecord:
                 judge_calls=int(d.get("judge_calls", 0)),
                 judge_prompt_tokens=int(d.get("judge_prompt_tokens", 0)),
                 judge_completion_tokens=int(d.get("judge_completion_tokens", 0)),
+                judge_cached_prompt_tokens=int(d.get("judge_cached_prompt_tokens", 0)),
                 judge_latency_s=float(d.get("judge_latency_s", 0.0)),
                 extra=dict(d.get("extra", {})),
             )

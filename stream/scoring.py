@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from scorers.calibration import CalibrationError, CalibrationNetwork
-from scorers.judges.base import Judge, JudgeError, Judgement
+from scorers.early_stopping import EarlyStoppedScore, EarlyStoppingScorer
+from scorers.judges.base import Judge, JudgeError
 from scorers.questions import Question, load_questions
 from scorers.rubrics import RubricSet
 from stream.metrics import ServiceMetrics
@@ -80,28 +81,41 @@ class ConversationScorer:
         self.calibrator_version = calibrator.version_ if calibrator is not None else NO_CALIBRATOR
         versions = f"{self.judge_name}|{rubric_set.version}|{self.calibrator_version}"
         self.scorer_version = hashlib.sha256(versions.encode("utf-8")).hexdigest()[:12]
+        # The calibrator reads all its questions, so they are asked whatever early stopping decides.
+        rubric_ids = {r.id for r in rubric_set.rubrics}
+        calibrator_ids = set(calibrator.question_ids_) if calibrator is not None else set()
+        self._rubric_scorer = EarlyStoppingScorer(
+            rubric_set,
+            judge,
+            round_size=settings.rubrics_per_round,
+            always_ask=[q for q in self.questions if q.id in calibrator_ids or q.id not in rubric_ids],
+        )
         self._rng = rng or random.Random()
 
     # -- one attempt ----------------------------------------------------------
 
-    def _judge(self, closed: ClosedConversation) -> Judgement:
+    def _judge_rubrics(self, closed: ClosedConversation) -> EarlyStoppedScore:
+        """Ask the judge (in rounds when early stopping is on) and count the cost in the metrics."""
         started = time.perf_counter()
         try:
-            judgement = self.judge.judge(closed.to_conversation(), self.questions)
+            scored = self._rubric_scorer.score(closed.to_conversation())
         except JudgeError as e:
             self.metrics.judge_errors.labels(self.judge_name, type(e).__name__).inc()
             raise
-        p = judgement.provenance
+        p = scored.judgement.provenance
         self.metrics.judge_latency.labels(self.judge_name).observe(p.latency_s or time.perf_counter() - started)
         self.metrics.judge_calls.labels(self.judge_name).inc(p.calls)
         self.metrics.judge_tokens.labels(self.judge_name, "prompt").inc(p.prompt_tokens)
         self.metrics.judge_tokens.labels(self.judge_name, "completion").inc(p.completion_tokens)
-        return judgement
+        self.metrics.judge_tokens.labels(self.judge_name, "cached_prompt").inc(p.cached_prompt_tokens)
+        self.metrics.rubric_questions.labels("asked").inc(len(scored.rubric_scores))
+        self.metrics.rubric_questions.labels("skipped").inc(len(scored.unasked))
+        return scored
 
     def score_once(self, closed: ClosedConversation, attempts: int = 1) -> ScoreRecord:
         """Judge and score one conversation; raises `JudgeError`/`CalibrationError` on failure."""
-        judgement = self._judge(closed)
-        rubric_score = self.rubric_set.score(judgement)
+        rubric_score = self._judge_rubrics(closed)
+        judgement = rubric_score.judgement
         polarity = {r.id: r.polarity.value for r in self.rubric_set.rubrics}
         dimensions: list[DimensionPrediction] = []
         main_id, main_probs, main_ev, p_dsat = "", (), None, None
@@ -121,6 +135,9 @@ class ConversationScorer:
             "scored",
             attempts,
             netsat=rubric_score.netsat,
+            netsat_lower=rubric_score.netsat_lower,
+            netsat_upper=rubric_score.netsat_upper,
+            rubrics_unasked=rubric_score.unasked,
             label=rubric_score.label,
             threshold_label=rubric_score.threshold_label,
             main_question_id=main_id,
@@ -132,6 +149,7 @@ class ConversationScorer:
             judge_calls=p.calls,
             judge_prompt_tokens=p.prompt_tokens,
             judge_completion_tokens=p.completion_tokens,
+            judge_cached_prompt_tokens=p.cached_prompt_tokens,
             judge_latency_s=p.latency_s,
         )
 
@@ -193,7 +211,7 @@ class ConversationScorer:
             self.metrics.conversations_unscored.labels(reason, *attrs).inc()
             return
         self.metrics.conversations_scored.labels(record.label, *attrs).inc()
-        if record.netsat is not None:
+        if record.netsat is not None:  # None when early stopping left rubrics unasked: its range is stored instead
             self.metrics.netsat.labels(*attrs).observe(record.netsat)
         if record.dissatisfaction_probability is not None:
             self.metrics.calibrated_conversations.labels(*attrs).inc()

@@ -100,6 +100,12 @@ class ScoringSettings(BaseModel):
     trusted_judges: list[str] = Field(default_factory=list, description="Human judges the calibrator aggregates over; empty = shared weights.")
     dissatisfied_max_value: float = Field(default=2.0, description="Main-question answers <= this count as dissatisfied.")
     questions: Path | None = Field(default=None, description="Questions file defining the calibrator's questions (their texts for the judge).")
+    rubrics_per_round: int | None = Field(
+        default=None,
+        ge=1,
+        description="Early stopping: rubrics asked per judge round, stopping once the label provably cannot change "
+        "(scorers/early_stopping.py); None = every question in one round.",
+    )
 
 
 class StoreSettings(BaseModel):

@@ -62,6 +62,12 @@ SCORED_BIT = 1 << 62
 DSAT_HIT_RATING = 5.0
 _SCORE_VERSION = f"bitOr(toUInt64(status = 'scored') * {SCORED_BIT}, toUInt64(toUnixTimestamp64Micro(scored_at)))"
 
+# Each conversation's newest score row (any scorer version); recreated by migrations that add score columns.
+_LATEST_SCORES_VIEW = """{db}.latest_scores AS
+                SELECT * FROM {db}.conversation_scores FINAL
+                ORDER BY conversation_id, version DESC
+                LIMIT 1 BY conversation_id"""
+
 MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "0001_initial",
@@ -143,10 +149,18 @@ MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
                 model_version {_LC},
                 received_at {_TS}
             ) ENGINE = ReplacingMergeTree(received_at) ORDER BY (conversation_id, turn_index, timestamp)""",
-            """CREATE VIEW IF NOT EXISTS {db}.latest_scores AS
-                SELECT * FROM {db}.conversation_scores FINAL
-                ORDER BY conversation_id, version DESC
-                LIMIT 1 BY conversation_id""",
+            "CREATE VIEW IF NOT EXISTS " + _LATEST_SCORES_VIEW,
+        ),
+    ),
+    (
+        "0002_judge_cost",
+        (
+            """ALTER TABLE {db}.conversation_scores
+                ADD COLUMN IF NOT EXISTS netsat_lower Nullable(Float64) AFTER netsat,
+                ADD COLUMN IF NOT EXISTS netsat_upper Nullable(Float64) AFTER netsat_lower,
+                ADD COLUMN IF NOT EXISTS rubrics_unasked Array(String) AFTER netsat_upper,
+                ADD COLUMN IF NOT EXISTS judge_cached_prompt_tokens UInt64 AFTER judge_completion_tokens""",
+            "CREATE OR REPLACE VIEW " + _LATEST_SCORES_VIEW,  # the view's * was expanded when it was created
         ),
     ),
 )
@@ -162,10 +176,11 @@ CONVERSATION_COLUMNS = (
 )  # fmt: skip
 SCORE_COLUMNS = (
     "conversation_id", "scorer_version", "status", "unscored_reason", "judge", "rubric_set_version",
-    "calibrator_version", "scored_at", "closed_at", "attempts", "netsat", "label", "threshold_label",
+    "calibrator_version", "scored_at", "closed_at", "attempts", "netsat", "netsat_lower", "netsat_upper",
+    "rubrics_unasked", "label", "threshold_label",
     "main_question_id", "main_probabilities", "main_expected_value", "dissatisfaction_probability",
     "product", "model_version", "attributes", "n_turns", "judge_calls", "judge_prompt_tokens",
-    "judge_completion_tokens", "judge_latency_s", "extra",
+    "judge_completion_tokens", "judge_cached_prompt_tokens", "judge_latency_s", "extra",
 )  # fmt: skip
 DIMENSION_COLUMNS = (
     "conversation_id", "scorer_version", "question_id", "probabilities", "expected_value",
@@ -529,12 +544,14 @@ def _append_score_rows(
     scores.append(
         [
             c.conversation_id, r.scorer_version, r.status, r.unscored_reason, r.judge, r.rubric_set_version,
-            r.calibrator_version, scored_at, closed_at, r.attempts, _opt_float(r.netsat, "netsat"), r.label,
+            r.calibrator_version, scored_at, closed_at, r.attempts, _opt_float(r.netsat, "netsat"),
+            _opt_float(r.netsat_lower, "netsat_lower"), _opt_float(r.netsat_upper, "netsat_upper"),
+            [str(x) for x in r.rubrics_unasked], r.label,
             r.threshold_label, r.main_question_id, [float(p) for p in r.main_probabilities],
             _opt_float(r.main_expected_value, "main_expected_value"),
             _opt_float(r.dissatisfaction_probability, "dissatisfaction_probability"),
             product, model_version, c.attributes, len(c.turns), r.judge_calls, r.judge_prompt_tokens,
-            r.judge_completion_tokens, float(r.judge_latency_s), json.dumps(r.extra, sort_keys=True, ensure_ascii=False),
+            r.judge_completion_tokens, r.judge_cached_prompt_tokens, float(r.judge_latency_s), json.dumps(r.extra, sort_keys=True, ensure_ascii=False),
         ]
     )  # fmt: skip
     for d in r.dimensions:

@@ -98,11 +98,12 @@ def rubric_sets_and_answers(draw: st.DrawFn) -> tuple[RubricSet, dict[tuple[str,
 
 
 @settings(max_examples=300, deadline=None)
-@given(rubric_sets_and_answers(), st.integers(1, 4))
-def test_early_stopping_labels_equal_asking_every_rubric(case, round_size: int) -> None:
+@given(rubric_sets_and_answers(), st.integers(1, 4), st.data())
+def test_early_stopping_labels_equal_asking_every_rubric(case, round_size: int, data: st.DataObject) -> None:
     rubric_set, table, conversations = case
     judge = RecordedJudge(table)
-    scorer = EarlyStoppingScorer(rubric_set, judge, round_size=round_size)
+    always = data.draw(st.lists(st.sampled_from(rubric_set.questions()), unique_by=lambda q: q.id))
+    scorer = EarlyStoppingScorer(rubric_set, judge, round_size=round_size, always_ask=always)
     for conversation in conversations:
         full = rubric_set.score(judge.judge(conversation, rubric_set.questions()))
         early = scorer.score(conversation)
@@ -110,6 +111,7 @@ def test_early_stopping_labels_equal_asking_every_rubric(case, round_size: int) 
         assert early.netsat_lower - 1e-9 <= full.netsat <= early.netsat_upper + 1e-9
         assert set(early.rubric_scores) | set(early.unasked) == {r.id for r in rubric_set.rubrics}
         assert not set(early.rubric_scores) & set(early.unasked)
+        assert {q.id for q in always} <= set(early.rubric_scores)  # always-asked rubrics are answered and count
         for rid, score in early.rubric_scores.items():
             assert score == pytest.approx(full.rubric_scores[rid])
         if not early.unasked:

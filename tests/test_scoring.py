@@ -65,9 +65,8 @@ def calibrator() -> CalibrationNetwork:
     return CalibrationNetwork(**FAST, seed=0).fit(load_split(DATA, "synth"))
 
 
-@pytest.fixture(scope="module")
-def closed_conversations() -> dict[str, ClosedConversation]:
-    """Three real conversations replayed as events and assembled, as the worker does."""
+def _assemble_all(limit: int | None = None) -> dict[str, ClosedConversation]:
+    """Real conversations replayed as events and assembled, as the worker does (the first ``limit`` to close)."""
     a = ConversationAssembler(AssemblySettings())
     states: dict[str, dict | None] = {}
     closed: dict[str, ClosedConversation] = {}
@@ -77,8 +76,15 @@ def closed_conversations() -> dict[str, ClosedConversation]:
         states[cid] = step.state
         if step.closed is not None:
             closed[cid] = step.closed
-        if len(closed) == 3:
+        if len(closed) == limit:
             break
+    return closed
+
+
+@pytest.fixture(scope="module")
+def closed_conversations() -> dict[str, ClosedConversation]:
+    """Three real conversations replayed as events and assembled, as the worker does."""
+    closed = _assemble_all(limit=3)
     assert len(closed) == 3
     return closed
 
@@ -321,3 +327,38 @@ def test_every_turn_of_the_real_conversation_reaches_the_judge(conversation) -> 
     """The assembled conversation is the real one: same turns, in order, as real_data.json holds them."""
     real = load_real_conversations(DATA / "real_data.json")[conversation.conversation_id]
     assert [(t.role, t.text) for t in conversation.to_conversation().turns] == [(t.role, t.text) for t in real.turns]
+
+
+# --- early stopping --------------------------------------------------------------------
+
+
+def test_early_stopping_keeps_the_labels_and_records_what_it_skipped(judge, rubric_set) -> None:
+    """All 223 real conversations scored with every rubric, and one rubric per round with early stopping."""
+    full_metrics, early_metrics = ServiceMetrics(), ServiceMetrics()
+    full_scorer = ConversationScorer(judge, rubric_set, None, fast_retries(questions=None), full_metrics)
+    early_scorer = ConversationScorer(judge, rubric_set, None, fast_retries(questions=None, rubrics_per_round=1), early_metrics)
+    assert early_scorer.scorer_version == full_scorer.scorer_version  # same judge, rubric set and calibrator
+    conversations = _assemble_all()
+    skipped = 0
+    for closed in conversations.values():
+        full, early = score(full_scorer, closed), score(early_scorer, closed)
+        assert early.status == full.status == "scored", early.unscored_reason
+        assert (early.label, early.threshold_label) == (full.label, full.threshold_label)
+        asked = {h.rubric_id for h in early.rubrics}
+        assert asked | set(early.rubrics_unasked) == set(RUBRICS) and not asked & set(early.rubrics_unasked)
+        assert early.netsat_lower <= full.netsat <= early.netsat_upper
+        assert (early.netsat is None) == bool(early.rubrics_unasked)
+        assert full.rubrics_unasked == () and full.netsat_lower == full.netsat_upper == full.netsat
+        skipped += len(early.rubrics_unasked)
+    assert sample(early_metrics, "convowatch_rubric_questions_total", outcome="skipped") == skipped
+    assert sample(full_metrics, "convowatch_rubric_questions_total", outcome="asked") == len(RUBRICS) * len(conversations)
+    assert skipped > 0
+
+
+def test_early_stopping_still_asks_every_question_the_calibrator_reads(judge, rubric_set, calibrator, conversation) -> None:
+    """This calibrator reads Q0–Q8 and the rubrics are Q1–Q8: nothing can be skipped, and P(dsat) is unchanged."""
+    full = score(ConversationScorer(judge, rubric_set, calibrator, fast_retries(), ServiceMetrics()), conversation)
+    early = score(ConversationScorer(judge, rubric_set, calibrator, fast_retries(rubrics_per_round=1), ServiceMetrics()), conversation)
+    assert early.rubrics_unasked == () and early.netsat == pytest.approx(full.netsat)
+    assert early.dissatisfaction_probability == pytest.approx(full.dissatisfaction_probability)
+    assert early.judge_calls == full.judge_calls == 0  # the recorded judge makes no requests

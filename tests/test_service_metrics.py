@@ -30,6 +30,7 @@ def every_series(metrics: ServiceMetrics) -> None:
     m.scoring_attempts.labels("JudgeUnavailable").inc()
     m.judge_calls.labels("recorded").inc()
     m.judge_tokens.labels("recorded", "prompt").inc(10)
+    m.rubric_questions.labels("asked").inc(3)
     m.judge_latency.labels("recorded").observe(0.1)
     m.judge_errors.labels("recorded", "JudgeUnavailable").inc()
     m.sink_rows.labels("scores").inc()

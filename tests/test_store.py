@@ -112,13 +112,33 @@ def test_migrate_is_idempotent(store_factory) -> None:  # noqa: F811
     assert store.migrate() == []
     assert [r["name"] for r in store.query("SHOW TABLES")] == tables
     # the second run inserted no schema_migrations row (raw count, not FINAL)
-    assert store.query("SELECT id FROM schema_migrations") == [{"id": "0001_initial"}]
-    assert store.applied_migrations() == ["0001_initial"]
+    ids = [m[0] for m in MIGRATIONS]
+    assert store.query("SELECT id FROM schema_migrations ORDER BY id") == [{"id": i} for i in ids]
+    assert store.applied_migrations() == ids
     engines = {r["name"]: r["engine"] for r in store.query("SELECT name, engine FROM system.tables WHERE database = currentDatabase()")}
     assert all(
         engines[t] == "ReplacingMergeTree"
         for t in ("conversations", "conversation_scores", "dimension_predictions", "rubric_scores", "feedback")
     )
+
+
+def test_a_database_of_the_first_schema_is_upgraded_and_keeps_its_rows(store_factory, monkeypatch) -> None:  # noqa: F811
+    """A store written before the judge-cost columns: the rows stay, the new columns read as NULL / empty / 0."""
+    import stream.store as store_module
+
+    store = store_factory(migrate=False)
+    monkeypatch.setattr(store_module, "MIGRATIONS", MIGRATIONS[:1])
+    assert store.migrate() == ["0001_initial"]
+    # the old writer's row, with the old columns only
+    store._command(
+        "INSERT INTO conversation_scores (conversation_id, scorer_version, status, netsat, label, scored_at, closed_at) "
+        "VALUES ('old-1', 'sv', 'scored', 3.5, 'sat', now64(6), now64(6))",
+        "writing an old row",
+    )
+    monkeypatch.setattr(store_module, "MIGRATIONS", MIGRATIONS)
+    assert store.migrate() == [m[0] for m in MIGRATIONS[1:]]
+    [row] = store.query("SELECT netsat, netsat_lower, netsat_upper, rubrics_unasked, judge_cached_prompt_tokens FROM latest_scores")
+    assert row == {"netsat": 3.5, "netsat_lower": None, "netsat_upper": None, "rubrics_unasked": [], "judge_cached_prompt_tokens": 0}
 
 
 def test_a_second_store_on_the_same_database_sees_the_schema(store_factory) -> None:  # noqa: F811
@@ -156,6 +176,9 @@ def test_write_and_read_back_every_field(store_factory) -> None:  # noqa: F811
         scored_at=T0 + 1000.5,
         attempts=2,
         netsat=-7.5,
+        netsat_lower=-7.5,
+        netsat_upper=-7.5,
+        rubrics_unasked=("s-late",),
         label="dsat",
         threshold_label="dsat",
         main_question_id="Q0",
@@ -167,6 +190,7 @@ def test_write_and_read_back_every_field(store_factory) -> None:  # noqa: F811
         judge_calls=9,
         judge_prompt_tokens=1234,
         judge_completion_tokens=56,
+        judge_cached_prompt_tokens=1100,
         judge_latency_s=4.25,
         extra={"note": "x"},
     )
@@ -205,6 +229,9 @@ def test_write_and_read_back_every_field(store_factory) -> None:  # noqa: F811
         "closed_at": utc(T0 + 900.000001),
         "attempts": 2,
         "netsat": -7.5,
+        "netsat_lower": -7.5,
+        "netsat_upper": -7.5,
+        "rubrics_unasked": ["s-late"],
         "label": "dsat",
         "threshold_label": "dsat",
         "main_question_id": "Q0",
@@ -218,6 +245,7 @@ def test_write_and_read_back_every_field(store_factory) -> None:  # noqa: F811
         "judge_calls": 9,
         "judge_prompt_tokens": 1234,
         "judge_completion_tokens": 56,
+        "judge_cached_prompt_tokens": 1100,
         "judge_latency_s": 4.25,
         "extra": '{"note": "x"}',
     }
@@ -490,7 +518,7 @@ def test_open_from_settings(chdb_dsn) -> None:  # noqa: F811
 
     with ClickHouseStore.open(StoreSettings(dsn=chdb_dsn, database="from_settings")) as store:
         assert store.database == "from_settings"
-        assert store.migrate() == ["0001_initial"]
+        assert store.migrate() == [m[0] for m in MIGRATIONS]
 
 
 def test_second_directory_in_one_process_is_refused(chdb_store, tmp_path: Path) -> None:  # noqa: F811

@@ -85,6 +85,7 @@ class Provenance:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     calls: int = 0
+    cached_prompt_tokens: int = 0  # part of prompt_tokens the server reports it served from its prompt cache
 
 
 @dataclass(frozen=True)
