@@ -78,7 +78,7 @@ def _judge() -> list:
         p.time_series("Judge errors / s by error", "Judge failures per second, by error type.",
                       [p.promql(promql.rate(promql.JUDGE_ERRORS, W, by="judge, error"), "{{judge}} {{error}}")], "cps", span=8),
         _latency("Judge latency", "Judge time per conversation: p50 / p90 / p99 per judge.", promql.JUDGE_LATENCY, by="judge"),
-        p.time_series("Judge tokens / s", "Tokens per second, by judge and kind (prompt / completion).",
+        p.time_series("Judge tokens / s", "Tokens per second, by judge and kind (prompt / completion; cached_prompt is the part of prompt the judge server served from its prompt cache).",
                       [p.promql(promql.rate(promql.JUDGE_TOKENS, W, by="judge, kind"), "{{judge}} {{kind}}")], "short", span=16),
     ]
 
