@@ -34,7 +34,7 @@ OUTPUT = ROOT / "bench" / "results" / "local_judge_latency.json"
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--conversations", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (1 = one worker process per core)")
+    parser.add_argument("--threads", type=int, default=1, help="llama.cpp threads (1 = one worker process per core)")
     args = parser.parse_args(argv)
 
     questions = list(load_questions(DATA_DIR / QUESTIONS_FILE).values())
@@ -45,11 +45,11 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="convowatch-bench-") as cache:
         t = time.perf_counter()
-        cached = LocalJudge(cache_dir=Path(cache), torch_threads=args.threads)
+        cached = LocalJudge(cache_dir=Path(cache), n_threads=args.threads)
         first_load = time.perf_counter() - t
         t = time.perf_counter()
-        uncached = LocalJudge(cached.model_dir, cache_dir=Path(cache), use_kv_cache=False, torch_threads=args.threads)
-        converted_load = time.perf_counter() - t
+        uncached = LocalJudge(cached.source_path, cache_dir=Path(cache), use_kv_cache=False, n_threads=args.threads)
+        second_load = time.perf_counter() - t
         cached.judge(picked[0], questions[:1])  # warm-up
         on, off, tokens = [], [], []
         for conv in picked:
@@ -64,16 +64,16 @@ def main(argv: list[str] | None = None) -> int:
         "conversations": len(picked),
         "questions": len(questions),
         "first_load_s": round(first_load, 1),
-        "converted_load_s": round(converted_load, 1),
+        "second_load_s": round(second_load, 1),
         "median_prompt_tokens": statistics.median(tokens),
         "kv_cache_s_per_conversation": round(statistics.median(on), 2),
         "no_cache_s_per_conversation": round(statistics.median(off), 2),
         "load_average_at_end": os.getloadavg()[0],
         "command": " ".join([".venv/bin/python", "bench/local_judge_latency.py", *sys.argv[1:]]),
     }
-    print(f"Local judge ({result['model']}, {args.threads} torch thread(s)), {len(picked)} median-length real conversations, "
+    print(f"Local judge ({result['model']}, llama.cpp, {args.threads} thread(s)), {len(picked)} median-length real conversations, "
           f"{len(questions)} questions, ~{result['median_prompt_tokens']:.0f} prompt tokens")
-    print(f"  load: GGUF first (assemble + convert) {first_load:.1f} s; converted directory {converted_load:.1f} s")
+    print(f"  load: first (assemble the packaged GGUF + load) {first_load:.1f} s; again {second_load:.1f} s")
     print(f"  per conversation (median): KV cache {result['kv_cache_s_per_conversation']} s, "
           f"no cache {result['no_cache_s_per_conversation']} s")
     OUTPUT.parent.mkdir(parents=True, exist_ok=True)

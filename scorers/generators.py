@@ -15,16 +15,15 @@ with two backends matching the judge layer's:
   `GeneratorError`, a reply with no choices `GeneratorReplyError`; none of
   those is retried. The openai client's own retries are off. The API key is
   handed to the client and never put in messages, logs or ``repr``.
-- `LocalGenerator`: a causal LM run with transformers on the CPU, loaded as
-  `scorers.judges.local` loads its model (a Hugging Face directory, or a GGUF
-  converted once to safetensors under ``cache_dir``; default: the packaged
-  Gemma 3 270M *base* model, far too weak to follow the rubric-learning
-  prompts — plumbing-grade, for tests and demos). When the tokenizer has a
-  chat template the prompt is one user message of it; otherwise the raw
-  prompt follows the BOS token. Temperature 0 is greedy decoding
-  (deterministic); a higher temperature samples from torch's CPU RNG seeded
-  from ``seed`` and a per-instance call counter inside ``torch.random.fork_rng``,
-  so a run is reproducible and the global RNG state is restored afterwards.
+- `LocalGenerator`: a GGUF model run in-process on llama.cpp (CPU), loaded as
+  `scorers.judges.local` loads its model (default: the packaged Gemma 3 270M
+  *base* model, far too weak to follow the rubric-learning prompts —
+  plumbing-grade, for tests and demos). When the GGUF carries a chat template
+  the prompt is one user message of it; otherwise the raw prompt follows the
+  BOS token. Temperature 0 is greedy decoding (deterministic); a higher
+  temperature samples with llama.cpp's sampler seeded from ``seed`` and a
+  per-instance call counter, so a run is reproducible and no global RNG is
+  touched.
 
 A reply's text is returned as the model wrote it, with its token counts,
 wall time (including retries) and finish reason (``"length"`` when
@@ -43,15 +42,16 @@ from pathlib import Path
 from typing import Any, Mapping, Protocol, runtime_checkable
 
 import openai
-import torch
 from openai.types.chat import ChatCompletion
 
 from scorers.judges.local import (
     DEFAULT_MAX_CONTEXT_TOKENS,
     LocalModelError,
+    decode,
     default_cache_dir,
-    load_model_directory,
-    max_positions,
+    encode,
+    lead_token_ids,
+    load_llama,
     resolve_model,
 )
 from scorers.openai_chat import NO_API_KEY, ChatErrors, complete_with_retries, require
@@ -218,12 +218,12 @@ class OpenAIGenerator:
 
 
 class LocalGenerator:
-    """Completes prompts with a local causal LM (transformers, CPU); see the module docstring.
+    """Completes prompts with a local GGUF model (llama.cpp, CPU); see the module docstring.
 
-    ``model_path``: a Hugging Face model directory or a ``.gguf`` file; None
-    uses the packaged Gemma 3 270M base model. ``max_context_tokens`` caps
-    prompt + completion below the model's own limit. Calls are serialised
-    (one model, one lock).
+    ``model_path``: a ``.gguf`` file; None uses the packaged Gemma 3 270M base
+    model. ``max_context_tokens`` caps prompt + completion below the model's
+    own limit. ``n_threads``: llama.cpp threads (None = its default). Calls are
+    serialised (one model, one lock).
     """
 
     def __init__(
@@ -232,30 +232,28 @@ class LocalGenerator:
         *,
         cache_dir: Path | None = None,
         max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS,
-        torch_threads: int | None = None,
+        n_threads: int | None = None,
         seed: int = 0,
         repetition_penalty: float = 1.0,
         name: str = "local",
     ) -> None:
         require(max_context_tokens >= 1, "max_context_tokens", max_context_tokens, ">= 1")
         require(repetition_penalty > 0, "repetition_penalty", repetition_penalty, "> 0")
-        if torch_threads is not None:
-            require(torch_threads >= 1, "torch_threads", torch_threads, ">= 1")
-            torch.set_num_threads(torch_threads)
+        if n_threads is not None:
+            require(n_threads >= 1, "n_threads", n_threads, ">= 1")
         self.name = name
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.seed = seed
         self.repetition_penalty = repetition_penalty
         try:
-            source, self.model_dir = resolve_model(model_path, self.cache_dir, "local generator")
-            self._model, self._tokenizer = load_model_directory(self.model_dir)
+            self.source_path = resolve_model(model_path, self.cache_dir, "local generator")
+            self._llm = load_llama(self.source_path, max_context_tokens, n_threads)
         except LocalModelError as e:
             raise GeneratorModelNotFound(str(e)) from e
-        self.source_path = source
-        self.model = source.name
-        limit = max_positions(self._model.config)
-        self.max_context_tokens = min(max_context_tokens, limit) if limit else max_context_tokens
-        self.uses_chat_template = bool(getattr(self._tokenizer, "chat_template", None))
+        self.model = self.source_path.name
+        self.max_context_tokens = int(self._llm.n_ctx())
+        self._chat_template = self._llm.metadata.get("tokenizer.chat_template")
+        self.uses_chat_template = bool(self._chat_template)
         self._lock = threading.Lock()
         self._calls = 0
 
@@ -264,14 +262,16 @@ class LocalGenerator:
 
     def prompt_ids(self, prompt: str) -> list[int]:
         """The token ids the model reads for ``prompt`` (chat template, or BOS + raw prompt)."""
-        tok = self._tokenizer
         if self.uses_chat_template:
-            ids = tok.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
-            )
-            return [int(i) for i in ids]
-        lead = [tok.bos_token_id] if tok.bos_token_id is not None else []
-        return lead + list(tok.encode(prompt, add_special_tokens=False))
+            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+            eos = decode(self._llm, [self._llm.token_eos()])
+            bos = decode(self._llm, [self._llm.token_bos()])
+            formatter = Jinja2ChatFormatter(self._chat_template, eos_token=eos, bos_token=bos)
+            text = formatter(messages=[{"role": "user", "content": prompt}]).prompt
+            # The template writes the control tokens itself; the user's prompt inside it stays plain text.
+            return list(self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
+        return lead_token_ids(self._llm) + encode(self._llm, prompt)
 
     def generate(self, prompt: str, *, max_tokens: int, temperature: float) -> Generation:
         """Complete ``prompt`` (greedy at temperature 0); `GeneratorPromptTooLong` if it cannot fit."""
@@ -283,25 +283,27 @@ class LocalGenerator:
                 f"prompt of {len(ids)} tokens + max_tokens {max_tokens} exceeds the context of "
                 f"{self.max_context_tokens} tokens of {self.model}"
             )
-        tok = self._tokenizer
-        options: dict[str, Any] = {
-            "max_new_tokens": max_tokens,
-            "pad_token_id": tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
-            "repetition_penalty": self.repetition_penalty,
-        }
-        if temperature > 0:
-            options.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
-        else:
-            options.update(do_sample=False, temperature=None, top_k=None, top_p=None)
-        input_ids = torch.tensor([ids])
-        with self._lock, torch.random.fork_rng(devices=[]), torch.inference_mode():
+        import llama_cpp
+
+        with self._lock:
             self._calls += 1
-            torch.manual_seed(self.seed * 1_000_003 + self._calls)  # inside fork_rng: the global state is restored
-            output = self._model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **options)
-        new = output[0, len(ids) :].tolist()
-        eos = self._eos_ids()
-        stopped = bool(new) and new[-1] in eos
-        text = tok.decode(new, skip_special_tokens=True)
+            self._llm.reset()
+            self._llm.set_seed(self.seed * 1_000_003 + self._calls)
+            sampling = (
+                dict(temp=temperature, top_k=0, top_p=1.0, min_p=0.0)
+                if temperature > 0
+                else dict(temp=0.0, top_k=1, top_p=1.0, min_p=0.0)
+            )
+            new: list[int] = []
+            stopped = False
+            for token in self._llm.generate(ids, reset=True, repeat_penalty=self.repetition_penalty, **sampling):
+                if llama_cpp.llama_vocab_is_eog(self._llm._model.vocab, token):
+                    stopped = True
+                    break
+                new.append(token)
+                if len(new) >= max_tokens:
+                    break
+        text = self._llm.detokenize(new, special=False).decode("utf-8", errors="replace")
         return Generation(
             text=text,
             prompt_tokens=len(ids),
@@ -309,9 +311,3 @@ class LocalGenerator:
             latency_s=time.perf_counter() - started,
             finish_reason="stop" if stopped or len(new) < max_tokens else "length",
         )
-
-    def _eos_ids(self) -> set[int]:
-        eos = self._model.generation_config.eos_token_id
-        if eos is None:
-            eos = self._tokenizer.eos_token_id
-        return set(eos) if isinstance(eos, (list, tuple)) else ({eos} if eos is not None else set())

