@@ -57,12 +57,16 @@ class ScoreCacheError(RuntimeError):
 
 
 def judge_identity(judge: Judge) -> str:
-    """What distinguishes one judge's answers from another's: ``name|model|prompt version|questions per call``."""
+    """What distinguishes one judge's answers from another's: ``name|model|prompt version|questions per call``
+    (``|fmt=grammar`` added for a constrained multi-question judge)."""
     model = getattr(judge, "model", "") or ""
     per_call = getattr(judge, "questions_per_call", None)
     parts = [judge.name, str(model), PROMPT_VERSION]
     if per_call is not None:
         parts.append(f"qpc={per_call}")
+    answer_format = getattr(judge, "answer_format", "lines")
+    if per_call not in (None, 1) and answer_format != "lines":
+        parts.append(f"fmt={answer_format}")
     return "|".join(parts)
 
 

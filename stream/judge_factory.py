@@ -28,6 +28,7 @@ def judge_from_settings(settings: JudgeSettings, cache_dir) -> Judge:
             api_key=settings.api_key.get_secret_value() if settings.api_key else None,
             model=settings.model,
             questions_per_call=settings.questions_per_call,
+            answer_format=settings.answer_format,
             top_logprobs=settings.top_logprobs,
             max_concurrency=settings.max_concurrency,
             max_retries=settings.max_retries,

@@ -21,9 +21,10 @@ def test_recorded_backend_reads_the_configured_file(tmp_path):
 
 def test_openai_backend_passes_the_settings_through(tmp_path):
     settings = JudgeSettings(backend="openai", base_url="http://127.0.0.1:9/v1", model="m", api_key="sk-factory-secret",
-                             questions_per_call=3, max_retries=1)
+                             questions_per_call=3, answer_format="grammar", max_retries=1)
     judge = judge_from_settings(settings, tmp_path)
     assert isinstance(judge, OpenAIJudge) and judge.model == "m"
+    assert (judge.questions_per_call, judge.answer_format, judge.max_retries) == (3, "grammar", 1)
     assert "sk-factory-secret" not in repr(judge)
     with pytest.raises(SettingsError, match="judge.base_url .*judge.model"):
         judge_from_settings(JudgeSettings(backend="openai"), tmp_path)

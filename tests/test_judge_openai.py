@@ -26,10 +26,10 @@ import pytest
 from openai.types.chat.chat_completion_token_logprob import TopLogprob
 
 from scorers.conversation import Conversation, render_transcript
-from scorers.judges.base import JudgeAuthError, JudgeModelNotFound, JudgeReplyError, JudgeUnavailable
-from scorers.judges.openai_http import OpenAIJudge, answer_positions, option_probabilities
+from scorers.judges.base import Judgement, JudgeAuthError, JudgeModelNotFound, JudgeReplyError, JudgeUnavailable
+from scorers.judges.openai_http import OpenAIJudge, answer_grammar, answer_positions, option_probabilities, read_answer_lines
 from scorers.judges.prompt import single_question_prompt
-from scorers.questions import likert_question
+from scorers.questions import Question, likert_question
 from tests.servers import LlamaServer, Received, Reply, ScriptedServer, forward, free_port
 
 CONVERSATION = Conversation.from_messages(
@@ -306,7 +306,7 @@ def test_option_tokens_with_and_without_leading_space_are_summed() -> None:
     [
         (["1", ":", " ", "4", "\n", "2", ":", " ", "1", "\n"], [3, 8]),  # Gemma / llama.cpp style
         (["1", ":", " 4", "\n", "2", ":", " 1"], [2, 6]),  # GPT style: the space rides on the digit
-        (["Sure", ".\n", "2", ": ", "5", "\n", "1", ":", " 3", "\n", "2", ":", " 1"], [8, 4]),  # first line numbered i counts
+        (["Sure", ".\n", "2", ": ", "5", "\n", "1", ":", " 3", "\n", "7", ":", " 1"], [8, 4]),  # by number; 7 is out of range
     ],
 )
 def test_answer_positions_walk_the_reply_tokens(tokens: list[str], expected: list[int]) -> None:
@@ -316,9 +316,10 @@ def test_answer_positions_walk_the_reply_tokens(tokens: list[str], expected: lis
 @pytest.mark.parametrize(
     "tokens, message",
     [
-        (["1", ":", " 4", "\n"], r"lacks answer line\(s\) \[2\]"),
-        (["1", ":", " 4", "\n", "2", ":", "\n"], r"lacks answer line\(s\) \[2\]"),
+        (["1", ":", " 4", "\n"], r"unreadable answer line\(s\) \[2\].*no answer line"),
+        (["1", ":", " 4", "\n", "2", ":", "\n"], r"unreadable answer line\(s\) \[2\].*has no answer"),
         (["1", ":3", "\n", "2", ":", " 1"], "token boundary"),
+        (["1", ":", " 4", "\n", "2", ":", " 1", "\n", "1", ":", " 2"], "appears more than once"),
     ],
 )
 def test_unreadable_replies_are_reply_errors(tokens: list[str], message: str) -> None:
@@ -335,3 +336,124 @@ def test_bad_parameters_name_the_field(field: str, value: object) -> None:
     params[field] = value
     with pytest.raises(ValueError, match=field):
         OpenAIJudge(**params)
+
+
+def test_read_answer_lines_keeps_what_it_can_and_says_why_not() -> None:
+    tokens = ["3", ":", " 2", "\n", "1", ":", " 4", "\n", "1", ":", " 5", "\n", "4", ":", "\n"]
+    reading = read_answer_lines(tokens, 4)
+    assert reading.positions == {3: 2}
+    assert reading.unreadable == {
+        1: "its line number appears more than once", 2: "no answer line", 4: "its line has no answer",
+    }
+
+
+# ---------------------------------------------------------------- one pass, fallback, cached tokens
+
+
+def _completion(tokens: list[tuple[str, dict[str, float]]], prompt_tokens: int = 100, cached: int | None = None) -> bytes:
+    """An OpenAI-shaped chat completion whose reply is ``tokens`` (text, {alternative: probability})."""
+    content = [
+        {"token": text, "logprob": math.log(max(top.get(text, 0.5), 1e-9)), "bytes": None,
+         "top_logprobs": [{"token": k, "logprob": math.log(p), "bytes": None} for k, p in top.items()]}
+        for text, top in tokens
+    ]
+    usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": len(tokens), "total_tokens": prompt_tokens + len(tokens)}
+    if cached is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    body = {
+        "id": "x", "object": "chat.completion", "created": 0, "model": "m",
+        "choices": [{"index": 0, "finish_reason": "stop", "logprobs": {"content": content},
+                     "message": {"role": "assistant", "content": "".join(t for t, _ in tokens)}}],
+        "usage": usage,
+    }
+    return json.dumps(body).encode()
+
+
+def _line(number: int, answer: str, top: dict[str, float]) -> list[tuple[str, dict[str, float]]]:
+    return [(str(number), {}), (":", {}), (" " + answer, top), ("\n", {})]
+
+
+SINGLE_ANSWER = _completion([("4", {"4": 0.7, "5": 0.2})], prompt_tokens=80, cached=60)
+
+
+def _run(multi: bytes) -> tuple[Judgement, ScriptedServer]:
+    """Double: the multi-question reply is scripted (a real server cannot be made to send adversarial replies on
+    demand); every single-question fallback gets a fixed answer."""
+    server = ScriptedServer(lambda i, r: Reply(200, multi if b"Reply with exactly" in r.body else SINGLE_ANSWER))
+    with server:
+        judge = OpenAIJudge(base_url=server.url + "/v1", model="m", questions_per_call=len(QUESTIONS), max_retries=0)
+        judgement = judge.judge(CONVERSATION, QUESTIONS)
+    return judgement, server
+
+
+def test_swapped_lines_are_assigned_by_number_not_by_order() -> None:
+    multi = _completion(_line(3, "1", {"1": 0.9}) + _line(1, "5", {"5": 0.6}) + _line(2, "2", {"2": 0.3}))
+    judgement, server = _run(multi)
+    answers, ids = judgement.answers, [q.id for q in QUESTIONS]
+    assert answers[ids[0]].probabilities == pytest.approx((0, 0, 0, 0, 0.6))
+    assert answers[ids[1]].probabilities == pytest.approx((0, 0.3, 0, 0, 0))
+    assert answers[ids[2]].probabilities == pytest.approx((0.9, 0, 0, 0, 0))
+    assert len(server.received) == 1 and judgement.extra["fallback_questions"] == "0"
+
+
+def test_a_missing_or_duplicated_line_falls_back_alone_and_the_rest_is_kept() -> None:
+    multi = _completion(_line(1, "2", {"2": 0.8}) + _line(1, "3", {"3": 0.8}) + _line(3, "4", {"4": 0.5}) + _line(9, "1", {"1": 1.0}))
+    judgement, server = _run(multi)
+    ids = [q.id for q in QUESTIONS]
+    assert judgement.answers[ids[2]].probabilities == pytest.approx((0, 0, 0, 0.5, 0))  # kept from the one pass
+    for qid in ids[:2]:  # 1 appeared twice, 2 never: both asked alone
+        assert judgement.answers[qid].probabilities == pytest.approx((0, 0, 0, 0.7, 0.2))
+    asked_alone = [json.loads(r.body)["messages"][0]["content"] for r in server.received[1:]]
+    assert len(asked_alone) == 2 and all("Reply with exactly" not in p for p in asked_alone)
+    assert sorted(q.text for q in QUESTIONS[:2] for p in asked_alone if q.text in p) == sorted(q.text for q in QUESTIONS[:2])
+    assert judgement.extra["fallback_questions"] == "2"
+    assert judgement.provenance.calls == 3
+    assert judgement.provenance.cached_prompt_tokens == 120  # two fallbacks reporting 60 cached tokens each
+
+
+def test_a_reply_with_no_lines_falls_back_for_every_question() -> None:
+    judgement, server = _run(_completion([("I", {}), (" cannot", {}), (" say", {})]))
+    assert len(server.received) == 1 + len(QUESTIONS)
+    assert set(judgement.answers) == {q.id for q in QUESTIONS}
+    assert judgement.extra["fallback_questions"] == str(len(QUESTIONS))
+
+
+def test_an_answer_glued_to_its_number_is_not_read_at_the_wrong_token() -> None:
+    multi = _completion([("1", {}), (":5", {"5": 0.9}), ("\n", {})] + _line(2, "1", {"1": 0.4}) + _line(3, "1", {"1": 0.4}))
+    judgement, server = _run(multi)
+    assert judgement.answers[QUESTIONS[0].id].probabilities == pytest.approx((0, 0, 0, 0.7, 0.2))  # the fallback's
+    assert judgement.extra["fallback_questions"] == "1"
+
+
+def test_the_grammar_admits_exactly_one_line_per_question_with_its_options() -> None:
+    odd = Question(id="q8", text="Turns?", option_keys=("1", "2", "3"), option_labels=("few", "many", "ok"))
+    grammar = answer_grammar([QUESTIONS[0], odd])
+    assert grammar == 'root ::= "1: " ("1" | "2" | "3" | "4" | "5") "\\n" "2: " ("1" | "2" | "3") "\\n"'
+
+
+@pytest.mark.slow
+def test_grammar_mode_answers_every_question_in_one_call_on_the_real_server(llama_server: LlamaServer) -> None:
+    with ScriptedServer(lambda i, r: forward(_upstream(llama_server), r)) as proxy:
+        judge = _judge(proxy.url + "/v1", llama_server, questions_per_call=len(QUESTIONS), answer_format="grammar",
+                       extra_body={"repeat_penalty": 1.0})
+        one_pass = judge.judge(CONVERSATION, QUESTIONS)
+        single = _judge(proxy.url + "/v1", llama_server).judge(CONVERSATION, QUESTIONS[:1])
+    assert one_pass.provenance.calls == 1 and one_pass.extra["fallback_questions"] == "0"
+    sent = json.loads(proxy.received[0].body)
+    assert sent["grammar"] == answer_grammar(QUESTIONS)
+    reply = "".join(t["token"] for t in json.loads(proxy.replies[0].body)["choices"][0]["logprobs"]["content"])
+    assert re.fullmatch(r"1: [1-5]\n2: [1-5]\n3: [1-5]\n", reply), reply
+    for q in QUESTIONS:
+        assert one_pass.answers[q.id].covered_mass > 0
+    # One pass reads the transcript once: fewer prompt tokens than asking each question alone (this two-turn
+    # transcript is short, so the question texts dominate; bench/judge_cost.py measures real conversations).
+    transcript_tokens = single.provenance.prompt_tokens
+    assert one_pass.provenance.prompt_tokens < len(QUESTIONS) * transcript_tokens
+
+
+def test_the_single_and_the_multi_question_prompt_share_the_transcript_prefix() -> None:
+    from scorers.judges.prompt import multi_question_prompt, prefix
+
+    transcript = render_transcript(CONVERSATION)
+    assert single_question_prompt(transcript, QUESTIONS[0]).startswith(prefix(transcript))
+    assert multi_question_prompt(transcript, QUESTIONS).startswith(prefix(transcript))

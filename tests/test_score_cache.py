@@ -148,3 +148,14 @@ def test_unusable_cache_files_are_reported(tmp_path, judge, rubric_set, conversa
     (tmp_path / "not-a-db.sqlite").write_text("plain text, not SQLite" * 100)
     with pytest.raises(ScoreCacheError, match="cannot open the score cache"):
         ScoreCache(tmp_path / "not-a-db.sqlite")
+
+
+def test_a_grammar_constrained_multi_question_judge_has_its_own_identity() -> None:
+    from scorers.judges.openai_http import OpenAIJudge
+
+    def identity(**kw: object) -> str:
+        return judge_identity(OpenAIJudge(base_url="http://127.0.0.1:1/v1", model="m", **kw))
+
+    assert identity(questions_per_call=5, answer_format="grammar") != identity(questions_per_call=5)
+    assert identity(questions_per_call=5, answer_format="grammar").endswith("|qpc=5|fmt=grammar")
+    assert identity(answer_format="grammar") == identity()  # one question per call: the format is not used

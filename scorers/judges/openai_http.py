@@ -21,9 +21,21 @@ generated token). ``questions_per_call=n>1`` asks batches of n questions per
 call (`multi_question_prompt`): the reply must hold one line ``<i>: <answer>``
 per question; the answer position of question i is the token that starts
 right after ``<i>:`` and any spaces, found by walking the returned tokens.
-Batches of one conversation run in parallel threads. A model too weak to
-keep the line format can be held to it server-side through ``extra_body``
-(e.g. a llama.cpp ``grammar``); logprobs stay the model's own distribution.
+Batches of one conversation run in parallel threads. ``answer_format="grammar"``
+holds the reply to exactly that format server-side with a llama.cpp GBNF
+grammar built from the batch's questions and option keys (`answer_grammar`);
+logprobs stay the model's own distribution. Any other constraint can be sent
+through ``extra_body``.
+
+Never mis-assigned, never lost: an answer is taken only from the line carrying
+its question's number. A question whose answer cannot be read (no line, a
+number on two lines, an empty answer, an answer not at a token boundary) is
+asked again alone with the single-question prompt; the transcript comes first
+in every prompt, so server-side prompt caches (llama.cpp slot reuse, vLLM
+prefix caching, OpenAI prompt caching) serve the repeated prefix. The count is
+``Judgement.extra["fallback_questions"]``; cached prompt tokens the server
+reports (``usage.prompt_tokens_details.cached_tokens``) are summed into
+``Provenance.cached_prompt_tokens``.
 
 Failures. 429, 408, 5xx, timeouts and connection errors are retried with
 exponential backoff and full jitter (delay before retry r is uniform in
@@ -41,6 +53,7 @@ key is handed to the client and never put in messages, logs or ``repr``.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -49,7 +62,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 import openai
 from openai.types.chat import ChatCompletion
@@ -87,6 +100,8 @@ _ERRORS = ChatErrors(
     rejected=JudgeError,
     reply=JudgeReplyError,
 )
+AnswerFormat = Literal["lines", "grammar"]
+ANSWER_FORMATS: tuple[str, ...] = ("lines", "grammar")
 _ANSWER_LINE = re.compile(r"^[ \t]*(\d+)[ \t]*:[ \t]*", re.MULTILINE)
 
 
@@ -95,7 +110,17 @@ class _BatchResult:
     answers: tuple[Answer, ...]
     prompt_tokens: int
     completion_tokens: int
+    cached_prompt_tokens: int
     attempts: int
+    unread: tuple[Question, ...] = ()  # questions whose answer could not be read: asked again alone
+
+
+@dataclass(frozen=True)
+class ReplyReading:
+    """Where each numbered answer starts in a multi-question reply, and why the others cannot be read."""
+
+    positions: dict[int, int]  # question number (1-based) -> index of its answer token
+    unreadable: dict[int, str]  # question number -> reason
 
 
 def option_probabilities(top: Sequence[TopLogprob], option_keys: Sequence[str]) -> tuple[float, ...]:
@@ -109,12 +134,14 @@ def option_probabilities(top: Sequence[TopLogprob], option_keys: Sequence[str]) 
     return tuple(mass)
 
 
-def answer_positions(tokens: Sequence[str], n_questions: int) -> list[int]:
-    """Index of the token that starts each of ``n_questions`` answer lines ``<i>: <answer>``.
+def read_answer_lines(tokens: Sequence[str], n_questions: int) -> ReplyReading:
+    """Find the token that starts each answer line ``<i>: <answer>`` for i in ``1..n_questions``.
 
-    The first line numbered i counts; lines numbered outside ``1..n_questions``
-    are ignored. Raises `JudgeReplyError` naming the missing lines, or when an
-    answer does not start at a token boundary (its distribution cannot be read).
+    An answer is assigned only by its explicit number, never by position. A
+    number that appears on two lines is ambiguous and unreadable, as is a
+    missing line, an empty answer, or an answer that does not start at a token
+    boundary (its distribution cannot be read); lines numbered outside
+    ``1..n_questions`` are ignored.
     """
     text = "".join(tokens)
     starts: list[int] = []
@@ -123,22 +150,50 @@ def answer_positions(tokens: Sequence[str], n_questions: int) -> list[int]:
         starts.append(offset)
         offset += len(tok)
     found: dict[int, int] = {}
+    unreadable: dict[int, str] = {}
+    seen: set[int] = set()
     for m in _ANSWER_LINE.finditer(text):
         number, answer_at = int(m.group(1)), m.end()
-        if not 1 <= number <= n_questions or number in found or answer_at >= len(text):
+        if not 1 <= number <= n_questions:
             continue
-        if text[answer_at] == "\n":
-            continue  # "3:" with nothing after it: no answer on this line
+        if number in seen:
+            found.pop(number, None)
+            unreadable[number] = "its line number appears more than once"
+            continue
+        seen.add(number)
+        if answer_at >= len(text) or text[answer_at] == "\n":
+            unreadable[number] = "its line has no answer"
+            continue
         token_index = _token_starting_at(starts, tokens, answer_at)
         if token_index is None:
-            raise JudgeReplyError(
-                f"answer {number} does not start at a token boundary, so its distribution cannot be read: {_excerpt(text)!r}"
-            )
+            unreadable[number] = "its answer does not start at a token boundary"
+            continue
         found[number] = token_index
-    missing = [i for i in range(1, n_questions + 1) if i not in found]
-    if missing:
-        raise JudgeReplyError(f"reply lacks answer line(s) {missing} of {n_questions}: {_excerpt(text)!r}")
-    return [found[i] for i in range(1, n_questions + 1)]
+    for i in range(1, n_questions + 1):
+        if i not in found and i not in unreadable:
+            unreadable[i] = "no answer line"
+    return ReplyReading(found, dict(sorted(unreadable.items())))
+
+
+def answer_positions(tokens: Sequence[str], n_questions: int) -> list[int]:
+    """`read_answer_lines`, strict: the answer token of every question, or `JudgeReplyError` naming the others."""
+    reading = read_answer_lines(tokens, n_questions)
+    if reading.unreadable:
+        details = "; ".join(f"{i}: {why}" for i, why in reading.unreadable.items())
+        raise JudgeReplyError(f"unreadable answer line(s) {list(reading.unreadable)} of {n_questions} ({details}): {_excerpt(''.join(tokens))!r}")
+    return [reading.positions[i] for i in range(1, n_questions + 1)]
+
+
+def answer_grammar(questions: Sequence[Question]) -> str:
+    """A llama.cpp GBNF grammar that admits exactly one line ``<i>: <option key of question i>`` per question."""
+    def literal(s: str) -> str:
+        return json.dumps(s)  # GBNF string literals use JSON escapes
+
+    lines = [
+        f"{literal(f'{i}: ')} ({' | '.join(literal(k) for k in q.option_keys)}) {literal(chr(10))}"
+        for i, q in enumerate(questions, start=1)
+    ]
+    return "root ::= " + " ".join(lines)
 
 
 def _token_starting_at(starts: Sequence[int], tokens: Sequence[str], char: int) -> int | None:
@@ -173,16 +228,19 @@ class OpenAIJudge:
         timeout_s: float = 60.0,
         max_transcript_chars: int | None = 24_000,
         extra_body: Mapping[str, Any] | None = None,
+        answer_format: AnswerFormat = "lines",
         name: str = JUDGE_NAME,
         rng: random.Random | None = None,
     ) -> None:
-        """``extra_body`` adds server-specific JSON fields to every request (e.g. llama.cpp's
-        ``grammar`` or vLLM's ``guided_regex``); ``rng`` seeds the backoff jitter."""
+        """``extra_body`` adds server-specific JSON fields to every request (e.g. vLLM's ``guided_regex``);
+        ``answer_format="grammar"`` constrains multi-question replies with a llama.cpp grammar built from the
+        questions (an explicit ``extra_body`` grammar wins); ``rng`` seeds the backoff jitter."""
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
         if not model:
             raise ValueError("model must be a non-empty string")
         require(questions_per_call >= 1, "questions_per_call", questions_per_call, ">= 1")
+        require(answer_format in ANSWER_FORMATS, "answer_format", answer_format, f"one of {ANSWER_FORMATS}")
         require(1 <= top_logprobs <= MAX_TOP_LOGPROBS, "top_logprobs", top_logprobs, f"in 1..{MAX_TOP_LOGPROBS}")
         require(max_concurrency >= 1, "max_concurrency", max_concurrency, ">= 1")
         require(max_retries >= 0, "max_retries", max_retries, ">= 0")
@@ -201,6 +259,7 @@ class OpenAIJudge:
         self.timeout_s = timeout_s
         self.max_transcript_chars = max_transcript_chars
         self.extra_body = dict(extra_body or {})
+        self.answer_format = answer_format
         self._rng = rng or random.Random()
         self._slots = threading.BoundedSemaphore(max_concurrency)
         self._client = openai.OpenAI(
@@ -234,6 +293,10 @@ class OpenAIJudge:
         batches = [questions[i : i + size] for i in range(0, len(questions), size)]
         started = time.perf_counter()
         results = self._run_batches(transcript, batches)
+        unread = tuple(q for r in results for q in r.unread)
+        if unread:  # asked again one by one: same transcript prefix, so server prompt caches apply
+            log.info("judge %s: %d answer(s) unreadable in a multi-question reply, asked alone", self.model, len(unread))
+            results += self._run_batches(transcript, [(q,) for q in unread], single=True)
         latency = time.perf_counter() - started
         return Judgement(
             conversation_id=conversation.id,
@@ -245,20 +308,23 @@ class OpenAIJudge:
                 prompt_tokens=sum(r.prompt_tokens for r in results),
                 completion_tokens=sum(r.completion_tokens for r in results),
                 calls=len(results),
+                cached_prompt_tokens=sum(r.cached_prompt_tokens for r in results),
             ),
             extra={
                 "prompt_version": PROMPT_VERSION,
                 "questions_per_call": str(size),
+                "answer_format": self.answer_format,
                 "attempts": str(sum(r.attempts for r in results)),
+                "fallback_questions": str(len(unread)),
             },
         )
 
-    def _run_batches(self, transcript: str, batches: Sequence[tuple[Question, ...]]) -> list[_BatchResult]:
+    def _run_batches(self, transcript: str, batches: Sequence[tuple[Question, ...]], single: bool = False) -> list[_BatchResult]:
         if len(batches) <= 1:
-            return [self._ask(transcript, b) for b in batches]
+            return [self._ask(transcript, b, single) for b in batches]
         workers = min(self.max_concurrency, len(batches))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="openai-judge") as pool:
-            futures = [pool.submit(self._ask, transcript, b) for b in batches]
+            futures = [pool.submit(self._ask, transcript, b, single) for b in batches]
             try:
                 return [f.result() for f in futures]
             except BaseException:
@@ -266,35 +332,47 @@ class OpenAIJudge:
                     f.cancel()
                 raise
 
-    def _ask(self, transcript: str, batch: tuple[Question, ...]) -> _BatchResult:
-        if self.questions_per_call == 1:
+    def _ask(self, transcript: str, batch: tuple[Question, ...], single: bool = False) -> _BatchResult:
+        """One call. ``single`` (or ``questions_per_call == 1``): the single-question prompt, answer at token 0."""
+        single = single or self.questions_per_call == 1
+        extra_body = dict(self.extra_body)
+        if single:
             prompt, max_tokens = single_question_prompt(transcript, batch[0]), SINGLE_MAX_TOKENS
         else:
             # Batches of one judge always use the multi-line prompt, even a short last batch,
             # so a question's prompt format depends on the configuration only.
             prompt = multi_question_prompt(transcript, batch)
             max_tokens = TOKENS_PER_ANSWER_LINE * len(batch) + MULTI_EXTRA_TOKENS
-        completion, attempts = self._complete(prompt, max_tokens)
+            if self.answer_format == "grammar":
+                extra_body.setdefault("grammar", answer_grammar(batch))
+        completion, attempts = self._complete(prompt, max_tokens, extra_body)
         content = self._token_logprobs(completion)
-        if self.questions_per_call == 1:
-            positions = [0]
+        if single:
+            positions: dict[int, int] = {1: 0}
         else:
-            positions = answer_positions([t.token for t in content], len(batch))
-        answers = []
-        for q, pos in zip(batch, positions):
-            top = content[pos].top_logprobs
-            if not top:
+            positions = read_answer_lines([t.token for t in content], len(batch)).positions
+        answers, unread = [], []
+        for number, q in enumerate(batch, start=1):
+            pos = positions.get(number)
+            top = content[pos].top_logprobs if pos is not None else None
+            if pos is not None and not top:
                 raise JudgeReplyError(
                     f"judge {self.model!r} returned no top_logprobs at the answer to {q.id!r}; "
                     "the endpoint must support top_logprobs"
                 )
-            answers.append(Answer(question_id=q.id, probabilities=option_probabilities(top, q.option_keys)))
+            if top:
+                answers.append(Answer(question_id=q.id, probabilities=option_probabilities(top, q.option_keys)))
+            else:
+                unread.append(q)
         usage = completion.usage
+        details = getattr(usage, "prompt_tokens_details", None) if usage else None
         return _BatchResult(
             answers=tuple(answers),
             prompt_tokens=usage.prompt_tokens if usage else 0,
             completion_tokens=usage.completion_tokens if usage else 0,
+            cached_prompt_tokens=int(getattr(details, "cached_tokens", None) or 0),
             attempts=attempts,
+            unread=tuple(unread),
         )
 
     def _token_logprobs(self, completion: ChatCompletion) -> list[ChatCompletionTokenLogprob]:
@@ -309,7 +387,7 @@ class OpenAIJudge:
             )
         return list(content)
 
-    def _complete(self, prompt: str, max_tokens: int) -> tuple[ChatCompletion, int]:
+    def _complete(self, prompt: str, max_tokens: int, extra_body: Mapping[str, Any]) -> tuple[ChatCompletion, int]:
         """One chat completion under the retry policy; returns it and the number of attempts."""
         return complete_with_retries(
             self._client,
@@ -328,7 +406,7 @@ class OpenAIJudge:
                 "max_tokens": max_tokens,
                 "logprobs": True,
                 "top_logprobs": self.top_logprobs,
-                "extra_body": self.extra_body or None,
+                "extra_body": dict(extra_body) or None,
             },
             slots=self._slots,
         )
