@@ -240,10 +240,15 @@ def quality(run: ModeRun, rubric_set: RubricSet, key: str, y: np.ndarray) -> dic
         "n": int(len(s)),
         "accuracy": ci(lambda b, t: float(np.mean(b == t)), binary, y),
         "yield_rate": ci(lambda d: float(np.mean(d)), decided),
-        "f1": m.f1,
+        "f1": _finite(m.f1),
         "auroc": ci(lambda a, t: auroc(a, t.astype(bool)), s, y),
-        "confident_accuracy": None if math.isnan(m.confident_accuracy) else m.confident_accuracy,
+        "confident_accuracy": _finite(m.confident_accuracy),
     }
+
+
+def _finite(x: float) -> float | None:
+    """JSON has no NaN: an undefined figure (e.g. F1 with nothing predicted satisfied) is null."""
+    return None if math.isnan(x) else x
 
 
 def agreement(run: ModeRun, reference: ModeRun, key: str) -> dict[str, Any]:
