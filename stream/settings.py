@@ -38,9 +38,10 @@ class JudgeSettings(BaseModel):
     model: str | None = None
     api_key: SecretStr | None = Field(default=None, description="From CONVOWATCH_JUDGE__API_KEY only.")
     questions_per_call: int = Field(default=1, ge=1, description="1 = one call per question; >1 = several answer lines per call.")
-    answer_format: Literal["lines", "grammar"] = Field(
+    answer_format: Literal["lines", "grammar", "json_schema"] = Field(
         default="lines",
-        description="grammar = hold multi-question replies to their format with a llama.cpp grammar (llama.cpp servers).",
+        description="How multi-question replies are held to their format: lines = not at all, grammar = a llama.cpp "
+        "grammar, json_schema = OpenAI structured outputs (scorers/judges/answer_format.py).",
     )
     top_logprobs: int = Field(default=20, ge=1, le=20)
     max_concurrency: int = Field(default=4, ge=1)

@@ -5,9 +5,11 @@ signal. These tests check plumbing (requests, logprob reading, answer-line
 walking, errors, retries, concurrency), never answer quality.
 
 Faults the real server cannot be made to produce on demand (rate limits,
-outages, slow replies, an unknown-model 404, a reply without logprobs) come
-from `ScriptedServer`, a real HTTP server on 127.0.0.1 that the test scripts;
-each such test says so. Everything else goes to the real server, sometimes
+outages, slow replies, an unknown-model 404, a reply without logprobs,
+adversarial multi-question replies: swapped, duplicated, missing or garbage
+lines and JSON keys, an OpenAI-shaped usage with cached tokens) come from
+`ScriptedServer`, a real HTTP server on 127.0.0.1 that the test scripts; each
+such test says so. Everything else goes to the real server, sometimes
 through a transparent forwarding `ScriptedServer` so the test can see the raw
 reply the judge received.
 """
@@ -26,10 +28,19 @@ import pytest
 from openai.types.chat.chat_completion_token_logprob import TopLogprob
 
 from scorers.conversation import Conversation, render_transcript
-from scorers.judges.base import Judgement, JudgeAuthError, JudgeModelNotFound, JudgeReplyError, JudgeUnavailable
-from scorers.judges.openai_http import OpenAIJudge, answer_grammar, answer_positions, option_probabilities, read_answer_lines
-from scorers.judges.prompt import single_question_prompt
+from scorers.judges.base import Answer, Judgement, JudgeAuthError, JudgeModelNotFound, JudgeReplyError, JudgeUnavailable
+from scorers.judges.answer_format import (
+    answer_grammar,
+    answer_json_schema,
+    json_schema_response_format,
+    read_answer_json,
+    read_answer_lines,
+)
+from scorers.judges.openai_http import OpenAIJudge, option_probabilities
+from scorers.judges.prompt import multi_question_prompt, prefix, single_question_prompt
+from scorers.llm_rubric_data import load_real_conversations
 from scorers.questions import Question, likert_question
+from tests.data_paths import LLM_RUBRIC
 from tests.servers import LlamaServer, Received, Reply, ScriptedServer, forward, free_port
 
 CONVERSATION = Conversation.from_messages(
@@ -42,6 +53,7 @@ CONVERSATION = Conversation.from_messages(
 OTHER_CONVERSATION = Conversation.from_messages(
     "greeting", [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello! How can I help?"}]
 )
+REAL_CONVERSATION_ID = "65c76b8ef174b289770375a3"
 QUESTIONS = (
     likert_question("answers", "The assistant answers the user's question."),
     likert_question("rude", "The assistant is rude."),
@@ -83,9 +95,9 @@ def _judge(url: str, server: LlamaServer, **kw: Any) -> OpenAIJudge:
     return OpenAIJudge(**params)
 
 
-def _expected(top: list[dict[str, Any]], keys: tuple[str, ...]) -> list[float]:
+def _expected(top: list[dict[str, Any]], keys: tuple[str, ...], pad: str | None = None) -> list[float]:
     """Test-side reading of option probabilities from raw JSON top_logprobs."""
-    return [sum(math.exp(t["logprob"]) for t in top if t["token"].strip() == k) for k in keys]
+    return [sum(math.exp(t["logprob"]) for t in top if t["token"].strip(pad) == k) for k in keys]
 
 
 def _raw_chat(server: LlamaServer, prompt: str, **fields: Any) -> bytes:
@@ -304,27 +316,28 @@ def test_option_tokens_with_and_without_leading_space_are_summed() -> None:
 @pytest.mark.parametrize(
     "tokens, expected",
     [
-        (["1", ":", " ", "4", "\n", "2", ":", " ", "1", "\n"], [3, 8]),  # Gemma / llama.cpp style
-        (["1", ":", " 4", "\n", "2", ":", " 1"], [2, 6]),  # GPT style: the space rides on the digit
-        (["Sure", ".\n", "2", ": ", "5", "\n", "1", ":", " 3", "\n", "7", ":", " 1"], [8, 4]),  # by number; 7 is out of range
+        (["1", ":", " ", "4", "\n", "2", ":", " ", "1", "\n"], {1: 3, 2: 8}),  # Gemma / llama.cpp style
+        (["1", ":", " 4", "\n", "2", ":", " 1"], {1: 2, 2: 6}),  # GPT style: the space rides on the digit
+        (["Sure", ".\n", "2", ": ", "5", "\n", "1", ":", " 3", "\n", "7", ":", " 1"], {2: 4, 1: 8}),  # by number; 7 is out of range
     ],
 )
-def test_answer_positions_walk_the_reply_tokens(tokens: list[str], expected: list[int]) -> None:
-    assert answer_positions(tokens, len(expected)) == expected
+def test_answer_lines_are_found_by_walking_the_reply_tokens(tokens: list[str], expected: dict[int, int]) -> None:
+    reading = read_answer_lines(tokens, len(expected))
+    assert reading.positions == expected and reading.unreadable == {}
 
 
 @pytest.mark.parametrize(
-    "tokens, message",
+    "tokens, reason",
     [
-        (["1", ":", " 4", "\n"], r"unreadable answer line\(s\) \[2\].*no answer line"),
-        (["1", ":", " 4", "\n", "2", ":", "\n"], r"unreadable answer line\(s\) \[2\].*has no answer"),
-        (["1", ":3", "\n", "2", ":", " 1"], "token boundary"),
-        (["1", ":", " 4", "\n", "2", ":", " 1", "\n", "1", ":", " 2"], "appears more than once"),
+        (["1", ":", " 4", "\n"], "no answer"),
+        (["1", ":", " 4", "\n", "2", ":", "\n"], "its answer is empty"),
+        (["1", ":", " 4", "\n", "2", ":3", "\n"], "its answer is not one token starting at a token boundary"),
+        (["1", ":", " 4", "\n", "2", ":", " 1", "\n", "2", ":", " 2"], "its number appears more than once"),
     ],
 )
-def test_unreadable_replies_are_reply_errors(tokens: list[str], message: str) -> None:
-    with pytest.raises(JudgeReplyError, match=message):
-        answer_positions(tokens, 2)
+def test_an_unreadable_answer_line_says_why(tokens: list[str], reason: str) -> None:
+    reading = read_answer_lines(tokens, 2)
+    assert reading.positions == {1: 2} and reading.unreadable == {2: reason}
 
 
 @pytest.mark.parametrize(
@@ -342,9 +355,137 @@ def test_read_answer_lines_keeps_what_it_can_and_says_why_not() -> None:
     tokens = ["3", ":", " 2", "\n", "1", ":", " 4", "\n", "1", ":", " 5", "\n", "4", ":", "\n"]
     reading = read_answer_lines(tokens, 4)
     assert reading.positions == {3: 2}
-    assert reading.unreadable == {
-        1: "its line number appears more than once", 2: "no answer line", 4: "its line has no answer",
+    assert reading.unreadable == {1: "its number appears more than once", 2: "no answer", 4: "its answer is empty"}
+
+
+# ---------------------------------------------------------------- reading JSON replies
+
+
+def _json_tokens(members: list[tuple[str, str]], style: str) -> list[str]:
+    """The tokens of a flat JSON reply as a tokenizer splits it: ``openai`` (o200k-like) or ``llama`` (Gemma via llama.cpp)."""
+    tokens = ["{"] if style == "llama" else []
+    for i, (key, value) in enumerate(members):
+        if style == "openai":
+            tokens += ['{"' if i == 0 else '","', key, '":"', value]
+        else:
+            tokens += [" ", '"'] if i == 0 else [' "']
+            tokens += [key, '":', ' "', value, '",' if i < len(members) - 1 else '"']
+    return tokens + (['"}'] if style == "openai" else ["}"])
+
+
+@pytest.mark.parametrize("style", ["openai", "llama"])
+def test_json_answers_are_found_by_key_in_any_order(style: str) -> None:
+    tokens = _json_tokens([("2", "5"), ("1", "3"), ("7", "1"), ("note", "4")], style)
+    reading = read_answer_json(tokens, 2)
+    assert reading.unreadable == {}
+    assert {n: tokens[i] for n, i in reading.positions.items()} == {1: "3", 2: "5"}
+    assert tokens.index("5") == reading.positions[2]  # the answer token itself, not a quote next to it
+
+
+def test_a_json_answer_may_carry_its_quotes_and_spaces_in_its_token() -> None:
+    tokens = ["{", '"1":', ' "a"', ",", '"2":', ' "b', '"}']
+    assert read_answer_json(tokens, 2).positions == {1: 2, 2: 5}
+
+
+@pytest.mark.parametrize(
+    "tokens, unreadable",
+    [
+        (['{"', "1", '":"', "4", '"}'], {2: "no answer"}),
+        (['{"', "1", '":"', "4", '","', "2", '":"', "1", '","', "2", '":"', "3", '"}'], {2: "its number appears more than once"}),
+        (['{"', "1", '":"', "4", '","', "2", '":"', '"}'], {2: "its answer is empty"}),
+        (['{"', "1", '":"', "4", '","', "2", '":"', "1", "0", '"}'], {2: "its answer is not one token starting at a token boundary"}),
+        (['{"', "1", '":"', "4", '","', "2", '":"4', '"}'], {2: "its answer is not one token starting at a token boundary"}),
+        (['{"', "1", '":"', "4", '","', "2", '":"'], {2: "no answer"}),  # truncated: what came before is kept
+        (['{"', "1", '":"', "4", '","', "2", '":', "{", '"a":', "1", "}}"], {2: "no answer"}),  # not a flat object
+        (['{"', "1", '":"', "4", '","', "2", '":"', "\\x", '"}'], {2: "no answer"}),  # an invalid escape stops reading
+        (['{"', "1", '":', "4", ',"', "2", '":"', "1", "\n", '"}'], {2: "no answer"}),  # a raw newline in a string, too
+    ],
+)
+def test_an_unreadable_json_answer_says_why_and_the_rest_is_kept(tokens: list[str], unreadable: dict[int, str]) -> None:
+    reading = read_answer_json(tokens, 2)
+    assert reading.positions == {1: 3} and reading.unreadable == unreadable
+
+
+@pytest.mark.parametrize("text", ["I cannot say.", '1: 4\n2: 1\n', '["4", "1"]', '"1": "4", "2": "1"'])
+def test_a_reply_that_is_not_a_json_object_reads_nothing(text: str) -> None:
+    reading = read_answer_json(list(text), 2)
+    assert reading.positions == {} and set(reading.unreadable) == {1, 2}
+
+
+def test_quoted_option_tokens_count_for_their_key_in_json_replies() -> None:
+    top = [TopLogprob(token='"4', logprob=math.log(0.5)), TopLogprob(token=" 4", logprob=math.log(0.1)),
+           TopLogprob(token='"5"', logprob=math.log(0.2)), TopLogprob(token='":', logprob=math.log(0.2))]
+    assert option_probabilities(top, ("4", "5"), pad=' \t\r\n"') == pytest.approx((0.6, 0.2))
+    assert option_probabilities(top, ("4", "5")) == pytest.approx((0.1, 0.0))  # lines: whitespace only
+
+
+# ---------------------------------------------------------------- constraints built from the questions
+
+
+def test_the_grammar_admits_exactly_one_line_per_question_with_its_options() -> None:
+    odd = Question(id="q8", text="Turns?", option_keys=("1", "2", "3"), option_labels=("few", "many", "ok"))
+    grammar = answer_grammar([QUESTIONS[0], odd])
+    assert grammar == 'root ::= "1: " ("1" | "2" | "3" | "4" | "5") "\\n" "2: " ("1" | "2" | "3") "\\n"'
+
+
+def test_the_json_schema_requires_one_enum_property_per_question_and_nothing_else() -> None:
+    odd = Question(id="q8", text="Turns?", option_keys=("a", "b"), option_labels=("few", "many"))
+    schema = answer_json_schema([QUESTIONS[0], odd])
+    assert schema == {
+        "type": "object",
+        "properties": {"1": {"type": "string", "enum": ["1", "2", "3", "4", "5"]}, "2": {"type": "string", "enum": ["a", "b"]}},
+        "required": ["1", "2"],
+        "additionalProperties": False,
     }
+    assert json_schema_response_format([odd]) == {
+        "type": "json_schema",
+        "json_schema": {"name": "answers", "strict": True, "schema": answer_json_schema([odd])},
+    }
+
+
+@pytest.mark.parametrize(
+    "answer_format, explicit, field, expected",
+    [
+        ("grammar", {}, "grammar", answer_grammar(QUESTIONS)),
+        ("grammar", {"grammar": "root ::= [1-5]"}, "grammar", "root ::= [1-5]"),
+        ("json_schema", {}, "response_format", json_schema_response_format(QUESTIONS)),
+        ("json_schema", {"response_format": {"type": "json_object"}}, "response_format", {"type": "json_object"}),
+        ("lines", {}, "grammar", None),
+    ],
+)
+def test_the_constraint_is_sent_with_the_multi_question_call_and_an_explicit_extra_body_wins(
+    answer_format: str, explicit: dict[str, Any], field: str, expected: Any
+) -> None:
+    """Double: a scripted server that records the request (any reply will do: every question falls back)."""
+    with ScriptedServer(lambda i, r: Reply(200, SINGLE_ANSWER)) as server:
+        judge = OpenAIJudge(base_url=server.url + "/v1", model="m", questions_per_call=len(QUESTIONS), max_retries=0,
+                            answer_format=answer_format, extra_body=explicit)  # type: ignore[arg-type]
+        judge.judge(CONVERSATION, QUESTIONS)
+    first, *alone = [json.loads(r.body) for r in server.received]
+    assert first.get(field) == expected
+    assert len(alone) == len(QUESTIONS) and all(a.get(field) == explicit.get(field) for a in alone)  # built constraints: one-pass only
+    replies_in_json = '{"1": "<answer>", "2": "<answer>", "3": "<answer>"}' in first["messages"][0]["content"]
+    assert replies_in_json == (answer_format == "json_schema")
+
+
+def test_the_single_and_the_multi_question_prompts_share_the_transcript_prefix() -> None:
+    transcript = render_transcript(CONVERSATION)
+    start = prefix(transcript)
+    assert single_question_prompt(transcript, QUESTIONS[0]).startswith(start)
+    for reply in ("lines", "json"):
+        multi = multi_question_prompt(transcript, QUESTIONS, reply)  # type: ignore[arg-type]
+        assert multi.startswith(start) and transcript not in multi[len(start):]  # the questions come after it, once
+
+
+def test_the_single_question_prompt_is_unchanged() -> None:
+    """The score cache keys on PROMPT_VERSION: the single-question prompt text must not drift under it."""
+    q = likert_question("q", "The assistant is polite.")
+    assert single_question_prompt("User: hi\nAssistant: hello", q) == (
+        "You are given a conversation between a user and an intelligent assistant. Your job is to evaluate the "
+        "quality of the conversation based on a criterion. Read the conversation, then answer the question by "
+        "selecting only one of the choices.\n\nConversation:\nUser: hi\nAssistant: hello\n\n"
+        f"Question: {q.prompt_block()}\n\nOnly print '1', '2', '3', '4' or '5'.\nAnswer: "
+    )
 
 
 # ---------------------------------------------------------------- one pass, fallback, cached tokens
@@ -369,21 +510,38 @@ def _completion(tokens: list[tuple[str, dict[str, float]]], prompt_tokens: int =
     return json.dumps(body).encode()
 
 
-def _line(number: int, answer: str, top: dict[str, float]) -> list[tuple[str, dict[str, float]]]:
+def _line(number: int | str, answer: str, top: dict[str, float]) -> list[tuple[str, dict[str, float]]]:
     return [(str(number), {}), (":", {}), (" " + answer, top), ("\n", {})]
 
 
+def _json_reply(members: list[tuple[str, str, dict[str, float]]]) -> list[tuple[str, dict[str, float]]]:
+    """A JSON reply ``{"<key>": "<answer>", ...}`` tokenized OpenAI-style, ``top`` at each answer token."""
+    tokens: list[tuple[str, dict[str, float]]] = []
+    for i, (key, answer, top) in enumerate(members):
+        tokens += [('{"' if i == 0 else '","', {}), (key, {}), ('":"', {}), (answer, top)]
+    return tokens + [('"}', {})]
+
+
 SINGLE_ANSWER = _completion([("4", {"4": 0.7, "5": 0.2})], prompt_tokens=80, cached=60)
+FALLBACK = (0, 0, 0, 0.7, 0.2)  # what every question asked alone gets from the double
 
 
-def _run(multi: bytes) -> tuple[Judgement, ScriptedServer]:
+def _run(multi: bytes, answer_format: str = "lines") -> tuple[Judgement, ScriptedServer]:
     """Double: the multi-question reply is scripted (a real server cannot be made to send adversarial replies on
     demand); every single-question fallback gets a fixed answer."""
     server = ScriptedServer(lambda i, r: Reply(200, multi if b"Reply with exactly" in r.body else SINGLE_ANSWER))
     with server:
-        judge = OpenAIJudge(base_url=server.url + "/v1", model="m", questions_per_call=len(QUESTIONS), max_retries=0)
+        judge = OpenAIJudge(base_url=server.url + "/v1", model="m", questions_per_call=len(QUESTIONS), max_retries=0,
+                            answer_format=answer_format)  # type: ignore[arg-type]
         judgement = judge.judge(CONVERSATION, QUESTIONS)
     return judgement, server
+
+
+def _asked_alone(server: ScriptedServer) -> list[str]:
+    """Ids of the questions the judge asked in single-question calls."""
+    prompts = [json.loads(r.body)["messages"][0]["content"] for r in server.received]
+    alone = [p for p in prompts if "Reply with exactly" not in p]
+    return sorted(q.id for q in QUESTIONS for p in alone if q.text in p)
 
 
 def test_swapped_lines_are_assigned_by_number_not_by_order() -> None:
@@ -396,64 +554,167 @@ def test_swapped_lines_are_assigned_by_number_not_by_order() -> None:
     assert len(server.received) == 1 and judgement.extra["fallback_questions"] == "0"
 
 
+def test_garbage_lines_and_numbers_out_of_range_are_ignored() -> None:
+    multi = _completion(
+        [("Sure", {}), (",", {}), (" here", {}), (":\n", {})] + _line(0, "5", {"5": 1.0}) + _line(2, "2", {"2": 0.3})
+        + _line("note", "1", {"1": 1.0}) + _line(4, "1", {"1": 1.0}) + _line(1, "5", {"5": 0.6})
+        + _line(3, "1", {"1": 0.9}) + _line(12, "3", {"3": 1.0}) + [("Thanks", {}), ("!", {})]
+    )
+    judgement, server = _run(multi)
+    ids = [q.id for q in QUESTIONS]
+    assert [judgement.answers[i].probabilities for i in ids] == [
+        pytest.approx((0, 0, 0, 0, 0.6)), pytest.approx((0, 0.3, 0, 0, 0)), pytest.approx((0.9, 0, 0, 0, 0))]
+    assert len(server.received) == 1 and judgement.extra["fallback_questions"] == "0"
+
+
 def test_a_missing_or_duplicated_line_falls_back_alone_and_the_rest_is_kept() -> None:
     multi = _completion(_line(1, "2", {"2": 0.8}) + _line(1, "3", {"3": 0.8}) + _line(3, "4", {"4": 0.5}) + _line(9, "1", {"1": 1.0}))
     judgement, server = _run(multi)
     ids = [q.id for q in QUESTIONS]
     assert judgement.answers[ids[2]].probabilities == pytest.approx((0, 0, 0, 0.5, 0))  # kept from the one pass
     for qid in ids[:2]:  # 1 appeared twice, 2 never: both asked alone
-        assert judgement.answers[qid].probabilities == pytest.approx((0, 0, 0, 0.7, 0.2))
-    asked_alone = [json.loads(r.body)["messages"][0]["content"] for r in server.received[1:]]
-    assert len(asked_alone) == 2 and all("Reply with exactly" not in p for p in asked_alone)
-    assert sorted(q.text for q in QUESTIONS[:2] for p in asked_alone if q.text in p) == sorted(q.text for q in QUESTIONS[:2])
+        assert judgement.answers[qid].probabilities == pytest.approx(FALLBACK)
+    assert _asked_alone(server) == sorted(ids[:2])
     assert judgement.extra["fallback_questions"] == "2"
     assert judgement.provenance.calls == 3
+    assert judgement.provenance.prompt_tokens == 100 + 2 * 80 and judgement.provenance.completion_tokens == 16 + 2
     assert judgement.provenance.cached_prompt_tokens == 120  # two fallbacks reporting 60 cached tokens each
 
 
-def test_a_reply_with_no_lines_falls_back_for_every_question() -> None:
-    judgement, server = _run(_completion([("I", {}), (" cannot", {}), (" say", {})]))
+def test_an_answer_without_top_logprobs_falls_back_alone() -> None:
+    multi = _completion(_line(1, "2", {"2": 0.8}) + _line(2, "3", {}) + _line(3, "4", {"4": 0.5}))
+    judgement, server = _run(multi)
+    assert _asked_alone(server) == [QUESTIONS[1].id]
+    assert judgement.answers[QUESTIONS[1].id].probabilities == pytest.approx(FALLBACK)
+    assert judgement.answers[QUESTIONS[0].id].probabilities == pytest.approx((0, 0.8, 0, 0, 0))
+
+
+@pytest.mark.parametrize("answer_format", ["lines", "grammar", "json_schema"])
+def test_a_reply_that_cannot_be_read_at_all_falls_back_for_every_question(answer_format: str) -> None:
+    judgement, server = _run(_completion([("I", {}), (" cannot", {}), (" say", {})]), answer_format)
     assert len(server.received) == 1 + len(QUESTIONS)
-    assert set(judgement.answers) == {q.id for q in QUESTIONS}
+    assert _asked_alone(server) == sorted(q.id for q in QUESTIONS)
+    assert all(judgement.answers[q.id].probabilities == pytest.approx(FALLBACK) for q in QUESTIONS)
     assert judgement.extra["fallback_questions"] == str(len(QUESTIONS))
 
 
 def test_an_answer_glued_to_its_number_is_not_read_at_the_wrong_token() -> None:
     multi = _completion([("1", {}), (":5", {"5": 0.9}), ("\n", {})] + _line(2, "1", {"1": 0.4}) + _line(3, "1", {"1": 0.4}))
     judgement, server = _run(multi)
-    assert judgement.answers[QUESTIONS[0].id].probabilities == pytest.approx((0, 0, 0, 0.7, 0.2))  # the fallback's
+    assert judgement.answers[QUESTIONS[0].id].probabilities == pytest.approx(FALLBACK)
     assert judgement.extra["fallback_questions"] == "1"
 
 
-def test_the_grammar_admits_exactly_one_line_per_question_with_its_options() -> None:
-    odd = Question(id="q8", text="Turns?", option_keys=("1", "2", "3"), option_labels=("few", "many", "ok"))
-    grammar = answer_grammar([QUESTIONS[0], odd])
-    assert grammar == 'root ::= "1: " ("1" | "2" | "3" | "4" | "5") "\\n" "2: " ("1" | "2" | "3") "\\n"'
+def test_json_keys_in_another_order_are_assigned_by_key_and_an_extra_key_is_ignored() -> None:
+    multi = _completion(_json_reply([("3", "1", {"1": 0.9}), ("extra", "2", {"2": 1.0}), ("1", "5", {"5": 0.6}),
+                                     ("4", "2", {"2": 1.0}), ("2", "2", {"2": 0.3, '"3': 0.1})]))
+    judgement, server = _run(multi, "json_schema")
+    ids = [q.id for q in QUESTIONS]
+    assert [judgement.answers[i].probabilities for i in ids] == [
+        pytest.approx((0, 0, 0, 0, 0.6)), pytest.approx((0, 0.3, 0.1, 0, 0)), pytest.approx((0.9, 0, 0, 0, 0))]
+    assert len(server.received) == 1 and judgement.extra["fallback_questions"] == "0"
+    assert judgement.extra["answer_format"] == "json_schema"
+
+
+def test_a_missing_json_key_falls_back_alone_and_the_rest_is_kept() -> None:
+    multi = _completion(_json_reply([("1", "5", {"5": 0.6}), ("3", "1", {"1": 0.9})]))
+    judgement, server = _run(multi, "json_schema")
+    assert _asked_alone(server) == [QUESTIONS[1].id]
+    assert judgement.answers[QUESTIONS[1].id].probabilities == pytest.approx(FALLBACK)
+    assert judgement.answers[QUESTIONS[2].id].probabilities == pytest.approx((0.9, 0, 0, 0, 0))
+    assert judgement.extra["fallback_questions"] == "1" and judgement.provenance.calls == 2
+
+
+@pytest.mark.parametrize("cached, expected", [(None, 0), (0, 0), (300, 300)])
+def test_cached_prompt_tokens_are_read_from_the_usage_details(cached: int | None, expected: int) -> None:
+    """Double: an OpenAI-shaped usage body with ``prompt_tokens_details.cached_tokens`` (llama-cpp-python's
+    server never reports it, see the real-server test below)."""
+    multi = _completion(_line(1, "5", {"5": 0.6}) + _line(2, "2", {"2": 0.3}) + _line(3, "1", {"1": 0.9}), prompt_tokens=400, cached=cached)
+    judgement, _ = _run(multi)
+    assert judgement.provenance.cached_prompt_tokens == expected and judgement.provenance.prompt_tokens == 400
+
+
+def _reply_tokens(reply: Reply) -> list[dict[str, Any]]:
+    return list(json.loads(reply.body)["choices"][0]["logprobs"]["content"])
+
+
+def _assert_distribution(answer: Answer, question: Question) -> None:
+    assert len(answer.probabilities) == question.n_options
+    assert all(0.0 <= p <= 1.0 for p in answer.probabilities) and 0.0 < answer.covered_mass <= 1.0 + 1e-6
+
+
+@pytest.fixture(scope="module")
+def real_conversation() -> Conversation:
+    """A real LLM-Rubric conversation (7 turns, 2.8k characters: ~680 tokens for Gemma, near the corpus median)."""
+    return load_real_conversations(LLM_RUBRIC / "real_data.json")[REAL_CONVERSATION_ID]
 
 
 @pytest.mark.slow
-def test_grammar_mode_answers_every_question_in_one_call_on_the_real_server(llama_server: LlamaServer) -> None:
+def test_grammar_mode_answers_every_question_in_one_call_on_the_real_server(
+    llama_server: LlamaServer, real_conversation: Conversation
+) -> None:
     with ScriptedServer(lambda i, r: forward(_upstream(llama_server), r)) as proxy:
         judge = _judge(proxy.url + "/v1", llama_server, questions_per_call=len(QUESTIONS), answer_format="grammar",
                        extra_body={"repeat_penalty": 1.0})
-        one_pass = judge.judge(CONVERSATION, QUESTIONS)
-        single = _judge(proxy.url + "/v1", llama_server).judge(CONVERSATION, QUESTIONS[:1])
+        one_pass = judge.judge(real_conversation, QUESTIONS)
+        alone = _judge(proxy.url + "/v1", llama_server).judge(real_conversation, QUESTIONS)
     assert one_pass.provenance.calls == 1 and one_pass.extra["fallback_questions"] == "0"
-    sent = json.loads(proxy.received[0].body)
-    assert sent["grammar"] == answer_grammar(QUESTIONS)
-    reply = "".join(t["token"] for t in json.loads(proxy.replies[0].body)["choices"][0]["logprobs"]["content"])
+    assert json.loads(proxy.received[0].body)["grammar"] == answer_grammar(QUESTIONS)
+    reply = "".join(t["token"] for t in _reply_tokens(proxy.replies[0]))
     assert re.fullmatch(r"1: [1-5]\n2: [1-5]\n3: [1-5]\n", reply), reply
+    # Same structure as asking each question alone. Gemma 270M is a base model: its distributions move with
+    # the prompt around them (measured on this conversation: total variation 0.8 on average between the two
+    # modes' renormalised answers), so only the structure is compared, not the values or the labels.
     for q in QUESTIONS:
-        assert one_pass.answers[q.id].covered_mass > 0
-    # One pass reads the transcript once: fewer prompt tokens than asking each question alone (this two-turn
-    # transcript is short, so the question texts dominate; bench/judge_cost.py measures real conversations).
-    transcript_tokens = single.provenance.prompt_tokens
-    assert one_pass.provenance.prompt_tokens < len(QUESTIONS) * transcript_tokens
+        _assert_distribution(one_pass.answers[q.id], q)
+        _assert_distribution(alone.answers[q.id], q)
+    # The cost goal: every question in one pass for < 1.5x the prompt tokens of one single-question call.
+    one_call = alone.provenance.prompt_tokens / alone.provenance.calls
+    assert one_pass.provenance.prompt_tokens < 1.5 * one_call, (one_pass.provenance.prompt_tokens, one_call)
 
 
-def test_the_single_and_the_multi_question_prompt_share_the_transcript_prefix() -> None:
-    from scorers.judges.prompt import multi_question_prompt, prefix
+@pytest.mark.slow
+def test_llama_cpp_python_reports_no_cached_prompt_tokens(llama_server: LlamaServer) -> None:
+    """llama-cpp-python reuses the longest common prompt prefix of consecutive calls but reports only
+    prompt/completion/total tokens: cached_prompt_tokens stays 0 (OpenAI-shaped details are tested above)."""
+    with ScriptedServer(lambda i, r: forward(_upstream(llama_server), r)) as proxy:
+        judgement = _judge(proxy.url + "/v1", llama_server, max_concurrency=1).judge(CONVERSATION, QUESTIONS[:2])
+    usages = [json.loads(r.body)["usage"] for r in proxy.replies.values()]
+    assert len(usages) == 2 and all(set(u) == {"prompt_tokens", "completion_tokens", "total_tokens"} for u in usages)
+    assert judgement.provenance.cached_prompt_tokens == 0
 
-    transcript = render_transcript(CONVERSATION)
-    assert single_question_prompt(transcript, QUESTIONS[0]).startswith(prefix(transcript))
-    assert multi_question_prompt(transcript, QUESTIONS).startswith(prefix(transcript))
+
+@pytest.mark.slow
+def test_json_mode_reads_each_answer_by_its_key_on_the_real_server(llama_server: LlamaServer) -> None:
+    """llama-cpp-python takes a schema as ``{"type": "json_object", "schema": ...}``, sent through ``extra_body``."""
+    schema_format = {"type": "json_object", "schema": answer_json_schema(QUESTIONS)}
+    with ScriptedServer(lambda i, r: forward(_upstream(llama_server), r)) as proxy:
+        judge = _judge(proxy.url + "/v1", llama_server, questions_per_call=len(QUESTIONS), answer_format="json_schema",
+                       extra_body={"repeat_penalty": 1.0, "response_format": schema_format})
+        judgement = judge.judge(CONVERSATION, QUESTIONS)
+    assert judgement.provenance.calls == 1 and judgement.extra["fallback_questions"] == "0"
+    assert json.loads(proxy.received[0].body)["response_format"] == schema_format
+    content = _reply_tokens(proxy.replies[0])
+    reply = json.loads("".join(t["token"] for t in content))
+    assert set(reply) == {"1", "2", "3"}
+    # Independent walk: the answer token is the first token after '"<i>":' that holds more than quotes and spaces.
+    for number, q in enumerate(QUESTIONS, start=1):
+        text, after_key = "", None
+        for index, token in enumerate(content):
+            if after_key is None and re.search(rf'"{number}"\s*:\s*"?$', text + token["token"]):
+                after_key = index
+            elif after_key is not None and token["token"].strip(' "'):
+                break
+            text += token["token"]
+        assert token["token"].strip(' "') == reply[str(number)]
+        _assert_distribution(judgement.answers[q.id], q)
+        assert judgement.answers[q.id].probabilities == pytest.approx(_expected(token["top_logprobs"], q.option_keys, ' "'), abs=1e-12)
+
+
+@pytest.mark.slow
+def test_llama_cpp_python_rejects_the_openai_json_schema_shape(llama_server: LlamaServer) -> None:
+    """Measured: llama-cpp-python's request model admits only response_format types "text" and "json_object" and
+    answers the OpenAI ``json_schema`` shape with a 500, which the judge treats as an outage."""
+    judge = _judge(llama_server.url, llama_server, questions_per_call=len(QUESTIONS), answer_format="json_schema")
+    with pytest.raises(JudgeUnavailable, match="500"):
+        judge.judge(CONVERSATION, QUESTIONS)

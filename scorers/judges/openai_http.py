@@ -6,36 +6,50 @@ and an option's probability is read at the *answer position*.
 
 Option matching. An option's probability is the sum of ``exp(logprob)`` over
 the top-k entries at the answer position whose token text, stripped of
-whitespace, equals the option key; so ``"1"`` and ``" 1"`` both count for key
-``"1"`` (distinct tokens are disjoint events, so the sum is a probability).
-Options absent from the top-k get 0 and nothing is renormalised: the mass the
-options failed to cover stays visible (`Answer.covered_mass`). Every returned
-alternative is used, even past k (llama.cpp appends the sampled token). A key must be
-one token for the model; a key its tokenizer splits (e.g. ``"10"`` into
-``"1"``, ``"0"``) cannot be read at one position and would be credited to
-whichever key matches its first token.
+whitespace (and of quotes in JSON replies), equals the option key; so ``"1"``
+and ``" 1"`` both count for key ``"1"`` (distinct tokens are disjoint events,
+so the sum is a probability). Options absent from the top-k get 0 and nothing
+is renormalised: the mass the options failed to cover stays visible
+(`Answer.covered_mass`). Every returned alternative is used, even past k
+(llama.cpp appends the sampled token). A key must be one token for the model;
+a key its tokenizer splits (e.g. ``"10"`` into ``"1"``, ``"0"``) cannot be
+read at one position (in a JSON reply it is unreadable and asked alone; in a
+line it would be credited to whichever key matches its first token).
 
 Modes. ``questions_per_call=1`` asks each question in its own call
 (`single_question_prompt`; ``max_tokens=1``; the answer position is the first
 generated token). ``questions_per_call=n>1`` asks batches of n questions per
-call (`multi_question_prompt`): the reply must hold one line ``<i>: <answer>``
-per question; the answer position of question i is the token that starts
-right after ``<i>:`` and any spaces, found by walking the returned tokens.
-Batches of one conversation run in parallel threads. ``answer_format="grammar"``
-holds the reply to exactly that format server-side with a llama.cpp GBNF
-grammar built from the batch's questions and option keys (`answer_grammar`);
-logprobs stay the model's own distribution. Any other constraint can be sent
-through ``extra_body``.
+call (`multi_question_prompt`; all questions of a conversation in one call
+when n is at least their number); batches of one conversation run in
+parallel threads. How the reply is asked for and held to its form is
+``answer_format`` (`scorers.judges.answer_format` builds the constraints and
+finds each answer's position in the returned tokens):
 
-Never mis-assigned, never lost: an answer is taken only from the line carrying
-its question's number. A question whose answer cannot be read (no line, a
-number on two lines, an empty answer, an answer not at a token boundary) is
-asked again alone with the single-question prompt; the transcript comes first
-in every prompt, so server-side prompt caches (llama.cpp slot reuse, vLLM
-prefix caching, OpenAI prompt caching) serve the repeated prefix. The count is
-``Judgement.extra["fallback_questions"]``; cached prompt tokens the server
-reports (``usage.prompt_tokens_details.cached_tokens``) are summed into
-``Provenance.cached_prompt_tokens``.
+* ``"lines"`` (default): one line ``<i>: <answer>`` per question, unconstrained;
+* ``"grammar"``: the same lines, held to exactly that form by a llama.cpp GBNF
+  grammar built from the batch's questions (request field ``grammar``);
+* ``"json_schema"``: one JSON object ``{"<i>": "<answer>"}``, held to a schema
+  built from the questions by an OpenAI structured-outputs ``response_format``.
+
+Constraints act on sampling only: the logprobs llama.cpp returns stay the
+model's own distribution. ``extra_body`` merges into every request and wins
+over the built constraint (e.g. llama-cpp-python's server rejects the OpenAI
+``json_schema`` shape and needs ``{"response_format": {"type": "json_object",
+"schema": answer_json_schema(questions)}}``; vLLM takes ``guided_json``).
+
+Never mis-assigned, never lost: an answer is taken only from the line or key
+carrying its question's number, never from its place in the reply. A question
+whose answer cannot be read (missing, its number twice, empty, not one token at
+a token boundary, no top_logprobs at its position) is asked again alone with
+the single-question prompt; a reply that cannot be read at all falls back for
+every question. The transcript comes first in every prompt, so server-side
+prompt caches (llama.cpp slot reuse, vLLM prefix caching, OpenAI prompt
+caching) serve the repeated prefix. The count is
+``Judgement.extra["fallback_questions"]``, and the fallback calls are in
+``Provenance.calls`` and its token counts. Cached prompt tokens the server
+reports (``usage.prompt_tokens_details.cached_tokens``; OpenAI and vLLM do,
+llama-cpp-python's server does not) are summed into
+``Provenance.cached_prompt_tokens``, 0 when none are reported.
 
 Failures. 429, 408, 5xx, timeouts and connection errors are retried with
 exponential backoff and full jitter (delay before retry r is uniform in
@@ -53,16 +67,14 @@ key is handed to the client and never put in messages, logs or ``repr``.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
-import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import openai
 from openai.types.chat import ChatCompletion
@@ -79,6 +91,7 @@ from scorers.judges.base import (
     JudgeUnavailable,
     Provenance,
 )
+from scorers.judges.answer_format import ANSWER_FORMATS, AnswerFormat, answer_padding, constraint_fields, read_reply
 from scorers.judges.prompt import PROMPT_VERSION, multi_question_prompt, single_question_prompt
 from scorers.openai_chat import NO_API_KEY, ChatErrors, complete_with_retries, require
 from scorers.questions import Question
@@ -88,10 +101,9 @@ log = logging.getLogger(__name__)
 JUDGE_NAME = "openai"
 MAX_TOP_LOGPROBS = 20  # the OpenAI API's limit
 SINGLE_MAX_TOKENS = 1
-# A line "12: 3\n" is ~5 tokens; the slack lets a model add a few stray tokens.
-TOKENS_PER_ANSWER_LINE = 8
+# A line "12: 3\n" is ~5 tokens, a JSON member ' "12": "3",' ~7; the slack lets a model add a few stray tokens.
+TOKENS_PER_ANSWER = 10
 MULTI_EXTRA_TOKENS = 8
-REPLY_EXCERPT_CHARS = 200
 _ERRORS = ChatErrors(
     role="judge",
     unavailable=JudgeUnavailable,
@@ -100,9 +112,7 @@ _ERRORS = ChatErrors(
     rejected=JudgeError,
     reply=JudgeReplyError,
 )
-AnswerFormat = Literal["lines", "grammar"]
-ANSWER_FORMATS: tuple[str, ...] = ("lines", "grammar")
-_ANSWER_LINE = re.compile(r"^[ \t]*(\d+)[ \t]*:[ \t]*", re.MULTILINE)
+_Reading = tuple[tuple[Answer, ...], tuple[Question, ...]]  # answers read, questions to ask again alone
 
 
 @dataclass(frozen=True)
@@ -115,99 +125,16 @@ class _BatchResult:
     unread: tuple[Question, ...] = ()  # questions whose answer could not be read: asked again alone
 
 
-@dataclass(frozen=True)
-class ReplyReading:
-    """Where each numbered answer starts in a multi-question reply, and why the others cannot be read."""
-
-    positions: dict[int, int]  # question number (1-based) -> index of its answer token
-    unreadable: dict[int, str]  # question number -> reason
-
-
-def option_probabilities(top: Sequence[TopLogprob], option_keys: Sequence[str]) -> tuple[float, ...]:
-    """Probability of each option key among the top-k alternatives at one position (module docstring rule)."""
+def option_probabilities(top: Sequence[TopLogprob], option_keys: Sequence[str], pad: str | None = None) -> tuple[float, ...]:
+    """Probability of each option key among the top-k alternatives at one position (module docstring rule);
+    ``pad``: the characters stripped from a token before matching (None: whitespace)."""
     index = {key: i for i, key in enumerate(option_keys)}
     mass = [0.0] * len(option_keys)
     for alt in top:
-        i = index.get(alt.token.strip())
+        i = index.get(alt.token.strip(pad))
         if i is not None:
             mass[i] += math.exp(alt.logprob)
     return tuple(mass)
-
-
-def read_answer_lines(tokens: Sequence[str], n_questions: int) -> ReplyReading:
-    """Find the token that starts each answer line ``<i>: <answer>`` for i in ``1..n_questions``.
-
-    An answer is assigned only by its explicit number, never by position. A
-    number that appears on two lines is ambiguous and unreadable, as is a
-    missing line, an empty answer, or an answer that does not start at a token
-    boundary (its distribution cannot be read); lines numbered outside
-    ``1..n_questions`` are ignored.
-    """
-    text = "".join(tokens)
-    starts: list[int] = []
-    offset = 0
-    for tok in tokens:
-        starts.append(offset)
-        offset += len(tok)
-    found: dict[int, int] = {}
-    unreadable: dict[int, str] = {}
-    seen: set[int] = set()
-    for m in _ANSWER_LINE.finditer(text):
-        number, answer_at = int(m.group(1)), m.end()
-        if not 1 <= number <= n_questions:
-            continue
-        if number in seen:
-            found.pop(number, None)
-            unreadable[number] = "its line number appears more than once"
-            continue
-        seen.add(number)
-        if answer_at >= len(text) or text[answer_at] == "\n":
-            unreadable[number] = "its line has no answer"
-            continue
-        token_index = _token_starting_at(starts, tokens, answer_at)
-        if token_index is None:
-            unreadable[number] = "its answer does not start at a token boundary"
-            continue
-        found[number] = token_index
-    for i in range(1, n_questions + 1):
-        if i not in found and i not in unreadable:
-            unreadable[i] = "no answer line"
-    return ReplyReading(found, dict(sorted(unreadable.items())))
-
-
-def answer_positions(tokens: Sequence[str], n_questions: int) -> list[int]:
-    """`read_answer_lines`, strict: the answer token of every question, or `JudgeReplyError` naming the others."""
-    reading = read_answer_lines(tokens, n_questions)
-    if reading.unreadable:
-        details = "; ".join(f"{i}: {why}" for i, why in reading.unreadable.items())
-        raise JudgeReplyError(f"unreadable answer line(s) {list(reading.unreadable)} of {n_questions} ({details}): {_excerpt(''.join(tokens))!r}")
-    return [reading.positions[i] for i in range(1, n_questions + 1)]
-
-
-def answer_grammar(questions: Sequence[Question]) -> str:
-    """A llama.cpp GBNF grammar that admits exactly one line ``<i>: <option key of question i>`` per question."""
-    def literal(s: str) -> str:
-        return json.dumps(s)  # GBNF string literals use JSON escapes
-
-    lines = [
-        f"{literal(f'{i}: ')} ({' | '.join(literal(k) for k in q.option_keys)}) {literal(chr(10))}"
-        for i, q in enumerate(questions, start=1)
-    ]
-    return "root ::= " + " ".join(lines)
-
-
-def _token_starting_at(starts: Sequence[int], tokens: Sequence[str], char: int) -> int | None:
-    """The token whose first non-whitespace character is at ``char`` (a leading space may be in the token)."""
-    for i, (start, tok) in enumerate(zip(starts, tokens)):
-        if start > char:
-            return None
-        if start + len(tok) > char:
-            return i if tok[: char - start].strip() == "" else None
-    return None
-
-
-def _excerpt(text: str) -> str:
-    return text if len(text) <= REPLY_EXCERPT_CHARS else text[:REPLY_EXCERPT_CHARS] + "..."
 
 
 class OpenAIJudge:
@@ -232,9 +159,10 @@ class OpenAIJudge:
         name: str = JUDGE_NAME,
         rng: random.Random | None = None,
     ) -> None:
-        """``extra_body`` adds server-specific JSON fields to every request (e.g. vLLM's ``guided_regex``);
-        ``answer_format="grammar"`` constrains multi-question replies with a llama.cpp grammar built from the
-        questions (an explicit ``extra_body`` grammar wins); ``rng`` seeds the backoff jitter."""
+        """``answer_format`` says how multi-question replies are asked for and constrained (module docstring:
+        ``"lines"``, ``"grammar"``, ``"json_schema"``); ``extra_body`` adds server-specific JSON fields to every
+        request and wins over the constraint fields of ``answer_format`` (e.g. vLLM's ``guided_regex``);
+        ``rng`` seeds the backoff jitter."""
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
         if not model:
@@ -335,45 +263,55 @@ class OpenAIJudge:
     def _ask(self, transcript: str, batch: tuple[Question, ...], single: bool = False) -> _BatchResult:
         """One call. ``single`` (or ``questions_per_call == 1``): the single-question prompt, answer at token 0."""
         single = single or self.questions_per_call == 1
-        extra_body = dict(self.extra_body)
         if single:
-            prompt, max_tokens = single_question_prompt(transcript, batch[0]), SINGLE_MAX_TOKENS
+            prompt, max_tokens, extra_body = single_question_prompt(transcript, batch[0]), SINGLE_MAX_TOKENS, self.extra_body
         else:
-            # Batches of one judge always use the multi-line prompt, even a short last batch,
+            # Batches of one judge always use the multi-question prompt, even a short last batch,
             # so a question's prompt format depends on the configuration only.
-            prompt = multi_question_prompt(transcript, batch)
-            max_tokens = TOKENS_PER_ANSWER_LINE * len(batch) + MULTI_EXTRA_TOKENS
-            if self.answer_format == "grammar":
-                extra_body.setdefault("grammar", answer_grammar(batch))
+            reply = "json" if self.answer_format == "json_schema" else "lines"
+            prompt = multi_question_prompt(transcript, batch, reply)
+            max_tokens = TOKENS_PER_ANSWER * len(batch) + MULTI_EXTRA_TOKENS
+            extra_body = {**constraint_fields(self.answer_format, batch), **self.extra_body}
         completion, attempts = self._complete(prompt, max_tokens, extra_body)
         content = self._token_logprobs(completion)
-        if single:
-            positions: dict[int, int] = {1: 0}
-        else:
-            positions = read_answer_lines([t.token for t in content], len(batch)).positions
-        answers, unread = [], []
-        for number, q in enumerate(batch, start=1):
-            pos = positions.get(number)
-            top = content[pos].top_logprobs if pos is not None else None
-            if pos is not None and not top:
-                raise JudgeReplyError(
-                    f"judge {self.model!r} returned no top_logprobs at the answer to {q.id!r}; "
-                    "the endpoint must support top_logprobs"
-                )
-            if top:
-                answers.append(Answer(question_id=q.id, probabilities=option_probabilities(top, q.option_keys)))
-            else:
-                unread.append(q)
+        answers, unread = self._single_answer(content, batch[0]) if single else self._multi_answers(content, batch)
         usage = completion.usage
         details = getattr(usage, "prompt_tokens_details", None) if usage else None
         return _BatchResult(
-            answers=tuple(answers),
+            answers=answers,
             prompt_tokens=usage.prompt_tokens if usage else 0,
             completion_tokens=usage.completion_tokens if usage else 0,
             cached_prompt_tokens=int(getattr(details, "cached_tokens", None) or 0),
             attempts=attempts,
-            unread=tuple(unread),
+            unread=unread,
         )
+
+    def _single_answer(self, content: Sequence[ChatCompletionTokenLogprob], question: Question) -> _Reading:
+        """The first token's distribution; without top_logprobs there is nothing to fall back to: an error."""
+        top = content[0].top_logprobs
+        if not top:
+            raise JudgeReplyError(
+                f"judge {self.model!r} returned no top_logprobs at the answer to {question.id!r}; "
+                "the endpoint must support top_logprobs"
+            )
+        return (Answer(question_id=question.id, probabilities=option_probabilities(top, question.option_keys)),), ()
+
+    def _multi_answers(self, content: Sequence[ChatCompletionTokenLogprob], batch: Sequence[Question]) -> _Reading:
+        """The answers readable by their number, and the questions to ask again alone."""
+        reading = read_reply(self.answer_format, [t.token for t in content], len(batch))
+        if reading.unreadable:
+            log.debug("judge %s: unreadable answers %s", self.model, reading.unreadable)
+        positions = reading.positions
+        pad = answer_padding(self.answer_format)
+        answers, unread = [], []
+        for number, q in enumerate(batch, start=1):
+            pos = positions.get(number)
+            top = content[pos].top_logprobs if pos is not None else None
+            if top:
+                answers.append(Answer(question_id=q.id, probabilities=option_probabilities(top, q.option_keys, pad)))
+            else:
+                unread.append(q)
+        return tuple(answers), tuple(unread)
 
     def _token_logprobs(self, completion: ChatCompletion) -> list[ChatCompletionTokenLogprob]:
         if not completion.choices:
