@@ -47,7 +47,6 @@ from openai.types.chat import ChatCompletion
 from scorers.judges.local import (
     DEFAULT_MAX_CONTEXT_TOKENS,
     LocalModelError,
-    decode,
     default_cache_dir,
     encode,
     lead_token_ids,
@@ -260,13 +259,16 @@ class LocalGenerator:
     def __repr__(self) -> str:
         return f"LocalGenerator(model={self.model!r}, chat_template={self.uses_chat_template})"
 
+    def _special_text(self, token: int) -> str:
+        """A token's text with control tokens spelled out (``<bos>``), as a chat template's variables need it."""
+        return self._llm.detokenize([token], special=True).decode("utf-8", errors="replace") if token >= 0 else ""
+
     def prompt_ids(self, prompt: str) -> list[int]:
         """The token ids the model reads for ``prompt`` (chat template, or BOS + raw prompt)."""
         if self.uses_chat_template:
             from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-            eos = decode(self._llm, [self._llm.token_eos()])
-            bos = decode(self._llm, [self._llm.token_bos()])
+            eos, bos = self._special_text(self._llm.token_eos()), self._special_text(self._llm.token_bos())
             formatter = Jinja2ChatFormatter(self._chat_template, eos_token=eos, bos_token=bos)
             text = formatter(messages=[{"role": "user", "content": prompt}]).prompt
             # The template writes the control tokens itself; the user's prompt inside it stays plain text.

@@ -162,6 +162,25 @@ def test_local_sampling_is_seeded_per_call_and_reproducible(local_generator: Loc
     assert three_samples() == samples  # a new instance with the same seed repeats the run
 
 
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}<end_of_turn>\n"
+    "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
+@pytest.mark.slow
+def test_a_chat_template_gets_the_real_bos_and_control_tokens(local_generator: LocalGenerator, monkeypatch) -> None:
+    """The packaged base model has no template, so Gemma's own template shape is set on the instance."""
+    monkeypatch.setattr(local_generator, "_chat_template", GEMMA_TEMPLATE)
+    monkeypatch.setattr(local_generator, "uses_chat_template", True)
+    llm = local_generator._llm
+    start_of_turn = llm.tokenize(b"<start_of_turn>", add_bos=False, special=True)
+    ids = local_generator.prompt_ids(PROMPT)
+    assert ids[0] == llm.token_bos() and ids.count(llm.token_bos()) == 1  # `{{ bos_token }}` is the BOS token
+    assert len(start_of_turn) == 1 and ids.count(start_of_turn[0]) == 2  # user turn, then the model's turn
+    assert local_generator.generate(PROMPT, max_tokens=2, temperature=0.0).prompt_tokens == len(ids)
+
+
 @pytest.mark.slow
 def test_local_prompt_too_long_is_refused_before_generating(local_generator: LocalGenerator) -> None:
     too_long = "word " * local_generator.max_context_tokens
