@@ -363,8 +363,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(results, indent=2, allow_nan=False) + "\n", encoding="utf-8")
             log(f"mode {mode}: {json.dumps(entry['cost'])}")
-        if "a" in runs and "b" in runs:
-            a, b = results["modes"]["a"]["cost"], results["modes"]["b"]["cost"]
+        if "a" in runs:
+            a = results["modes"]["a"]["cost"]
             results["speedup_vs_a"] = {m: a["judge_seconds_per_conversation"] / e["cost"]["judge_seconds_per_conversation"]
                                        for m, e in results["modes"].items()}
         out.write_text(json.dumps(results, indent=2, allow_nan=False) + "\n", encoding="utf-8")
