@@ -60,7 +60,7 @@ for path in (ROOT, ROOT / "bench"):
 import rubicon_uss as uss  # noqa: E402
 
 from scorers.conversation import render_transcript  # noqa: E402
-from scorers.early_stopping import EarlyStoppingScorer  # noqa: E402
+from scorers.early_stopping import EarlyStoppingScorer, merge_judgements  # noqa: E402
 from scorers.judges.base import Judgement  # noqa: E402
 from scorers.judges.openai_http import OpenAIJudge  # noqa: E402
 from scorers.judges.prompt import single_question_prompt  # noqa: E402
@@ -188,7 +188,6 @@ def run_uncached(judge: OpenAIJudge, sets: dict[str, RubricSet], items: Sequence
     questions = [(key, q) for key, s in sets.items() for q in s.questions()]
     for start in range(0, len(items) - 1, 2):
         pair = items[start : start + 2]
-        answers: list[dict[str, Any]] = [{} for _ in pair]
         judgements: list[list[Judgement]] = [[] for _ in pair]
         seconds = [0.0 for _ in pair]
         for key, q in questions:
@@ -197,10 +196,9 @@ def run_uncached(judge: OpenAIJudge, sets: dict[str, RubricSet], items: Sequence
                 j = judge.judge(item.conversation, [q])
                 seconds[i] += time.perf_counter() - t
                 judgements[i].append(j)
-                answers[i][q.id] = j.answers[q.id]
         for i, item in enumerate(pair):
+            merged = merge_judgements(judgements[i])
             for key, rubric_set in sets.items():
-                merged = Judgement(item.conversation.id, answers[i], judgements[i][0].provenance)
                 score = rubric_set.score(merged)
                 run.add(key, score.label, score.threshold_label, score.netsat)
             run.cost(judgements[i], seconds[i], len(questions))
