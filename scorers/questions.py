@@ -3,6 +3,12 @@
 A `Question` has an id, a text and ordered answer options. Each option has a
 *key* (the short token the judge answers with, e.g. ``"1"``) and a label
 (what the option means). Judges return one probability per option, in order.
+
+Questions that share a *stem* (e.g. every Likert rubric: "How much do you
+agree with each statement below?") and their options can be asked together in
+a compact form: the stem and the options once, then one short *item* per
+question (`scorers.judges.prompt.multi_question_prompt`). ``text`` is always
+the whole question, as it is asked alone.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ class Question:
     text: str
     option_keys: tuple[str, ...]
     option_labels: tuple[str, ...]
+    stem: str = ""  # shared with the other questions of its kind, stated once when asked together ("" = none)
+    item: str = ""  # this question's own part under its stem (required with a stem)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "option_keys", tuple(self.option_keys))
@@ -38,6 +46,8 @@ class Question:
             raise QuestionError(f"question {self.id!r}: duplicate option keys {self.option_keys}")
         if any(not k or k != k.strip() for k in self.option_keys):
             raise QuestionError(f"question {self.id!r}: option keys must be non-empty without spaces")
+        if self.stem and not self.item.strip():
+            raise QuestionError(f"question {self.id!r}: a question with a stem needs its item text")
 
     @property
     def n_options(self) -> int:
@@ -60,6 +70,9 @@ LIKERT_5 = (
 )
 
 
+LIKERT_STEM = "How much do you agree with each statement below about the conversation?"
+
+
 def likert_question(id: str, assertion: str) -> Question:
     """A 5-point Likert question about an assertion (RUBICON's rubric form)."""
     return Question(
@@ -67,6 +80,8 @@ def likert_question(id: str, assertion: str) -> Question:
         text=f"How much do you agree with this statement about the conversation?\nStatement: {assertion}",
         option_keys=tuple(k for k, _ in LIKERT_5),
         option_labels=tuple(v for _, v in LIKERT_5),
+        stem=LIKERT_STEM,
+        item=assertion,
     )
 
 

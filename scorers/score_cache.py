@@ -34,7 +34,7 @@ import numpy as np
 
 from scorers.conversation import Conversation
 from scorers.judges.base import Answer, Judge, JudgeReplyError
-from scorers.judges.prompt import PROMPT_VERSION
+from scorers.judges.prompt import MULTI_PROMPT_VERSION, PROMPT_VERSION
 from scorers.rubric_pool import PoolRubric, to_rubric
 from scorers.rubrics import Rubric
 
@@ -58,15 +58,17 @@ class ScoreCacheError(RuntimeError):
 
 def judge_identity(judge: Judge) -> str:
     """What distinguishes one judge's answers from another's: ``name|model|prompt version|questions per call``
-    (``|fmt=grammar`` added for a constrained multi-question judge)."""
+    (a multi-question judge adds its prompt's version, and ``|fmt=grammar`` when constrained)."""
     model = getattr(judge, "model", "") or ""
     per_call = getattr(judge, "questions_per_call", None)
     parts = [judge.name, str(model), PROMPT_VERSION]
     if per_call is not None:
         parts.append(f"qpc={per_call}")
     answer_format = getattr(judge, "answer_format", "lines")
-    if per_call not in (None, 1) and answer_format != "lines":
-        parts.append(f"fmt={answer_format}")
+    if per_call not in (None, 1):
+        parts.append(MULTI_PROMPT_VERSION)
+        if answer_format != "lines":
+            parts.append(f"fmt={answer_format}")
     return "|".join(parts)
 
 

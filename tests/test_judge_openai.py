@@ -35,9 +35,10 @@ from scorers.judges.answer_format import (
     json_schema_response_format,
     read_answer_json,
     read_answer_lines,
+    sequence_grammar,
 )
 from scorers.judges.openai_http import OpenAIJudge, option_probabilities
-from scorers.judges.prompt import multi_question_prompt, prefix, single_question_prompt
+from scorers.judges.prompt import multi_question_prompt, numbered_order, prefix, single_question_prompt
 from scorers.llm_rubric_data import load_real_conversations
 from scorers.questions import Question, likert_question
 from tests.data_paths import LLM_RUBRIC
@@ -90,7 +91,8 @@ def _upstream(server: LlamaServer) -> str:
 
 
 def _judge(url: str, server: LlamaServer, **kw: Any) -> OpenAIJudge:
-    params: dict[str, Any] = dict(base_url=url, model=server.model, api_key=server.api_key, max_retries=0)
+    # A long timeout: a loaded 2-core host can take a minute for a one-pass call on the real server (not a timed test).
+    params: dict[str, Any] = dict(base_url=url, model=server.model, api_key=server.api_key, max_retries=0, timeout_s=300)
     params.update(kw)
     return OpenAIJudge(**params)
 
@@ -464,7 +466,7 @@ def test_the_constraint_is_sent_with_the_multi_question_call_and_an_explicit_ext
     first, *alone = [json.loads(r.body) for r in server.received]
     assert first.get(field) == expected
     assert len(alone) == len(QUESTIONS) and all(a.get(field) == explicit.get(field) for a in alone)  # built constraints: one-pass only
-    replies_in_json = '{"1": "<answer>", "2": "<answer>", "3": "<answer>"}' in first["messages"][0]["content"]
+    replies_in_json = "Reply with one JSON object" in first["messages"][0]["content"]
     assert replies_in_json == (answer_format == "json_schema")
 
 
@@ -486,6 +488,38 @@ def test_the_single_question_prompt_is_unchanged() -> None:
         "selecting only one of the choices.\n\nConversation:\nUser: hi\nAssistant: hello\n\n"
         f"Question: {q.prompt_block()}\n\nOnly print '1', '2', '3', '4' or '5'.\nAnswer: "
     )
+
+
+def test_the_multi_question_prompt_states_a_shared_stem_and_its_options_once() -> None:
+    """Compact: 20 Likert rubrics cost their assertions plus a few characters each, not 20 copies of the scale."""
+    transcript = render_transcript(CONVERSATION)
+    rubrics = [likert_question(f"r{i}", f"The assistant does thing number {i}.") for i in range(20)]
+    multi = multi_question_prompt(transcript, rubrics)
+    body = multi[len(prefix(transcript)):]
+    assert body.count("Strongly disagree") == 1 and body.count(rubrics[0].stem) == 1
+    for number, q in enumerate(rubrics, start=1):
+        assert f"\n{number}. {q.item}\n" in body
+    fixed = len(multi_question_prompt(transcript, rubrics[:1])) - len(prefix(transcript)) - len(rubrics[0].item)
+    per_question = (len(body) - fixed - sum(len(q.item) for q in rubrics)) / (len(rubrics) - 1)
+    assert per_question < 6  # "\n12. " and the reply instruction's longer count
+
+
+def test_questions_are_numbered_grouped_by_stem_and_the_judge_reads_them_in_that_order() -> None:
+    scale = Question("scale", "How well does the assistant explain?", ("a", "b"), ("badly", "well"))
+    mixed = (QUESTIONS[0], scale, QUESTIONS[1])
+    assert numbered_order(mixed) == (QUESTIONS[0], QUESTIONS[1], scale)
+    with pytest.raises(ValueError, match="numbered_order"):
+        multi_question_prompt("User: hi", mixed)
+    prompt = multi_question_prompt("User: hi", numbered_order(mixed))
+    assert "3. How well does the assistant explain?\nOptions: a = badly, b = well." in prompt
+    reply = _completion(_line(1, "5", {"5": 0.6}) + _line(2, "1", {"1": 0.9}) + _line(3, "b", {"b": 0.8}))
+    with ScriptedServer(lambda i, r: Reply(200, reply)) as server:
+        judge = OpenAIJudge(base_url=server.url + "/v1", model="m", questions_per_call=3, max_retries=0)
+        answers = judge.judge(CONVERSATION, mixed).answers
+    assert len(server.received) == 1
+    assert answers["answers"].probabilities == pytest.approx((0, 0, 0, 0, 0.6))
+    assert answers["rude"].probabilities == pytest.approx((0.9, 0, 0, 0, 0))
+    assert answers["scale"].probabilities == pytest.approx((0, 0.8))
 
 
 # ---------------------------------------------------------------- one pass, fallback, cached tokens
@@ -522,6 +556,7 @@ def _json_reply(members: list[tuple[str, str, dict[str, float]]]) -> list[tuple[
     return tokens + [('"}', {})]
 
 
+MULTI_MARKER = "Answer every numbered question"  # only the multi-question prompt says it
 SINGLE_ANSWER = _completion([("4", {"4": 0.7, "5": 0.2})], prompt_tokens=80, cached=60)
 FALLBACK = (0, 0, 0, 0.7, 0.2)  # what every question asked alone gets from the double
 
@@ -529,7 +564,7 @@ FALLBACK = (0, 0, 0, 0.7, 0.2)  # what every question asked alone gets from the 
 def _run(multi: bytes, answer_format: str = "lines") -> tuple[Judgement, ScriptedServer]:
     """Double: the multi-question reply is scripted (a real server cannot be made to send adversarial replies on
     demand); every single-question fallback gets a fixed answer."""
-    server = ScriptedServer(lambda i, r: Reply(200, multi if b"Reply with exactly" in r.body else SINGLE_ANSWER))
+    server = ScriptedServer(lambda i, r: Reply(200, multi if MULTI_MARKER.encode() in r.body else SINGLE_ANSWER))
     with server:
         judge = OpenAIJudge(base_url=server.url + "/v1", model="m", questions_per_call=len(QUESTIONS), max_retries=0,
                             answer_format=answer_format)  # type: ignore[arg-type]
@@ -540,8 +575,36 @@ def _run(multi: bytes, answer_format: str = "lines") -> tuple[Judgement, Scripte
 def _asked_alone(server: ScriptedServer) -> list[str]:
     """Ids of the questions the judge asked in single-question calls."""
     prompts = [json.loads(r.body)["messages"][0]["content"] for r in server.received]
-    alone = [p for p in prompts if "Reply with exactly" not in p]
+    alone = [p for p in prompts if MULTI_MARKER not in p]
     return sorted(q.id for q in QUESTIONS for p in alone if q.text in p)
+
+
+def test_a_sequence_reply_assigns_token_i_to_question_i() -> None:
+    judgement, server = _run(_completion([("4", {"4": 0.7}), ("2", {"2": 0.6, "1": 0.1}), ("5", {"5": 0.9})]), "sequence")
+    ids = [q.id for q in QUESTIONS]
+    assert judgement.answers[ids[0]].probabilities == pytest.approx((0, 0, 0, 0.7, 0))
+    assert judgement.answers[ids[1]].probabilities == pytest.approx((0.1, 0.6, 0, 0, 0))
+    assert judgement.answers[ids[2]].probabilities == pytest.approx((0, 0, 0, 0, 0.9))
+    assert len(server.received) == 1 and judgement.extra["fallback_questions"] == "0"
+    assert json.loads(server.received[0].body)["grammar"] == sequence_grammar(QUESTIONS)
+
+
+@pytest.mark.parametrize("reply, read", [
+    ([("42", {"42": 0.9}), ("5", {"5": 0.9})], 0),  # one token holding two answers: nothing after it can be placed
+    ([("4", {"4": 0.9}), ("x", {"x": 0.9}), ("5", {"5": 0.9})], 1),  # not an option key: the rest is out of step
+    ([("4", {"4": 0.9}), ("2", {"2": 0.9})], 2),  # too short: the missing answer is asked alone
+    ([("Sure", {}), (",", {}), (" 4", {" 4": 0.9})], 0),  # a server that ignored the grammar
+    ([(" 4", {" 4": 0.9}), ("2", {"2": 0.9}), ("5", {"5": 0.9})], 0),  # padding is not an option key here
+])
+def test_a_broken_sequence_reply_is_never_shifted_onto_other_questions(reply: list[tuple[str, dict[str, float]]], read: int) -> None:
+    judgement, server = _run(_completion(reply), "sequence")
+    ids = [q.id for q in QUESTIONS]
+    assert sorted(_asked_alone(server)) == sorted(ids[read:])
+    for qid in ids[:read]:
+        assert judgement.answers[qid].probabilities == pytest.approx((0, 0, 0, 0.9, 0) if qid == ids[0] else (0, 0.9, 0, 0, 0))
+    for qid in ids[read:]:
+        assert judgement.answers[qid].probabilities == pytest.approx(FALLBACK)
+    assert judgement.extra["fallback_questions"] == str(len(ids) - read)
 
 
 def test_swapped_lines_are_assigned_by_number_not_by_order() -> None:
@@ -650,18 +713,22 @@ def real_conversation() -> Conversation:
 
 
 @pytest.mark.slow
-def test_grammar_mode_answers_every_question_in_one_call_on_the_real_server(
-    llama_server: LlamaServer, real_conversation: Conversation
+@pytest.mark.parametrize("answer_format, grammar, form", [
+    ("grammar", answer_grammar, r"1: [1-5]\n2: [1-5]\n3: [1-5]\n"),
+    ("sequence", sequence_grammar, r"[1-5][1-5][1-5]"),
+])
+def test_constrained_modes_answer_every_question_in_one_call_on_the_real_server(
+    llama_server: LlamaServer, real_conversation: Conversation, answer_format: str, grammar: Any, form: str
 ) -> None:
     with ScriptedServer(lambda i, r: forward(_upstream(llama_server), r)) as proxy:
-        judge = _judge(proxy.url + "/v1", llama_server, questions_per_call=len(QUESTIONS), answer_format="grammar",
+        judge = _judge(proxy.url + "/v1", llama_server, questions_per_call=len(QUESTIONS), answer_format=answer_format,
                        extra_body={"repeat_penalty": 1.0})
         one_pass = judge.judge(real_conversation, QUESTIONS)
         alone = _judge(proxy.url + "/v1", llama_server).judge(real_conversation, QUESTIONS)
     assert one_pass.provenance.calls == 1 and one_pass.extra["fallback_questions"] == "0"
-    assert json.loads(proxy.received[0].body)["grammar"] == answer_grammar(QUESTIONS)
+    assert json.loads(proxy.received[0].body)["grammar"] == grammar(QUESTIONS)
     reply = "".join(t["token"] for t in _reply_tokens(proxy.replies[0]))
-    assert re.fullmatch(r"1: [1-5]\n2: [1-5]\n3: [1-5]\n", reply), reply
+    assert re.fullmatch(form, reply), reply
     # Same structure as asking each question alone. Gemma 270M is a base model: its distributions move with
     # the prompt around them (measured on this conversation: total variation 0.8 on average between the two
     # modes' renormalised answers), so only the structure is compared, not the values or the labels.

@@ -14,6 +14,12 @@ Formats (``answer_format``):
   order, each answer one of that question's option keys, by a llama.cpp GBNF
   grammar sent as the request's ``grammar`` field (`answer_grammar`;
   llama.cpp server, llama-cpp-python's server).
+* ``"sequence"``: the answers alone, one option key per question in question
+  order with nothing between them (``"4251"``), held to exactly that by a
+  llama.cpp grammar (`sequence_grammar`). One generated token per answer
+  instead of about five for a line, so the reply costs little to decode; it
+  needs a server that enforces the grammar, since the order is the only
+  number an answer carries (`read_answer_sequence`).
 * ``"json_schema"``: one JSON object ``{"1": "<answer>", ...}`` (read by
   `read_answer_json`), held to the schema of `answer_json_schema` (one required
   property per question, an enum of its option keys, no other property) by an
@@ -22,13 +28,18 @@ Formats (``answer_format``):
   shape (with a 500) and takes ``{"type": "json_object", "schema": ...}``
   instead: send that through the judge's ``extra_body``, which wins.
 
-Reading rule, the same for every format: an answer is assigned only by the
-number it carries (line number or JSON key), never by its place in the reply.
+Reading rule for lines and JSON: an answer is assigned only by the number it
+carries (line number or JSON key), never by its place in the reply.
 A question is *unreadable* when its number is missing, appears twice, has an
 empty answer, or its answer does not start at a token boundary (a token that
 starts mid-answer, or holds more than padding before it, has no distribution
 of its own); numbers outside ``1..n`` and other keys are ignored. The judge
-asks unreadable questions again alone.
+asks unreadable questions again alone. Sequence replies carry no numbers: the
+grammar makes token i the answer to question i, and the reader checks that,
+token by token: answer i is read only while every token up to it is exactly
+one option key of its own question; from the first token that is not (a
+server that ignored the grammar, a token holding two answers) every later
+question is unreadable, never shifted onto a neighbour.
 """
 
 from __future__ import annotations
@@ -40,8 +51,8 @@ from typing import Any, Literal, Sequence
 
 from scorers.questions import Question
 
-AnswerFormat = Literal["lines", "grammar", "json_schema"]
-ANSWER_FORMATS: tuple[str, ...] = ("lines", "grammar", "json_schema")
+AnswerFormat = Literal["lines", "grammar", "sequence", "json_schema"]
+ANSWER_FORMATS: tuple[str, ...] = ("lines", "grammar", "sequence", "json_schema")
 JSON_PADDING = ' \t\r\n"'  # what may surround a JSON answer inside its token ('"4' or ' "a')
 SCHEMA_NAME = "answers"
 
@@ -50,6 +61,7 @@ MISSING = "no answer"
 DUPLICATE = "its number appears more than once"
 EMPTY = "its answer is empty"
 OFF_BOUNDARY = "its answer is not one token starting at a token boundary"
+OUT_OF_STEP = "the sequence reply broke off before it (a token that is not one option key of its question)"
 
 _ANSWER_LINE = re.compile(r"^[ \t]*(\d+)[ \t]*:[ \t]*", re.MULTILINE)
 # One JSON lexeme: a string literal, a structural character, a bare scalar, or a lone quote (an unterminated string).
@@ -69,10 +81,23 @@ def answer_padding(answer_format: AnswerFormat) -> str | None:
     return JSON_PADDING if answer_format == "json_schema" else None
 
 
-def read_reply(answer_format: AnswerFormat, tokens: Sequence[str], n_questions: int) -> ReplyReading:
-    """The positions of the answers in a reply asked for in ``answer_format``."""
+def read_reply(answer_format: AnswerFormat, tokens: Sequence[str], questions: Sequence[Question]) -> ReplyReading:
+    """The positions of the answers to ``questions`` (numbered 1..n in order) in a reply asked for in ``answer_format``."""
+    if answer_format == "sequence":
+        return read_answer_sequence(tokens, questions)
     reader = read_answer_json if answer_format == "json_schema" else read_answer_lines
-    return reader(tokens, n_questions)
+    return reader(tokens, len(questions))
+
+
+def read_answer_sequence(tokens: Sequence[str], questions: Sequence[Question]) -> ReplyReading:
+    """Token i answers question i+1 while every token up to it is exactly one of its question's option keys."""
+    found: dict[int, int] = {}
+    for i, q in enumerate(questions):
+        if i >= len(tokens) or tokens[i] not in q.option_keys:
+            break
+        found[i + 1] = i
+    reason = {n: (MISSING if n > len(tokens) else OUT_OF_STEP) for n in range(len(found) + 1, len(questions) + 1)}
+    return ReplyReading(found, reason)
 
 
 def read_answer_lines(tokens: Sequence[str], n_questions: int) -> ReplyReading:
@@ -117,6 +142,8 @@ def constraint_fields(answer_format: AnswerFormat, questions: Sequence[Question]
     """The request-body fields that hold a reply about ``questions`` to ``answer_format`` (none for free lines)."""
     if answer_format == "grammar":
         return {"grammar": answer_grammar(questions)}
+    if answer_format == "sequence":
+        return {"grammar": sequence_grammar(questions)}
     if answer_format == "json_schema":
         return {"response_format": json_schema_response_format(questions)}
     return {}
@@ -132,6 +159,11 @@ def answer_grammar(questions: Sequence[Question]) -> str:
         for i, q in enumerate(questions, start=1)
     ]
     return "root ::= " + " ".join(lines)
+
+
+def sequence_grammar(questions: Sequence[Question]) -> str:
+    """A llama.cpp GBNF grammar that admits exactly one option key per question, in order, with nothing else."""
+    return "root ::= " + " ".join(f"({' | '.join(json.dumps(k) for k in q.option_keys)})" for q in questions)
 
 
 def answer_json_schema(questions: Sequence[Question]) -> dict[str, Any]:

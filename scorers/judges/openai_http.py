@@ -28,6 +28,8 @@ finds each answer's position in the returned tokens):
 * ``"lines"`` (default): one line ``<i>: <answer>`` per question, unconstrained;
 * ``"grammar"``: the same lines, held to exactly that form by a llama.cpp GBNF
   grammar built from the batch's questions (request field ``grammar``);
+* ``"sequence"``: only the answers, one option key per question in order, held
+  to that by a grammar: one generated token per answer (the cheapest reply);
 * ``"json_schema"``: one JSON object ``{"<i>": "<answer>"}``, held to a schema
   built from the questions by an OpenAI structured-outputs ``response_format``.
 
@@ -92,7 +94,7 @@ from scorers.judges.base import (
     Provenance,
 )
 from scorers.judges.answer_format import ANSWER_FORMATS, AnswerFormat, answer_padding, constraint_fields, read_reply
-from scorers.judges.prompt import PROMPT_VERSION, multi_question_prompt, single_question_prompt
+from scorers.judges.prompt import MULTI_PROMPT_VERSION, PROMPT_VERSION, multi_question_prompt, numbered_order, single_question_prompt
 from scorers.openai_chat import NO_API_KEY, ChatErrors, complete_with_retries, require
 from scorers.questions import Question
 
@@ -101,7 +103,8 @@ log = logging.getLogger(__name__)
 JUDGE_NAME = "openai"
 MAX_TOP_LOGPROBS = 20  # the OpenAI API's limit
 SINGLE_MAX_TOKENS = 1
-# A line "12: 3\n" is ~5 tokens, a JSON member ' "12": "3",' ~7; the slack lets a model add a few stray tokens.
+# A line "12: 3\n" is ~5 tokens, a JSON member ' "12": "3",' ~7, a sequence answer 1; the slack lets a model
+# add a few stray tokens.
 TOKENS_PER_ANSWER = 10
 MULTI_EXTRA_TOKENS = 8
 _ERRORS = ChatErrors(
@@ -239,7 +242,7 @@ class OpenAIJudge:
                 cached_prompt_tokens=sum(r.cached_prompt_tokens for r in results),
             ),
             extra={
-                "prompt_version": PROMPT_VERSION,
+                "prompt_version": PROMPT_VERSION if size == 1 else f"{PROMPT_VERSION}+{MULTI_PROMPT_VERSION}",
                 "questions_per_call": str(size),
                 "answer_format": self.answer_format,
                 "attempts": str(sum(r.attempts for r in results)),
@@ -268,7 +271,8 @@ class OpenAIJudge:
         else:
             # Batches of one judge always use the multi-question prompt, even a short last batch,
             # so a question's prompt format depends on the configuration only.
-            reply = "json" if self.answer_format == "json_schema" else "lines"
+            reply = {"json_schema": "json", "sequence": "sequence"}.get(self.answer_format, "lines")
+            batch = numbered_order(batch)  # the prompt, the constraint and the reading all number them this way
             prompt = multi_question_prompt(transcript, batch, reply)
             max_tokens = TOKENS_PER_ANSWER * len(batch) + MULTI_EXTRA_TOKENS
             extra_body = {**constraint_fields(self.answer_format, batch), **self.extra_body}
@@ -298,7 +302,7 @@ class OpenAIJudge:
 
     def _multi_answers(self, content: Sequence[ChatCompletionTokenLogprob], batch: Sequence[Question]) -> _Reading:
         """The answers readable by their number, and the questions to ask again alone."""
-        reading = read_reply(self.answer_format, [t.token for t in content], len(batch))
+        reading = read_reply(self.answer_format, [t.token for t in content], batch)
         if reading.unreadable:
             log.debug("judge %s: unreadable answers %s", self.model, reading.unreadable)
         positions = reading.positions
