@@ -25,7 +25,13 @@ Rules (documented in the README's "Conversation assembly" section):
 * Attributes merge by event time: a later event's values override earlier
   ones; an earlier event that arrives late only fills keys not yet set.
 * An ``end`` for a conversation with no turns is dead-lettered
-  (``empty_conversation``). Feedback events do not touch assembly state.
+  (``empty_conversation``).
+* A negative feedback (rating ``down``) on an open conversation is noted in
+  its state and carried on the `ClosedConversation` (``negative_feedback``),
+  so sampling always judges it. Other feedback, feedback on a closed
+  conversation (it has been sampled already: late feedback cannot change the
+  decision) and feedback before the first turn leave the state as it is. The
+  sink stores every feedback event in the ``feedback`` table either way.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from stream.contract import EndEvent, Event, FeedbackEvent, TurnEvent
+from stream.contract import NEGATIVE_RATINGS, EndEvent, Event, FeedbackEvent, TurnEvent
 from stream.records import ClosedConversation, TurnRecord
 from stream.settings import AssemblySettings
 
@@ -77,7 +83,7 @@ class ConversationAssembler:
         if isinstance(event, EndEvent):
             return self._end(state, event, now)
         if isinstance(event, FeedbackEvent):
-            return Step(state, "accepted")
+            return self._feedback(state, event)
         raise TypeError(f"not an event: {event!r}")
 
     def due(self, state: State, now: float) -> Literal["idle_timeout", "retention"] | None:
@@ -128,6 +134,13 @@ class ConversationAssembler:
             return self._close(event.conversation_id, state, "max_turns", now)
         return Step(state, "accepted")
 
+    # -- feedback -----------------------------------------------------------
+
+    def _feedback(self, state: State | None, event: FeedbackEvent) -> Step:
+        if state is None or is_closed(state) or event.rating not in NEGATIVE_RATINGS or state.get("negative_feedback"):
+            return Step(state, "accepted")
+        return Step({**state, "negative_feedback": True}, "accepted")
+
     # -- end ----------------------------------------------------------------
 
     def _end(self, state: State | None, event: EndEvent, now: float) -> Step:
@@ -170,6 +183,7 @@ class ConversationAssembler:
             first_event_at=state["first_event_at"],
             last_event_at=state["last_event_at"],
             missing_turn_indices=missing,
+            negative_feedback=bool(state.get("negative_feedback", False)),
         )
         tombstone = {
             "partition": state["partition"],

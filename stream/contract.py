@@ -43,6 +43,7 @@ MAX_ATTRIBUTE_KEY_CHARS = 64
 MAX_ATTRIBUTE_VALUE_CHARS = 256
 END_CAUSES: tuple[str, ...] = ("end", "idle_timeout", "retention")
 RATINGS: tuple[str, ...] = ("up", "down")
+NEGATIVE_RATINGS: frozenset[str] = frozenset({"down"})  # ratings that make sampling judge the conversation
 DEAD_LETTER_VERSION = 1
 DEAD_LETTER_PREVIEW_BYTES = 1024
 

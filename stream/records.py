@@ -23,7 +23,7 @@ from scorers.conversation import Conversation, Turn
 RECORD_VERSION = 1
 
 CloseCause = Literal["end", "idle_timeout", "max_turns"]
-ScoreStatus = Literal["scored", "unscored"]
+ScoreStatus = Literal["scored", "unscored", "unsampled"]  # unsampled: counted (volume), not judged
 
 
 class RecordError(ValueError):
@@ -50,6 +50,7 @@ class ClosedConversation:
     first_event_at: float
     last_event_at: float
     missing_turn_indices: tuple[int, ...] = ()
+    negative_feedback: bool = False  # a user rated a turn down while it was open (sampling always judges it)
 
     def to_conversation(self) -> Conversation:
         """The scoring library's view: turns in index order, attributes kept."""
@@ -72,6 +73,7 @@ class ClosedConversation:
             "first_event_at": self.first_event_at,
             "last_event_at": self.last_event_at,
             "missing_turn_indices": list(self.missing_turn_indices),
+            "negative_feedback": self.negative_feedback,
         }
 
     def to_json(self) -> bytes:
@@ -89,6 +91,7 @@ class ClosedConversation:
                 first_event_at=float(d["first_event_at"]),
                 last_event_at=float(d["last_event_at"]),
                 missing_turn_indices=tuple(int(i) for i in d.get("missing_turn_indices", ())),
+                negative_feedback=_bool(d.get("negative_feedback", False), "negative_feedback"),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise RecordError(f"not a closed-conversation record: {e!r}") from e
@@ -146,6 +149,8 @@ class ScoreRecord:
     judge_completion_tokens: int = 0
     judge_cached_prompt_tokens: int = 0  # prompt tokens the judge server reported served from its cache
     judge_latency_s: float = 0.0
+    inclusion_probability: float = 1.0  # π: the chance sampling gave it of being judged (weight 1/π)
+    sampling_reason: str = ""  # rate | new_model_version | negative_feedback ('' in records written before sampling)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -191,12 +196,20 @@ class ScoreRecord:
                 judge_completion_tokens=int(d.get("judge_completion_tokens", 0)),
                 judge_cached_prompt_tokens=int(d.get("judge_cached_prompt_tokens", 0)),
                 judge_latency_s=float(d.get("judge_latency_s", 0.0)),
+                inclusion_probability=float(d.get("inclusion_probability", 1.0)),
+                sampling_reason=str(d.get("sampling_reason", "")),
                 extra=dict(d.get("extra", {})),
             )
         except RecordError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise RecordError(f"not a score record: {e!r}") from e
+
+
+def _bool(x: Any, name: str) -> bool:
+    if not isinstance(x, bool):
+        raise ValueError(f"{name} must be true or false, got {x!r}")
+    return x
 
 
 def _dump(obj: dict[str, Any]) -> bytes:

@@ -6,7 +6,12 @@ mapped to [0, 1) compared with π), so a replay scores exactly the same
 conversations. π comes from the first `SamplingRule` whose attribute pairs the
 conversation has, else ``default_rate``. ``always_first_per_model_version``
 conversations of every model version a policy has not seen before are scored
-with π = 1 (a new release is watched closely from its first conversation).
+with π = 1 (a new release is watched closely from its first conversation), and
+so, when ``always_score_negative_feedback`` is on, is every conversation a user
+rated down while it was open (`ClosedConversation.negative_feedback`): its
+inclusion probability really is 1, so the weights stay right. Feedback that
+arrives after the close cannot change the decision (the conversation has been
+decided by then). The first-N count is kept per worker process.
 
 Every conversation is *counted* (volume, N); only the sampled ones are judged,
 and each carries its π. A population mean of a per-conversation value y (a
@@ -22,6 +27,15 @@ and its sampling variance (Poisson sampling) by
 Both are sums over scored conversations, so they are kept as Prometheus
 counters (Σ y/π, Σ (1−π) y²/π², N) and computed in PromQL or SQL; with π = 1
 everywhere they reduce to the plain mean and zero sampling variance.
+
+Dashboards, reports and alerts use the *Hájek* (ratio) form instead, which
+needs no separate count of the population and is what a rate over a window
+is: R = Σ_s y/π / Σ_s 1/π, with the linearised Poisson-sampling variance
+
+    V̂ = Σ_s (1 − π) / π² · (y − R)² / (Σ_s 1/π)²
+      = (S2 − 2R·S1 + R²·S0) / (Σ_s 1/π)²,   S_k = Σ_s (1 − π) / π² · y^k
+
+(`hajek_sampling_variance`); the S_k are counters too.
 """
 
 from __future__ import annotations
@@ -29,9 +43,14 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from stream.settings import SamplingSettings
 
 MODEL_VERSION = "model_version"
+# Why a conversation got its inclusion probability (stored with every score as its sampling reason).
+RATE, NEW_MODEL_VERSION, NEGATIVE_FEEDBACK = "rate", "new_model_version", "negative_feedback"
 _HASH_BYTES = 8
 
 
@@ -62,7 +81,7 @@ class SamplingDecision:
 
     scored: bool
     inclusion_probability: float
-    reason: str  # "rate" or "new_model_version"
+    reason: str  # RATE, NEW_MODEL_VERSION or NEGATIVE_FEEDBACK
 
 
 @dataclass
@@ -73,6 +92,7 @@ class SamplingPolicy:
     rules: Sequence[SamplingRule] = ()
     always_first_per_model_version: int = 0
     salt: str = ""
+    always_score_negative_feedback: bool = False
     _seen_per_version: dict[str, int] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -88,16 +108,29 @@ class SamplingPolicy:
                 return rule.rate
         return self.default_rate
 
-    def decide(self, conversation_id: str, attributes: Mapping[str, str]) -> SamplingDecision:
+    @classmethod
+    def from_settings(cls, settings: "SamplingSettings") -> "SamplingPolicy":
+        """The policy ``scoring.sampling`` describes."""
+        return cls(
+            default_rate=settings.default_rate,
+            rules=[SamplingRule(r.match, r.rate) for r in settings.rules],
+            always_first_per_model_version=settings.always_first_per_model_version,
+            salt=settings.salt,
+            always_score_negative_feedback=settings.always_score_negative_feedback,
+        )
+
+    def decide(self, conversation_id: str, attributes: Mapping[str, str], negative_feedback: bool = False) -> SamplingDecision:
         """Score it or not; the same id and attributes always get the same answer (but for new-version counting)."""
+        if negative_feedback and self.always_score_negative_feedback:
+            return SamplingDecision(True, 1.0, NEGATIVE_FEEDBACK)
         version = attributes.get(MODEL_VERSION)
         if version is not None and self.always_first_per_model_version:
             seen = self._seen_per_version.get(version, 0)
             self._seen_per_version[version] = seen + 1
             if seen < self.always_first_per_model_version:
-                return SamplingDecision(True, 1.0, "new_model_version")
+                return SamplingDecision(True, 1.0, NEW_MODEL_VERSION)
         rate = self.rate_for(attributes)
-        return SamplingDecision(unit_hash(self.salt, conversation_id) < rate, rate, "rate")
+        return SamplingDecision(unit_hash(self.salt, conversation_id) < rate, rate, RATE)
 
 
 def unit_hash(salt: str, conversation_id: str) -> float:
@@ -134,3 +167,10 @@ def horvitz_thompson_mean(values: Sequence[float], inclusion_probabilities: Sequ
         total += y / pi
         variance += (1.0 - pi) * y * y / (pi * pi)
     return RateEstimate(total / population, math.sqrt(variance) / population, population, len(values))
+
+
+def hajek_sampling_variance(rate: float, weight: float, s0: float, s1: float, s2: float) -> float:
+    """V̂ of the module docstring for the ratio ``rate`` = Σ y/π / ``weight``, from S0, S1, S2; 0 when all π = 1."""
+    if weight <= 0:
+        raise SamplingError(f"the weight Σ 1/π must be > 0, got {weight}")
+    return max(s2 - 2 * rate * s1 + rate * rate * s0, 0.0) / (weight * weight)

@@ -163,6 +163,16 @@ MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "CREATE OR REPLACE VIEW " + _LATEST_SCORES_VIEW,  # the view's * was expanded when it was created
         ),
     ),
+    (
+        "0003_sampling",
+        (
+            # Rows written before sampling were all judged: π = 1. Status 'unsampled' needs no DDL (a String).
+            f"""ALTER TABLE {{db}}.conversation_scores
+                ADD COLUMN IF NOT EXISTS inclusion_probability Float64 DEFAULT 1 AFTER judge_latency_s,
+                ADD COLUMN IF NOT EXISTS sampling_reason {_LC} AFTER inclusion_probability""",
+            "CREATE OR REPLACE VIEW " + _LATEST_SCORES_VIEW,
+        ),
+    ),
 )
 
 _MIGRATIONS_TABLE = f"""CREATE TABLE IF NOT EXISTS {{db}}.schema_migrations (
@@ -180,7 +190,8 @@ SCORE_COLUMNS = (
     "rubrics_unasked", "label", "threshold_label",
     "main_question_id", "main_probabilities", "main_expected_value", "dissatisfaction_probability",
     "product", "model_version", "attributes", "n_turns", "judge_calls", "judge_prompt_tokens",
-    "judge_completion_tokens", "judge_cached_prompt_tokens", "judge_latency_s", "extra",
+    "judge_completion_tokens", "judge_cached_prompt_tokens", "judge_latency_s", "inclusion_probability",
+    "sampling_reason", "extra",
 )  # fmt: skip
 DIMENSION_COLUMNS = (
     "conversation_id", "scorer_version", "question_id", "probabilities", "expected_value",
@@ -194,6 +205,7 @@ FEEDBACK_COLUMNS = (
 )  # fmt: skip
 
 LABELS = ("sat", "dsat", "uncertain")
+STATUSES = ("scored", "unscored", "unsampled")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -218,8 +230,9 @@ class VariantSummary:
     """Scores of the conversations sharing one value of the grouping attribute."""
 
     variant: str
-    n: int
-    n_scored: int
+    n: int  # every conversation, unsampled ones included
+    n_scored: int  # conversations the judge scored
+    # Rates and means weight each scored conversation by 1/π (its inclusion probability): unbiased under sampling.
     dsat_rate: float | None  # share of scored conversations labelled dsat
     uncertain_rate: float | None  # share of scored conversations the rubric set abstained on
     calibrated_satisfaction: float | None  # mean calibrated expected answer to the main question
@@ -240,7 +253,7 @@ class WorstConversation:
 
 @dataclass(frozen=True)
 class Summary:
-    """Label counts, per-variant scores and the worst conversations, one (latest) score per conversation."""
+    """Label counts (and unscored, unsampled), per-variant scores and the worst conversations, one (latest) score per conversation."""
 
     by_label: dict[str, int]
     group_by: str
@@ -409,7 +422,8 @@ class ClickHouseStore:
             f"""SELECT countIf(status = 'scored' AND label = 'sat') AS sat,
                        countIf(status = 'scored' AND label = 'dsat') AS dsat,
                        countIf(status = 'scored' AND label = 'uncertain') AS uncertain,
-                       countIf(status = 'unscored') AS unscored
+                       countIf(status = 'unscored') AS unscored,
+                       countIf(status = 'unsampled') AS unsampled
                 FROM {source}""",
             params,
             "summarising labels",
@@ -418,10 +432,10 @@ class ClickHouseStore:
             f"""SELECT attributes[{{key:String}}] AS variant,
                        count() AS n,
                        countIf(status = 'scored') AS n_scored,
-                       countIf(status = 'scored' AND label = 'dsat') / nullIf(countIf(status = 'scored'), 0) AS dsat_rate,
-                       countIf(status = 'scored' AND label = 'uncertain') / nullIf(countIf(status = 'scored'), 0) AS uncertain_rate,
-                       avg(main_expected_value) AS calibrated_satisfaction,
-                       avg(dissatisfaction_probability) AS calibrated_dissatisfaction
+                       {_weighted_share("label = 'dsat'")} AS dsat_rate,
+                       {_weighted_share("label = 'uncertain'")} AS uncertain_rate,
+                       {_weighted_mean("main_expected_value")} AS calibrated_satisfaction,
+                       {_weighted_mean("dissatisfaction_probability")} AS calibrated_dissatisfaction
                 FROM {source} GROUP BY variant ORDER BY variant""",
             {**params, "key": group_by},
             "summarising variants",
@@ -461,7 +475,7 @@ class ClickHouseStore:
                 )
             )
         return Summary(
-            by_label={k: int(counts[k]) for k in (*LABELS, "unscored")},
+            by_label={k: int(counts[k]) for k in (*LABELS, "unscored", "unsampled")},
             group_by=group_by,
             variants=tuple(
                 VariantSummary(
@@ -524,18 +538,36 @@ class ClickHouseStore:
             raise StoreError(f"{self!r} is closed")
 
 
+# --- weighted aggregates (Hájek: Σ y/π / Σ 1/π over the scored rows; docs/sampling.md) ---------------
+
+
+def _weighted_share(condition: str) -> str:
+    """SQL: the 1/π-weighted share of scored rows meeting ``condition``."""
+    return (f"sumIf(1 / inclusion_probability, status = 'scored' AND {condition})"
+            " / nullIf(sumIf(1 / inclusion_probability, status = 'scored'), 0)")
+
+
+def _weighted_mean(column: str) -> str:
+    """SQL: the 1/π-weighted mean of a Nullable column over the scored rows where it is set."""
+    where = f"status = 'scored' AND {column} IS NOT NULL"
+    return f"sumIf({column} / inclusion_probability, {where}) / nullIf(sumIf(1 / inclusion_probability, {where}), 0)"
+
+
 # --- row building -------------------------------------------------------------------------------
 
 
 def _append_score_rows(
     r: ScoreRecord, conversations: list[list[Any]], scores: list[list[Any]], dimensions: list[list[Any]], rubrics: list[list[Any]]
 ) -> None:
-    if r.status not in ("scored", "unscored"):
-        raise ValueError(f"status {r.status!r} is not 'scored' or 'unscored'")
+    if r.status not in STATUSES:
+        raise ValueError(f"status {r.status!r} is not one of {STATUSES}")
     if r.status == "scored" and r.label not in LABELS:
         raise ValueError(f"label {r.label!r} of a scored record is not one of {LABELS}")
-    if r.status == "unscored" and (r.label or r.dimensions or r.rubrics):
-        raise ValueError("an unscored record carries a label, dimensions or rubrics")
+    if r.status != "scored" and (r.label or r.dimensions or r.rubrics):
+        raise ValueError(f"an {r.status} record carries a label, dimensions or rubrics")
+    pi = r.inclusion_probability
+    if isinstance(pi, bool) or not isinstance(pi, (int, float)) or not 0 < pi <= 1:
+        raise ValueError(f"inclusion_probability = {pi!r} is not in (0, 1]")
     c = r.conversation
     product, model_version = c.attributes.get("product", ""), c.attributes.get("model_version", "")
     closed_at = _micros(c.closed_at, "conversation.closed_at")
@@ -551,7 +583,8 @@ def _append_score_rows(
             _opt_float(r.main_expected_value, "main_expected_value"),
             _opt_float(r.dissatisfaction_probability, "dissatisfaction_probability"),
             product, model_version, c.attributes, len(c.turns), r.judge_calls, r.judge_prompt_tokens,
-            r.judge_completion_tokens, r.judge_cached_prompt_tokens, float(r.judge_latency_s), json.dumps(r.extra, sort_keys=True, ensure_ascii=False),
+            r.judge_completion_tokens, r.judge_cached_prompt_tokens, float(r.judge_latency_s), float(pi), r.sampling_reason,
+            json.dumps(r.extra, sort_keys=True, ensure_ascii=False),
         ]
     )  # fmt: skip
     for d in r.dimensions:

@@ -246,14 +246,31 @@ def test_end_for_an_unknown_conversation() -> None:
         assert (step.state, step.outcome, step.dead_letter, step.closed) == (None, "ignored", None, None)
 
 
-def test_feedback_leaves_the_state_untouched() -> None:
+def test_a_thumbs_down_while_open_is_carried_to_the_close() -> None:
     a = assembler()
-    feedback = FeedbackEvent(CID, 0, "down", T0 + 5, "wrong answer", {"product": "chat"})
-    assert apply_checked(a, None, feedback, NOW).state is None
-    for events in ([turn(0)], [turn(0), end()]):
-        state, _ = run(a, events)
-        step = apply_checked(a, state, feedback, NOW + 1)
-        assert step.state is state and step.closed is None and step.dead_letter is None
+    down = FeedbackEvent(CID, 0, "down", T0 + 5, "wrong answer", {"product": "chat"})
+    state, _ = run(a, [turn(0)])
+    step = apply_checked(a, state, down, NOW + 1)
+    assert step.outcome == "accepted" and step.closed is None and step.dead_letter is None
+    assert step.state is not None and step.state["negative_feedback"] is True
+    again = apply_checked(a, step.state, down, NOW + 2)
+    assert again.state is step.state  # a second thumbs-down changes nothing
+    _, steps = run(a, [turn(1), end()], state=again.state)
+    assert closed_of(steps).negative_feedback is True
+
+
+def test_other_feedback_leaves_the_state_untouched() -> None:
+    a = assembler()
+    up = FeedbackEvent(CID, 0, "up", T0 + 5)
+    down = FeedbackEvent(CID, 0, "down", T0 + 5, "wrong answer", {"product": "chat"})
+    assert apply_checked(a, None, down, NOW).state is None  # before the first turn: nothing to note it on
+    state, _ = run(a, [turn(0)])
+    assert apply_checked(a, state, up, NOW + 1).state is state
+    _, steps = run(a, [end()], state=state)
+    assert closed_of(steps).negative_feedback is False
+    closed_state, _ = run(a, [turn(0), end()])
+    step = apply_checked(a, closed_state, down, NOW + 1)  # after the close: sampling has decided already
+    assert step.state is closed_state and step.closed is None and step.dead_letter is None
 
 
 def test_first_turn_records_its_partition() -> None:

@@ -18,6 +18,7 @@ from stream.sampling import (
     SamplingError,
     SamplingPolicy,
     SamplingRule,
+    hajek_sampling_variance,
     horvitz_thompson_mean,
     unit_hash,
 )
@@ -76,6 +77,31 @@ def test_weighted_rates_are_unbiased_and_their_intervals_cover_the_truth() -> No
     assert abs(np.mean(naive) - truth) > 0.05
 
 
+def test_the_ratio_form_from_counter_sums_is_unbiased_and_its_intervals_cover_the_truth() -> None:
+    """The Hájek rate R = Σ y/π / Σ 1/π and its linearised variance from the S0, S1, S2 sums the counters keep."""
+    population = _population()
+    truth = float(np.mean([y for _, _, y in population]))
+    rates, covered = [], 0
+    for r in range(REPLICATES):
+        policy = _policy(f"ratio-{r}")
+        weight = s_y = s0 = s1 = s2 = 0.0
+        for cid, attrs, y in population:
+            decision = policy.decide(cid, attrs)
+            if decision.scored:
+                pi = decision.inclusion_probability
+                v = (1 - pi) / pi ** 2
+                weight, s_y = weight + 1 / pi, s_y + y / pi
+                s0, s1, s2 = s0 + v, s1 + v * y, s2 + v * y * y
+        rate = s_y / weight
+        rates.append(rate)
+        covered += abs(rate - truth) <= 1.96 * math.sqrt(hajek_sampling_variance(rate, weight, s0, s1, s2))
+    assert abs(np.mean(rates) - truth) < 4 * float(np.std(rates)) / math.sqrt(REPLICATES)
+    assert 0.90 <= covered / REPLICATES <= 0.99, covered / REPLICATES
+    assert hajek_sampling_variance(0.4, 3.0, 0.0, 0.0, 0.0) == 0.0  # π = 1 everywhere: no sampling error
+    with pytest.raises(SamplingError, match="weight"):
+        hajek_sampling_variance(0.4, 0.0, 0.0, 0.0, 0.0)
+
+
 def test_at_full_rate_the_estimate_is_the_plain_mean_with_no_sampling_error() -> None:
     values = [0.2, 0.9, 0.4]
     est = horvitz_thompson_mean(values, [1.0, 1.0, 1.0], 3)
@@ -94,6 +120,15 @@ def test_decisions_are_deterministic_by_id_and_follow_the_first_matching_rule() 
     assert [policy.decide(f"c{i}", {"product": "y"}).scored for i in range(200)] == [
         unit_hash("", f"c{i}") < 0.5 for i in range(200)
     ]
+
+
+def test_negative_feedback_is_scored_with_certainty_only_when_the_policy_says_so() -> None:
+    policy = SamplingPolicy(default_rate=0.01, always_first_per_model_version=1, always_score_negative_feedback=True)
+    d = policy.decide("c1", {"model_version": "v1"}, negative_feedback=True)
+    assert (d.scored, d.inclusion_probability, d.reason) == (True, 1.0, "negative_feedback")
+    assert policy.decide("c2", {"model_version": "v1"}).reason == "new_model_version"  # feedback did not use up the first N
+    off = SamplingPolicy(default_rate=0.01)
+    assert off.decide("c1", {}, negative_feedback=True) == off.decide("c1", {})
 
 
 def test_the_first_conversations_of_a_new_model_version_are_always_scored() -> None:

@@ -141,6 +141,31 @@ def test_a_database_of_the_first_schema_is_upgraded_and_keeps_its_rows(store_fac
     assert row == {"netsat": 3.5, "netsat_lower": None, "netsat_upper": None, "rubrics_unasked": [], "judge_cached_prompt_tokens": 0}
 
 
+def test_a_database_before_sampling_is_upgraded_and_its_rows_count_with_weight_one(store_factory, monkeypatch) -> None:  # noqa: F811
+    """A store written by the 0002 schema: its rows stay, read as judged with π = 1, and the summary still counts them."""
+    import stream.store as store_module
+
+    store = store_factory(migrate=False)
+    monkeypatch.setattr(store_module, "MIGRATIONS", MIGRATIONS[:2])
+    assert store.migrate() == ["0001_initial", "0002_judge_cost"]
+    store._command(  # the old writer's rows, with the 0002 columns only
+        "INSERT INTO conversation_scores (conversation_id, scorer_version, status, netsat, label, dissatisfaction_probability, "
+        "product, judge_cached_prompt_tokens, scored_at, closed_at) VALUES "
+        "('old-dsat', 'sv', 'scored', -4, 'dsat', 0.9, 'p', 7, now64(6), now64(6)), "
+        "('old-sat', 'sv', 'scored', 4, 'sat', 0.1, 'p', 7, now64(6), now64(6))",
+        "writing old rows",
+    )
+    monkeypatch.setattr(store_module, "MIGRATIONS", MIGRATIONS)
+    assert store.migrate() == ["0003_sampling"]
+    rows = store.query("SELECT conversation_id, status, inclusion_probability, sampling_reason FROM latest_scores ORDER BY conversation_id")
+    assert rows == [
+        {"conversation_id": "old-dsat", "status": "scored", "inclusion_probability": 1.0, "sampling_reason": ""},
+        {"conversation_id": "old-sat", "status": "scored", "inclusion_probability": 1.0, "sampling_reason": ""},
+    ]
+    [v] = store.summary(group_by="product").variants
+    assert (v.n, v.n_scored, v.dsat_rate, v.calibrated_dissatisfaction) == (2, 2, 0.5, pytest.approx(0.5))
+
+
 def test_a_second_store_on_the_same_database_sees_the_schema(store_factory) -> None:  # noqa: F811
     first = store_factory()
     second = store_factory(database=first.database, migrate=False)
@@ -192,6 +217,8 @@ def test_write_and_read_back_every_field(store_factory) -> None:  # noqa: F811
         judge_completion_tokens=56,
         judge_cached_prompt_tokens=1100,
         judge_latency_s=4.25,
+        inclusion_probability=0.25,
+        sampling_reason="rate",
         extra={"note": "x"},
     )
     assert store.write_scores([record]) == {"conversations": 1, "conversation_scores": 1, "dimension_predictions": 2, "rubric_scores": 2}
@@ -247,6 +274,8 @@ def test_write_and_read_back_every_field(store_factory) -> None:  # noqa: F811
         "judge_completion_tokens": 56,
         "judge_cached_prompt_tokens": 1100,
         "judge_latency_s": 4.25,
+        "inclusion_probability": 0.25,
+        "sampling_reason": "rate",
         "extra": '{"note": "x"}',
     }
     dims = store.query("SELECT * FROM dimension_predictions FINAL ORDER BY question_id")
@@ -311,7 +340,7 @@ def test_later_scored_record_replaces_unscored(store_factory) -> None:  # noqa: 
     store.write_scores([scored("c", "dsat", -4.0, 0.7, 1.5, scored_at=T0 + 200, rubrics=(RubricHit("d", "dsat", -4.0),))])
     rows = store.query("SELECT status, label, netsat, scored_at FROM conversation_scores FINAL")
     assert rows == [{"status": "scored", "label": "dsat", "netsat": -4.0, "scored_at": utc(T0 + 200)}]
-    assert store.summary().by_label == {"sat": 0, "dsat": 1, "uncertain": 0, "unscored": 0}
+    assert store.summary().by_label == {"sat": 0, "dsat": 1, "uncertain": 0, "unscored": 0, "unsampled": 0}
     assert store.count_conversations() == 1
 
 
@@ -378,7 +407,7 @@ def test_summary_matches_hand_computed_numbers(store_factory) -> None:  # noqa: 
         store.write_scores(batch)
     s = store.summary(worst=3)  # latest score per conversation: g counts with its v2 score
     assert s.group_by == "dialogue_version"
-    assert s.by_label == {"sat": 3, "dsat": 2, "uncertain": 1, "unscored": 1}  # sat a f g; dsat b d; uncertain c; unscored e
+    assert s.by_label == {"sat": 3, "dsat": 2, "uncertain": 1, "unscored": 1, "unsampled": 0}  # sat a f g; dsat b d; uncertain c; unscored e
     by_variant = {v.variant: v for v in s.variants}
     assert [v.variant for v in s.variants] == ["", "0", "1"]
     f = by_variant[""]
@@ -410,12 +439,12 @@ def test_summary_for_one_scorer_version_and_another_attribute(store_factory) -> 
     for batch in _summary_fixture():
         store.write_scores(batch)
     s = store.summary(worst=1, scorer_version="v1", group_by="product")
-    assert s.by_label == {"sat": 2, "dsat": 3, "uncertain": 1, "unscored": 1}  # g is dsat under v1
+    assert s.by_label == {"sat": 2, "dsat": 3, "uncertain": 1, "unscored": 1, "unsampled": 0}  # g is dsat under v1
     assert [w.conversation_id for w in s.worst] == ["g"]
     assert s.worst[0].dsat_hits == (RubricHit("d5", "dsat", -10.0),)
     assert [(v.variant, v.n) for v in s.variants] == [("", 6), ("p", 1)]
     empty = store.summary(scorer_version="nope")
-    assert empty.by_label == {"sat": 0, "dsat": 0, "uncertain": 0, "unscored": 0}
+    assert empty.by_label == {"sat": 0, "dsat": 0, "uncertain": 0, "unscored": 0, "unsampled": 0}
     assert empty.variants == () and empty.worst == ()
 
 
