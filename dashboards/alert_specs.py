@@ -31,7 +31,9 @@ UNCERTAIN_SURGE = "ConvowatchUncertainSurge"
 JUDGE_ERRORS = "ConvowatchJudgeErrors"
 PIPELINE_STALLED = "ConvowatchPipelineStalled"
 DEAD_LETTER_SURGE = "ConvowatchDeadLetterSurge"
-ALERT_NAMES = (DSAT_SPIKE, DSAT_ABOVE_YESTERDAY, UNCERTAIN_SURGE, JUDGE_ERRORS, PIPELINE_STALLED, DEAD_LETTER_SURGE)
+JUDGE_BUDGET_EXHAUSTED = "ConvowatchJudgeBudgetExhausted"
+ALERT_NAMES = (DSAT_SPIKE, DSAT_ABOVE_YESTERDAY, UNCERTAIN_SURGE, JUDGE_ERRORS, PIPELINE_STALLED, DEAD_LETTER_SURGE,
+               JUDGE_BUDGET_EXHAUSTED)
 
 RUNBOOKS = "docs/runbooks.md"
 
@@ -57,22 +59,29 @@ def series(w: AlertWindows) -> dict[str, Series]:
     judge_ok = q.rate(q.JUDGE_LATENCY + "_count", short, by="judge")  # one observation per successful judgement
     judge_errors_n = q.increase(q.JUDGE_ERRORS, short, by="judge")
     judge_ok_n = q.increase(q.JUDGE_LATENCY + "_count", short, by="judge")
+    unsampled = q.increase(q.SAMPLED, w.stall_for, 'decision="unsampled"')
     # `x or y * 0`: a judge that never succeeded has no latency series, one that never failed no error series;
     # count the missing side as 0 so both the ratio and the attempts exist for every judge that was used.
     return {
         "dsat_short": Series(q.calibrated_dsat_rate(short, by=by), f"convowatch:calibrated_dsat_rate:ratio_rate{short}"),
         "dsat_base": Series(q.calibrated_dsat_rate(base, by=by), f"convowatch:calibrated_dsat_rate:ratio_rate{base}"),
         "dsat_var_base": Series(q.calibrated_dsat_variance(base, by=by), f"convowatch:calibrated_dsat_variance:rate{base}"),
-        "calibrated_short": Series(q.increase(q.CALIBRATED, short, by=by), f"convowatch:calibrated_conversations:increase{short}"),
+        "dsat_sampling_var_short": Series(q.calibrated_dsat_sampling_variance(short, by=by),
+                                          f"convowatch:calibrated_dsat_sampling_variance:increase{short}"),
+        "calibrated_short": Series(q.calibrated_conversations(short, by=by), f"convowatch:calibrated_weight:increase{short}"),
         "dsat_ago": Series(q.calibrated_dsat_rate(short, by=by, offset=ago),
                            f"convowatch:calibrated_dsat_rate:ratio_rate{short}_offset{ago}"),
         "dsat_var_ago": Series(q.calibrated_dsat_variance(short, by=by, offset=ago),
                                f"convowatch:calibrated_dsat_variance:rate{short}_offset{ago}"),
-        "calibrated_ago": Series(q.increase(q.CALIBRATED, short, by=by, offset=ago),
-                                 f"convowatch:calibrated_conversations:increase{short}_offset{ago}"),
+        "dsat_sampling_var_ago": Series(q.calibrated_dsat_sampling_variance(short, by=by, offset=ago),
+                                        f"convowatch:calibrated_dsat_sampling_variance:increase{short}_offset{ago}"),
+        "calibrated_ago": Series(q.calibrated_conversations(short, by=by, offset=ago),
+                                 f"convowatch:calibrated_weight:increase{short}_offset{ago}"),
         "uncertain_short": Series(q.label_share("uncertain", short, by=by), f"convowatch:uncertain_share:ratio_rate{short}"),
         "uncertain_base": Series(q.label_share("uncertain", base, by=by), f"convowatch:uncertain_share:ratio_rate{base}"),
-        "scored_short": Series(q.increase(q.SCORED, short, by=by), f"convowatch:conversations_scored:increase{short}"),
+        "uncertain_sampling_var_short": Series(q.label_share_sampling_variance("uncertain", short, by=by),
+                                               f"convowatch:uncertain_share_sampling_variance:increase{short}"),
+        "scored_short": Series(q.scored_conversations(short, by=by), f"convowatch:conversations_scored_weight:increase{short}"),
         "judge_error_ratio": Series(f"({judge_errors} or {judge_ok} * 0) / (({judge_errors} or {judge_ok} * 0) + ({judge_ok} or {judge_errors} * 0))",
                                     f"convowatch:judge_errors:ratio_rate{short}"),
         "judge_attempts": Series(f"({judge_errors_n} or {judge_ok_n} * 0) + ({judge_ok_n} or {judge_errors_n} * 0)",
@@ -80,9 +89,12 @@ def series(w: AlertWindows) -> dict[str, Series]:
         "dead_letter_ratio": Series(f"{q.rate(q.DEAD_LETTERS, short)} / {q.rate(q.EVENTS, short)}",
                                     f"convowatch:dead_letters:ratio_rate{short}"),
         "events_short": Series(q.increase(q.EVENTS, short), f"convowatch:events:increase{short}"),
+        "budget_wait_share": Series(q.budget_wait_share(short), f"convowatch:judge_budget_wait:ratio_rate{short}"),
         # Not recorded: each is read by one alert only.
         "closing_events": Series(q.increase(q.EVENTS, w.stall_for, 'outcome="closed"')),
-        "finished": Series(f"({q.increase(q.SCORED, w.stall_for)} or vector(0)) + ({q.increase(q.UNSCORED, w.stall_for)} or vector(0))"),
+        # Finished work: scored, stored unscored, or left out by sampling (also a decision on a closed conversation).
+        "finished": Series(f"({q.increase(q.SCORED, w.stall_for)} or vector(0)) + ({q.increase(q.UNSCORED, w.stall_for)} or vector(0))"
+                           f" + ({unsampled} or vector(0))"),
     }
 
 
@@ -154,19 +166,24 @@ def _percent(share: float) -> str:
     return f"{share * 100:g}%"
 
 
-def _spike_threshold(base: str, var: str, n: str, w: AlertWindows) -> str:
-    """base + max(min_lift, z * stderr), stderr = sqrt(var(P) / n): a rise that is both large and significant."""
-    return f"{base} + clamp_min({w.z:g} * sqrt({var} / {n}), {w.min_lift:g})"
+def _spike_threshold(base: str, var: str, n: str, sampling_var: str, w: AlertWindows) -> str:
+    """base + max(min_lift, z * stderr), stderr = sqrt(var(P) / n + the short rate's sampling variance):
+    a rise that is both large and significant. n = Σ 1/π; with π = 1 the sampling variance is 0."""
+    return f"{base} + clamp_min({w.z:g} * sqrt({var} / {n} + {sampling_var}), {w.min_lift:g})"
 
 
-def _yesterday_threshold(ago: str, var_ago: str, n: str, n_ago: str, w: AlertWindows) -> str:
-    """Two-sample version: both windows are short, so both means carry error: sqrt(var * (1/n + 1/n_ago))."""
-    return f"{ago} + clamp_min({w.z:g} * sqrt({var_ago} * (1 / {n} + 1 / {n_ago})), {w.min_lift:g})"
+def _yesterday_threshold(ago: str, var_ago: str, n: str, n_ago: str, sampling_var: str, sampling_var_ago: str,
+                         w: AlertWindows) -> str:
+    """Two-sample version: both windows are short, so both means carry error: sqrt(var * (1/n + 1/n_ago)),
+    plus the sampling variance of each."""
+    return (f"{ago} + clamp_min({w.z:g} * sqrt({var_ago} * (1 / {n} + 1 / {n_ago}) + {sampling_var} + {sampling_var_ago}), "
+            f"{w.min_lift:g})")
 
 
-def _share_threshold(base: str, n: str, w: AlertWindows) -> str:
-    """base + max(min_lift, z * sqrt(p (1 - p) / n)): the uncertain label is yes/no, so the binomial error is exact."""
-    return f"{base} + clamp_min({w.z:g} * sqrt({base} * (1 - {base}) / {n}), {w.uncertain_min_lift:g})"
+def _share_threshold(base: str, n: str, sampling_var: str, w: AlertWindows) -> str:
+    """base + max(min_lift, z * sqrt(p (1 - p) / n + sampling variance)): the uncertain label is yes/no, so the
+    binomial error is exact; sampling adds its own."""
+    return f"{base} + clamp_min({w.z:g} * sqrt({base} * (1 - {base}) / {n} + {sampling_var}), {w.uncertain_min_lift:g})"
 
 
 def alert_specs(w: AlertWindows, s: Lookup) -> list[AlertSpec]:
@@ -176,7 +193,8 @@ def alert_specs(w: AlertWindows, s: Lookup) -> list[AlertSpec]:
     return [
         AlertSpec(
             DSAT_SPIKE, "page", attrs,
-            {"P": s("dsat_short"), "T": _spike_threshold(s("dsat_base"), s("dsat_var_base"), s("calibrated_short"), w),
+            {"P": s("dsat_short"),
+             "T": _spike_threshold(s("dsat_base"), s("dsat_var_base"), s("calibrated_short"), s("dsat_sampling_var_short"), w),
              "N": s("calibrated_short"), "B": s("dsat_base")},
             (Clause("P", ">", "T"), Clause("N", ">=", str(w.min_conversations))),
             "Dissatisfaction spike on {{ $labels.product }} {{ $labels.model_version }}",
@@ -187,7 +205,8 @@ def alert_specs(w: AlertWindows, s: Lookup) -> list[AlertSpec]:
         AlertSpec(
             DSAT_ABOVE_YESTERDAY, "ticket", attrs,
             {"P": s("dsat_short"),
-             "T": _yesterday_threshold(s("dsat_ago"), s("dsat_var_ago"), s("calibrated_short"), s("calibrated_ago"), w),
+             "T": _yesterday_threshold(s("dsat_ago"), s("dsat_var_ago"), s("calibrated_short"), s("calibrated_ago"),
+                                       s("dsat_sampling_var_short"), s("dsat_sampling_var_ago"), w),
              "N": s("calibrated_short"), "Y": s("calibrated_ago"), "B": s("dsat_ago")},
             (Clause("P", ">", "T"), Clause("N", ">=", str(w.min_conversations)), Clause("Y", ">=", str(w.min_conversations))),
             "Dissatisfaction above yesterday on {{ $labels.product }} {{ $labels.model_version }}",
@@ -197,7 +216,7 @@ def alert_specs(w: AlertWindows, s: Lookup) -> list[AlertSpec]:
         ),
         AlertSpec(
             UNCERTAIN_SURGE, "ticket", attrs,
-            {"P": s("uncertain_short"), "T": _share_threshold(s("uncertain_base"), s("scored_short"), w),
+            {"P": s("uncertain_short"), "T": _share_threshold(s("uncertain_base"), s("scored_short"), s("uncertain_sampling_var_short"), w),
              "N": s("scored_short"), "B": s("uncertain_base")},
             (Clause("P", ">", "T"), Clause("N", ">=", str(w.uncertain_min_conversations))),
             "Uncertain share surging on {{ $labels.product }} {{ $labels.model_version }} (judge drift?)",
@@ -219,8 +238,8 @@ def alert_specs(w: AlertWindows, s: Lookup) -> list[AlertSpec]:
             {"E": s("closing_events"), "S": s("finished")},
             (Clause("E", ">", "0"), Clause("S", "==", "0")),
             "convowatch pipeline stalled: conversations close but none is scored",
-            f"{{E:{count}}} conversations closed over the last {w.stall_for} and none was scored or stored unscored "
-            f"(for {w.for_}). Quality monitoring is blind until scoring resumes.",
+            f"{{E:{count}}} conversations closed over the last {w.stall_for} and none was scored, stored unscored "
+            f"or left unsampled (for {w.for_}). Quality monitoring is blind until scoring resumes.",
         ),
         AlertSpec(
             DEAD_LETTER_SURGE, "ticket", (),
@@ -229,5 +248,14 @@ def alert_specs(w: AlertWindows, s: Lookup) -> list[AlertSpec]:
             "Dead letters surging",
             f"Dead letters over the last {w.short}: {{P:{pct}}} of the {{N:{count}}} consumed events "
             f"(threshold {_percent(w.dead_letter_ratio)}, for {w.for_}). Producers may be sending events that break the contract.",
+        ),
+        AlertSpec(
+            JUDGE_BUDGET_EXHAUSTED, "ticket", ("limit",),
+            {"P": s("budget_wait_share")},
+            (Clause("P", ">", f"{w.budget_wait_share:g}"),),
+            "Judge budget {{ $labels.limit }} is holding scoring back",
+            f"A worker waited for the judge budget ({{{{ $labels.limit }}}}) {{P:{pct}}} of the last {w.short} "
+            f"(threshold {_percent(w.budget_wait_share)}, for {w.for_}). Conversations wait in the closed topic: none is "
+            "lost, but scores arrive late and the closed topic's lag grows.",
         ),
     ]

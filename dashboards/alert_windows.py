@@ -78,6 +78,8 @@ class AlertWindows:
     """Dead-letter surge: dead letters per consumed event in the short window."""
     dead_letter_min_events: int = 200
     """Consumed events needed in the short window before the dead-letter surge can fire."""
+    budget_wait_share: float = 0.5
+    """Judge budget exhausted: share of the short window during which a worker's scoring waited for the budget."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -118,6 +120,6 @@ class AlertWindows:
         for name in ("min_lift", "uncertain_min_lift"):
             if not 0 <= getattr(self, name) < 1:
                 raise AlertWindowsError(f"AlertWindows.{name}: {getattr(self, name)!r} must be in [0, 1) (a difference of two shares)")
-        for name in ("judge_error_ratio", "dead_letter_ratio"):
+        for name in ("judge_error_ratio", "dead_letter_ratio", "budget_wait_share"):
             if not 0 < getattr(self, name) < 1:
                 raise AlertWindowsError(f"AlertWindows.{name}: {getattr(self, name)!r} must be in (0, 1) (a share)")

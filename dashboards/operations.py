@@ -4,7 +4,8 @@ Events in (by type and outcome) and dead letters (by reason); assembly
 (open conversations, closes by cause, owned partitions, consumer lag where
 the broker reports it); the judge (calls, errors, latency, tokens); scoring
 (latency, retries, unscored); the sink (rows, errors, batch latency, close to
-store latency). These metrics carry no product / model-version labels (they
+store latency); the judge budget (which limit holds scoring back, for how
+long) and cost (tokens and cost per judged conversation). These metrics carry no product / model-version labels (they
 are per process), so the dashboard has no such variables.
 """
 
@@ -32,6 +33,7 @@ def dashboard() -> dict[str, Any]:
         ("Events and assembly", _events()),
         ("Judge", _judge()),
         ("Scoring and sink", _scoring_and_sink()),
+        ("Judge budget and cost", _budget_and_cost()),
     ])
     return p.finish(board)
 
@@ -97,4 +99,25 @@ def _scoring_and_sink() -> list:
                       "Scoring attempts retried (by reason) and conversations stored unscored (by reason), per second.",
                       [p.promql(promql.rate(promql.SCORING_RETRIES, W, by="reason"), "retry {{reason}}"),
                        p.promql(promql.rate(promql.UNSCORED, W, by="reason"), "unscored {{reason}}")], "cps", span=8),
+    ]
+
+
+def _budget_and_cost() -> list:
+    return [
+        p.time_series("Judge budget exhausted", "1 while a worker's scoring waits because this budget limit is spent "
+                      "(scoring.budget); conversations wait in the closed topic meanwhile.",
+                      [p.promql(promql.gauge_sum(promql.JUDGE_BUDGET_EXHAUSTED, by="instance, limit"), "{{instance}} {{limit}}")],
+                      "short", span=12, min_value=0),
+        p.time_series("Time held back by the judge budget", "Share of the time each worker's scoring waited for a budget "
+                      "limit (the alert ConvowatchJudgeBudgetExhausted fires above 50 % for 10m).",
+                      [p.promql(promql.rate(promql.JUDGE_BUDGET_WAIT, W, by="instance, limit"), "{{instance}} {{limit}}")],
+                      "percentunit", span=12, min_value=0),
+        p.time_series("Judge cost per 1,000 conversations", "Judge cost (judge.price: cached prompt tokens at the cached "
+                      "rate) per 1,000 conversations the judge answered. Empty without a price table.",
+                      [p.promql(promql.per_judged_conversation(promql.JUDGE_COST, W, by="judge, currency", scale=1000),
+                                "{{judge}} {{currency}}")], "short", span=12, min_value=0),
+        p.time_series("Judge tokens per conversation", "Prompt, cached prompt (part of prompt) and completion tokens per "
+                      "conversation the judge answered.",
+                      [p.promql(promql.per_judged_conversation(promql.JUDGE_TOKENS, W, by="judge, kind"), "{{judge}} {{kind}}")],
+                      "short", span=12, min_value=0),
     ]

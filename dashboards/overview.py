@@ -1,11 +1,13 @@
 """The Overview dashboard (Prometheus): how many conversations, how satisfied, how sure.
 
-Headline numbers over the dashboard's range, then over time: volume (scored
-and unscored), the shares of sat / dsat / uncertain labels, the *calibrated*
+Headline numbers over the dashboard's range, then over time: volume (scored,
+unscored and left out by sampling), the shares of sat / dsat / uncertain labels, the *calibrated*
 dissatisfaction rate with its 95 % band (the unbiased estimate of the share
 a human would call dissatisfied and its standard error, see
 `dashboards.promql`), the yield (share of conversations the rubric set dared
 to label), and the same rate and volume by model version and by product.
+Rates and shares weight each judged conversation by 1/π, so sampling does not
+bias them; their bands include the sampling error (docs/sampling.md).
 """
 
 from __future__ import annotations
@@ -40,10 +42,9 @@ def dashboard() -> dict[str, Any]:
 
 
 def _headline() -> list:
-    scored_and_unscored = f"{promql.increase(promql.SCORED, RANGE, M)} + ({promql.increase(promql.UNSCORED, RANGE, M)} or vector(0))"
     return [
-        p.single_stat("Conversations", "Conversations closed and processed in the range (scored + stored unscored).",
-                      p.promql_instant(scored_and_unscored, "conversations"), "short", decimals=0),
+        p.single_stat("Conversations", "Conversations closed and processed in the range (scored, stored unscored or unsampled).",
+                      p.promql_instant(promql.increase(promql.SAMPLED, RANGE, M), "conversations"), "short", decimals=0),
         p.single_stat("Calibrated dissatisfaction rate",
                       "Mean calibrated P(user dissatisfied) over the range: the estimated share of dissatisfied "
                       "conversations (not the share of dsat labels).",
@@ -58,8 +59,9 @@ def _headline() -> list:
 def _over_time() -> list:
     rate_panel = p.time_series(
         "Calibrated dissatisfaction rate (95% band)",
-        "Mean calibrated P(dissatisfied) of the conversations scored in each window, with a 95% band: "
-        "p ± 1.96·sqrt(var(P)/n) over the window's n calibrated conversations. Few conversations per window give a wide band.",
+        "Mean calibrated P(dissatisfied) of the conversations scored in each window (weighted by 1/π), with a 95% band: "
+        "p ± 1.96·sqrt(var(P)/n + sampling variance) over the window's n = Σ 1/π calibrated conversations. "
+        "Few conversations per window, or a low sampling rate, give a wide band.",
         [
             p.promql(promql.calibrated_dsat_rate(W, M), DSAT_LEGEND),
             p.promql(promql.calibrated_dsat_band(W, M, upper=True), UPPER),
@@ -69,8 +71,10 @@ def _over_time() -> list:
     ).interval("1m")
     return [
         p.time_series(
-            "Conversation volume", "Conversations per second: scored (any label) and stored unscored (judge failed).",
-            [p.promql(promql.rate(promql.SCORED, W, M), "scored"), p.promql(promql.rate(promql.UNSCORED, W, M), "unscored")],
+            "Conversation volume",
+            "Conversations per second: scored (any label), stored unscored (judge failed) and unsampled (not judged).",
+            [p.promql(promql.rate(promql.SCORED, W, M), "scored"), p.promql(promql.rate(promql.UNSCORED, W, M), "unscored"),
+             p.promql(promql.rate(promql.SAMPLED, W, f'decision="unsampled", {M}'), "unsampled")],
             "cps",
         ),
         p.time_series(
@@ -102,12 +106,12 @@ def _breakdowns() -> list:
             "percentunit", min_value=0, max_value=1,
         ).interval("1m"),
         p.time_series(
-            "Volume by model version", "Scored conversations per second per model version.",
-            [p.promql(promql.rate(promql.SCORED, W, M, by="model_version"), "{{model_version}}")], "cps",
+            "Volume by model version", "Conversations per second per model version (judged or not).",
+            [p.promql(promql.rate(promql.SAMPLED, W, M, by="model_version"), "{{model_version}}")], "cps",
         ),
         p.time_series(
-            "Volume by product", "Scored conversations per second per product.",
-            [p.promql(promql.rate(promql.SCORED, W, M, by="product"), "{{product}}")], "cps",
+            "Volume by product", "Conversations per second per product (judged or not).",
+            [p.promql(promql.rate(promql.SAMPLED, W, M, by="product"), "{{product}}")], "cps",
         ),
         p.time_series(
             "Yield by model version", "Share of scored conversations labelled (not uncertain), per model version.",

@@ -13,6 +13,15 @@ thresholded labels. Its standard error is the one of a sample mean,
 sum-of-squares counter; var(P) is at most ``p (1 - p)`` (the binomial bound,
 reached when every P is 0 or 1), so a weak calibrator whose P barely varies
 gets a narrow band around a rate that also barely moves.
+
+Sampling (docs/sampling.md): the judge may score only a sample of the
+conversations, each with inclusion probability π. Rates and label shares are
+then *weighted* by w = 1/π (the Hájek ratio R = Σ w·y / Σ w over the judged
+conversations), ``n`` is Σ w (the conversations the judged ones stand for), and
+the standard error adds the sampling variance, linearised under Poisson
+sampling: ``V = Σ (1-π)/π² · (y - R)² / (Σ w)²``, which expands into the
+``*_sampling_variance_total`` counters. With π = 1 everywhere the weighted
+counters equal the unweighted ones and V = 0: the formulas above, exactly.
 """
 
 from __future__ import annotations
@@ -25,15 +34,22 @@ DASHBOARD_MATCHERS = 'product=~"$product", model_version=~"$model_version"'
 
 SCORED = "convowatch_conversations_scored_total"
 UNSCORED = "convowatch_conversations_unscored_total"
-CALIBRATED = "convowatch_calibrated_conversations_total"
-CALIBRATED_DSAT = "convowatch_calibrated_dissatisfaction_probability_total"
-CALIBRATED_DSAT_SQUARED = "convowatch_calibrated_dissatisfaction_probability_squared_total"
 NETSAT_BUCKET = "convowatch_netsat_bucket"
 DIMENSION = "convowatch_dimension_expected_value"
 EVENTS = "convowatch_events_total"
 DEAD_LETTERS = "convowatch_dead_letters_total"
 JUDGE_CALLS = "convowatch_judge_calls_total"
 JUDGE_ERRORS = "convowatch_judge_errors_total"
+# Sampling: volume by decision, and the 1/π-weighted sums rates are computed from.
+SAMPLED = "convowatch_conversations_sampled_total"
+SCORED_WEIGHT = "convowatch_conversations_scored_weight_total"
+SCORED_SAMPLING_VARIANCE = "convowatch_conversations_scored_sampling_variance_total"
+CALIBRATED_WEIGHT = "convowatch_calibrated_weight_total"
+CALIBRATED_DSAT_WEIGHTED = "convowatch_calibrated_dissatisfaction_probability_weighted_total"
+CALIBRATED_DSAT_SQUARED_WEIGHTED = "convowatch_calibrated_dissatisfaction_probability_squared_weighted_total"
+CALIBRATED_SAMPLING_VARIANCE = "convowatch_calibrated_sampling_variance_total"
+CALIBRATED_DSAT_SAMPLING_VARIANCE = "convowatch_calibrated_dissatisfaction_probability_sampling_variance_total"
+CALIBRATED_DSAT_SQUARED_SAMPLING_VARIANCE = "convowatch_calibrated_dissatisfaction_probability_squared_sampling_variance_total"
 
 
 def _by(by: str) -> str:
@@ -56,20 +72,38 @@ def rate(metric: str, window: str, matchers: str = "", by: str = "", offset: str
 
 
 def calibrated_dsat_rate(window: str, matchers: str = "", by: str = "", offset: str = "") -> str:
-    """Calibrated dissatisfaction rate: mean calibrated P(dsat) of the conversations scored in ``window`` (``offset`` earlier)."""
-    return f"{rate(CALIBRATED_DSAT, window, matchers, by, offset)} / {rate(CALIBRATED, window, matchers, by, offset)}"
+    """Calibrated dissatisfaction rate: the 1/π-weighted mean calibrated P(dsat) of the conversations scored in ``window``
+    (``offset`` earlier)."""
+    return f"{rate(CALIBRATED_DSAT_WEIGHTED, window, matchers, by, offset)} / {rate(CALIBRATED_WEIGHT, window, matchers, by, offset)}"
+
+
+def calibrated_conversations(window: str, matchers: str = "", by: str = "", offset: str = "") -> str:
+    """n of the calibrated rate: Σ 1/π, the conversations the calibrated ones in ``window`` stand for."""
+    return increase(CALIBRATED_WEIGHT, window, matchers, by, offset)
 
 
 def calibrated_dsat_variance(window: str, matchers: str = "", by: str = "", offset: str = "") -> str:
-    """Variance of P(dsat) across the conversations in ``window`` (``offset`` earlier): mean(P²) - mean(P)², never below 0."""
-    mean_sq = f"{rate(CALIBRATED_DSAT_SQUARED, window, matchers, by, offset)} / {rate(CALIBRATED, window, matchers, by, offset)}"
+    """Variance of P(dsat) across the conversations in ``window`` (``offset`` earlier): mean(P²) - mean(P)², weighted, never below 0."""
+    mean_sq = f"{rate(CALIBRATED_DSAT_SQUARED_WEIGHTED, window, matchers, by, offset)} / {rate(CALIBRATED_WEIGHT, window, matchers, by, offset)}"
     p = f"({calibrated_dsat_rate(window, matchers, by, offset)})"
     return f"clamp_min({mean_sq} - {p} ^ 2, 0)"
 
 
+def calibrated_dsat_sampling_variance(window: str, matchers: str = "", by: str = "", offset: str = "") -> str:
+    """Sampling variance of the calibrated rate R over ``window``: (S2 - 2R·S1 + R²·S0) / (Σw)², S_k = Σ (1-π)/π² · P^k."""
+    def inc(metric: str) -> str:
+        return increase(metric, window, matchers, by, offset)
+
+    r = f"({calibrated_dsat_rate(window, matchers, by, offset)})"
+    spread = (f"{inc(CALIBRATED_DSAT_SQUARED_SAMPLING_VARIANCE)} - 2 * {r} * {inc(CALIBRATED_DSAT_SAMPLING_VARIANCE)}"
+              f" + {r} ^ 2 * {inc(CALIBRATED_SAMPLING_VARIANCE)}")
+    return f"clamp_min({spread}, 0) / {inc(CALIBRATED_WEIGHT)} ^ 2"
+
+
 def calibrated_dsat_stderr(window: str, matchers: str = "", by: str = "") -> str:
-    """Standard error of the calibrated dissatisfaction rate over ``window``: sqrt(var(P) / n)."""
-    return f"sqrt(({calibrated_dsat_variance(window, matchers, by)}) / {increase(CALIBRATED, window, matchers, by)})"
+    """Standard error of the calibrated dissatisfaction rate over ``window``: sqrt(var(P) / n + sampling variance)."""
+    return (f"sqrt(({calibrated_dsat_variance(window, matchers, by)}) / {calibrated_conversations(window, matchers, by)}"
+            f" + {calibrated_dsat_sampling_variance(window, matchers, by)})")
 
 
 def calibrated_dsat_band(window: str, matchers: str = "", by: str = "", z: float = 1.96, upper: bool = True) -> str:
@@ -78,10 +112,26 @@ def calibrated_dsat_band(window: str, matchers: str = "", by: str = "", z: float
     return f"({calibrated_dsat_rate(window, matchers, by)}) {sign} {z:g} * {calibrated_dsat_stderr(window, matchers, by)}"
 
 
+def _with_label(label: str, matchers: str) -> str:
+    return f'label="{label}", {matchers}' if matchers else f'label="{label}"'
+
+
 def label_share(label: str, window: str, matchers: str = "", by: str = "") -> str:
-    """Share of scored conversations labelled ``label`` (sat, dsat or uncertain) in ``window``."""
-    inner = f'label="{label}", {matchers}' if matchers else f'label="{label}"'
-    return f"{rate(SCORED, window, inner, by)} / {rate(SCORED, window, matchers, by)}"
+    """1/π-weighted share of scored conversations labelled ``label`` (sat, dsat or uncertain) in ``window``."""
+    return f"{rate(SCORED_WEIGHT, window, _with_label(label, matchers), by)} / {rate(SCORED_WEIGHT, window, matchers, by)}"
+
+
+def scored_conversations(window: str, matchers: str = "", by: str = "") -> str:
+    """n of a label share: Σ 1/π, the conversations the scored ones in ``window`` stand for."""
+    return increase(SCORED_WEIGHT, window, matchers, by)
+
+
+def label_share_sampling_variance(label: str, window: str, matchers: str = "", by: str = "") -> str:
+    """Sampling variance of ``label_share``: ((1-R)²·B_label + R²·(B - B_label)) / (Σw)², B = Σ (1-π)/π² (y is 0 or 1)."""
+    share = f"({label_share(label, window, matchers, by)})"
+    of_label = increase(SCORED_SAMPLING_VARIANCE, window, _with_label(label, matchers), by)
+    others = f"({increase(SCORED_SAMPLING_VARIANCE, window, matchers, by)} - {of_label})"
+    return f"((1 - {share}) ^ 2 * {of_label} + {share} ^ 2 * {others}) / {scored_conversations(window, matchers, by)} ^ 2"
 
 
 def yield_share(window: str, matchers: str = "", by: str = "") -> str:
@@ -119,3 +169,24 @@ CLOSE_TO_STORE_LATENCY = "convowatch_close_to_store_latency_seconds"
 def gauge_sum(metric: str, matchers: str = "", by: str = "") -> str:
     """A gauge summed over the processes that export it (per ``by`` group)."""
     return f"sum{_by(by)}({metric}{{{matchers}}})"
+
+
+# --- judge budget and cost (the worker's stream/budget.py and judge.price) --------------------------
+
+JUDGE_BUDGET_EXHAUSTED = "convowatch_judge_budget_exhausted"
+JUDGE_BUDGET_WAIT = "convowatch_judge_budget_wait_seconds_total"
+JUDGE_COST = "convowatch_judge_cost_total"
+# One judge latency observation per conversation the judge answered: the "per conversation" of tokens and cost.
+JUDGED = "convowatch_judge_latency_seconds_count"
+
+
+def budget_wait_share(window: str, matchers: str = "") -> str:
+    """Share of ``window`` during which the judge budget held scoring back, per limit, on the worker held back most
+    (budgets are per worker, so a sum over workers would not be a share)."""
+    return f"max by (limit) (rate({JUDGE_BUDGET_WAIT}{{{matchers}}}[{window}]))"
+
+
+def per_judged_conversation(metric: str, window: str, by: str, scale: float = 1.0) -> str:
+    """A counter's rate per judged conversation (× ``scale``), per ``by`` (which includes ``judge``)."""
+    factor = f"{scale:g} * " if scale != 1 else ""
+    return f"{factor}{rate(metric, window, by=by)} / on (judge) group_left {rate(JUDGED, window, by='judge')}"

@@ -8,6 +8,11 @@ its mean (``_sum / _count``) and p10 / p50 / p90 by model version, and the
 distribution itself (bucket rates over time, bucket counts over the range),
 one repeated row per dimension (variable ``dimension``). A NetSAT row shows
 the rubric-set score's quantiles and distribution.
+
+Histograms cannot carry weights, so under sampling (docs/sampling.md) these
+panels describe the *judged* conversations: unbiased per product and model
+version when one rate applies to it, not across strata sampled at different
+rates (the Overview's rates are weighted).
 """
 
 from __future__ import annotations

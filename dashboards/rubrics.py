@@ -8,9 +8,12 @@ is a rating of at least `HIT_RATING` (5, the middle of the scale: the judge
 expects the rubric to apply more than not), i.e. ``score <= -5``.
 
 Panels read the latest score of each conversation (``latest_scores``, and
-rubric rows joined on the same ``scored_at``), filtered by the dashboard's
-time range on ``closed_at`` and by the ``product`` / ``model_version``
-variables. The worst-conversations table links each id to this dashboard
+rubric rows joined on the same ``scored_at``). Hit counts are weighted by
+1/π (``inclusion_probability``): the hits among all conversations that the
+judged ones stand for, so sampling does not bias them (docs/sampling.md);
+NetSAT's distribution and the tables show the judged conversations as they
+are. Rows are filtered by the dashboard's time range on ``closed_at`` and by
+the ``product`` / ``model_version`` variables. The worst-conversations table links each id to this dashboard
 with ``var-conversation_id`` set; the drill-down row shows that
 conversation's turns, scores, rubric scores and calibrated dimensions.
 """
@@ -53,7 +56,9 @@ _CURRENT_RUBRIC_ROWS = """rubric_scores AS r FINAL
 INNER JOIN latest_scores AS s
     ON r.conversation_id = s.conversation_id AND r.scorer_version = s.scorer_version AND r.scored_at = s.scored_at"""
 
-TOP_RUBRICS_SQL = f"""SELECT r.rubric_id AS rubric, count() AS hits
+HITS = "round(sum(1 / s.inclusion_probability), 1) AS hits"  # each judged conversation stands for 1/π
+
+TOP_RUBRICS_SQL = f"""SELECT r.rubric_id AS rubric, {HITS}
 FROM {_CURRENT_RUBRIC_ROWS}
 WHERE {dsat_hit('r')}
   AND $__timeFilter(r.closed_at)
@@ -62,7 +67,7 @@ GROUP BY rubric
 ORDER BY hits DESC, rubric
 LIMIT 15"""
 
-HITS_OVER_TIME_SQL = f"""SELECT $__timeInterval(r.closed_at) AS time, r.rubric_id AS rubric, count() AS hits
+HITS_OVER_TIME_SQL = f"""SELECT $__timeInterval(r.closed_at) AS time, r.rubric_id AS rubric, {HITS}
 FROM {_CURRENT_RUBRIC_ROWS}
 WHERE {dsat_hit('r')}
   AND $__timeFilter(r.closed_at)
@@ -182,14 +187,15 @@ def dashboard() -> dict[str, Any]:
 def _rubric_panels() -> list:
     top = (
         bargauge.Panel().title("Most-firing DSAT rubrics")
-        .description(f"DSAT rubrics by the number of conversations they hit (rating ≥ {HIT_RATING:g}) in the range.")
+        .description(f"DSAT rubrics by the number of conversations they hit (rating ≥ {HIT_RATING:g}) in the range, "
+                     "each judged conversation weighted by 1/π (the conversations it stands for under sampling).")
         .datasource(datasources.clickhouse()).targets(p.with_ref_ids([Target().sql(TOP_RUBRICS_SQL).table()]))
         .unit("short").min(0).span(10).height(10)
         .orientation(common.VizOrientation.HORIZONTAL).display_mode(common.BarGaugeDisplayMode.GRADIENT).show_unfilled(True)
         .reduce_options(common_builders.ReduceDataOptions().values(True).calcs([]).fields("/^hits$/"))
     )
     over_time = p.time_series(
-        "DSAT rubric hits over time", "Conversations hit per rubric and interval (closed_at).",
+        "DSAT rubric hits over time", "Conversations hit per rubric and interval (closed_at), weighted by 1/π.",
         [Target().sql(HITS_OVER_TIME_SQL).time_series()], "short", span=14, height=10, datasource=datasources.CLICKHOUSE_UID,
     )
     return [top, over_time]

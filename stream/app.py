@@ -12,7 +12,12 @@
   partition their state lives in, so every state change happens in the
   agent, in order.
 * ``score`` scores closed conversations (`ConversationScorer`) and publishes
-  one `ScoreRecord` per conversation, scored or unscored.
+  one `ScoreRecord` per conversation, scored or unscored. While the judge
+  budget (``scoring.budget``) is spent it waits: Faust stops fetching once the
+  agent's buffer is full, and offsets of conversations not yet scored stay
+  uncommitted, so they wait in the closed topic. A rebalance or a shutdown
+  calls such a wait off (`WorkerApp`): the conversation goes back to the
+  closed topic, so neither waits for the budget.
 
 Delivery is at-least-once (Faust commits offsets after events are processed);
 the sink and the store make re-deliveries invisible (idempotent keys).
@@ -28,6 +33,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
 from stream.assembly import ConversationAssembler, is_closed
+from stream.budget import BudgetGate, BudgetWaitInterrupted
 from stream.contract import DeadLetter, EndEvent, InvalidEvent, encode_event, parse_event
 from stream.metrics import ServiceMetrics
 from stream.records import ClosedConversation, RecordError
@@ -65,9 +71,24 @@ def _transport_with_fetch_wait(fetch_max_wait_ms: int) -> type[faust_aiokafka.Tr
 
 
 class WorkerApp(faust.App):
-    """A Faust app whose consumer uses ``kafka.fetch_max_wait_s``."""
+    """A Faust app whose consumer uses ``kafka.fetch_max_wait_s`` and calls off budget waits on a rebalance."""
 
     fetch_max_wait_ms: int = 500
+    budget: BudgetGate | None = None
+
+    def on_rebalance_start(self) -> None:
+        """Faust calls this first thing in a rebalance (from its consumer thread). Faust then waits for the event each
+        agent is processing; one waiting for the judge budget could hold the rebalance past the group's timeout."""
+        super().on_rebalance_start()
+        if self.budget is not None:
+            self.loop.call_soon_threadsafe(self.budget.interrupt)
+
+    async def on_stop(self) -> None:
+        """On shutdown Faust likewise waits for each agent's event: call budget waits off first, so the waiting
+        conversation is requeued while the producer still runs, and the worker stops without waiting for the budget."""
+        if self.budget is not None:
+            self.budget.interrupt()
+        await super().on_stop()
 
     def _new_transport(self) -> Any:
         return _transport_with_fetch_wait(self.fetch_max_wait_ms)(self.conf.broker_consumer, self)
@@ -104,6 +125,7 @@ def create_app(settings: Settings, scorer: ConversationScorer, metrics: ServiceM
         web_enabled=False,
     )
     app.fetch_max_wait_ms = int(k.fetch_max_wait_s * 1000)
+    app.budget = scorer.budget
     raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
     events_topic = app.topic(k.events_topic, partitions=k.partitions, **raw)
     closed_topic = app.topic(k.closed_topic, partitions=k.partitions, **raw)
@@ -182,7 +204,13 @@ def create_app(settings: Settings, scorer: ConversationScorer, metrics: ServiceM
             except RecordError as e:
                 await dead_letter("bad_closed_record", str(e), event)
                 continue
-            record = await scorer.score(closed)
+            try:
+                record = await scorer.score(closed)
+            except BudgetWaitInterrupted:
+                # Not judged: back into the closed topic (same key, same partition) for whoever owns it next.
+                await closed_topic.send(key=event.message.key, value=event.message.value)
+                log.info("rebalance or shutdown: %s requeued while waiting for the judge budget", closed.conversation_id)
+                continue
             await scores_topic.send(key=closed.conversation_id.encode("utf-8"), value=record.to_json())
 
     app.convowatch_topics = (events_topic, closed_topic, scores_topic, dead_letter_topic)  # type: ignore[attr-defined]

@@ -475,7 +475,7 @@ def summary_cmd(obj: _Context, group_by: str, worst: int, as_json: bool) -> None
         click.echo(f"  {v.variant or '(none)':<12}{v.n:>6}{_pct(v.dsat_rate):>8}{_pct(v.uncertain_rate):>11}"
                    f"{_num(v.calibrated_satisfaction):>16}{_pct(v.calibrated_dissatisfaction):>20}")
     click.echo("  (dsat/uncertain: shares of scored conversations by rubric-set label; calibrated: the calibrator's"
-               " expected main answer and P(dissatisfied))")
+               " expected main answer and P(dissatisfied); n counts unsampled conversations, rates weight by 1/π)")
     if summary.worst:
         click.echo("\nworst conversations (highest calibrated P(dsat), then lowest NetSAT):")
         for w in summary.worst:
@@ -503,7 +503,7 @@ def report_cmd(obj: _Context, since: str, until: str | None, out_dir: Path, prod
     questions = obj.settings.scoring.questions
     names = question_names(questions) if questions is not None else {}
     with ClickHouseStore.open(obj.settings.store) as store:
-        data = load_report(store, window, product, model_version, dimension_names=names)
+        data = load_report(store, window, product, model_version, dimension_names=names, price=obj.settings.judge.price)
     page = write_report(data, out_dir)
     if data.empty:
         click.echo(f"no conversations closed in the window; wrote {page}")

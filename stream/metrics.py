@@ -6,10 +6,16 @@ from an allow-list and each keeps at most ``max_label_values`` distinct values
 (later ones are reported as ``other``), so cardinality stays bounded whatever
 producers send.
 
-Unbiased dissatisfaction rate in PromQL (calibrated probabilities, not labels)::
+Unbiased dissatisfaction rate in PromQL (calibrated probabilities, not labels),
+weighted by 1/π so that sampling (stream/sampling.py) does not bias it::
 
-    sum(rate(convowatch_calibrated_dissatisfaction_probability_total[5m]))
-      / sum(rate(convowatch_calibrated_conversations_total[5m]))
+    sum(rate(convowatch_calibrated_dissatisfaction_probability_weighted_total[5m]))
+      / sum(rate(convowatch_calibrated_weight_total[5m]))
+
+The unweighted counters (``convowatch_conversations_scored_total``,
+``convowatch_calibrated_conversations_total``, ...) count judge work; the
+``*_weight*`` and ``*_sampling_variance*`` counters are what rates and their
+standard errors are computed from (docs/sampling.md).
 """
 
 from __future__ import annotations
@@ -55,8 +61,11 @@ class AttributeLabels:
         return tuple(out)
 
 
+# Values of convowatch_conversations_sampled_total's decision label.
+JUDGED, UNSAMPLED = "judged", "unsampled"
+
 # Labels the metrics below use themselves; attribute labels must not shadow them.
-FIXED_LABELS = frozenset({"type", "outcome", "reason", "cause", "label", "dimension", "judge", "kind", "error", "table", "le", "quantile"})
+FIXED_LABELS = frozenset({"type", "outcome", "reason", "cause", "decision", "label", "dimension", "judge", "kind", "currency", "limit", "error", "table", "le", "quantile"})
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
@@ -114,6 +123,47 @@ class ServiceMetrics:
             "convowatch_calibrated_dissatisfaction_probability_squared",
             "Sum of squared calibrated P(dissatisfied), for the variance of P across conversations.", attrs, registry=r,
         )
+        # Sampling (stream/sampling.py): every finished conversation, judged or not, and the Horvitz–Thompson sums.
+        self.conversations_sampled = Counter(
+            "convowatch_conversations_sampled",
+            "Closed conversations by sampling decision (judged, unsampled) and reason (rate, new_model_version, negative_feedback).",
+            ["decision", "reason", *attrs], registry=r,
+        )
+        self.scored_weight = Counter(
+            "convowatch_conversations_scored_weight",
+            "Sum of 1/π over scored conversations, by label: the conversations they stand for (label shares divide these).",
+            ["label", *attrs], registry=r,
+        )
+        self.scored_sampling_variance = Counter(
+            "convowatch_conversations_scored_sampling_variance",
+            "Sum of (1-π)/π² over scored conversations, by label: the sampling variance of a label share.",
+            ["label", *attrs], registry=r,
+        )
+        self.calibrated_weight = Counter(
+            "convowatch_calibrated_weight", "Sum of 1/π over conversations with a calibrated P(dissatisfied).", attrs, registry=r
+        )
+        self.calibrated_dissatisfaction_weighted = Counter(
+            "convowatch_calibrated_dissatisfaction_probability_weighted",
+            "Sum of P(dissatisfied)/π; divide its rate by convowatch_calibrated_weight_total's for the unbiased rate.",
+            attrs, registry=r,
+        )
+        self.calibrated_dissatisfaction_squared_weighted = Counter(
+            "convowatch_calibrated_dissatisfaction_probability_squared_weighted",
+            "Sum of P(dissatisfied)²/π, for the variance of P across conversations.", attrs, registry=r,
+        )
+        # Σ (1-π)/π² · P^k for k = 0, 1, 2: the sampling variance of the rate R expands to (S2 - 2R·S1 + R²·S0) / W².
+        self.calibrated_sampling_variance = Counter(
+            "convowatch_calibrated_sampling_variance",
+            "Sum of (1-π)/π² over calibrated conversations (sampling-variance term S0).", attrs, registry=r,
+        )
+        self.calibrated_dissatisfaction_sampling_variance = Counter(
+            "convowatch_calibrated_dissatisfaction_probability_sampling_variance",
+            "Sum of (1-π)/π² · P(dissatisfied) over calibrated conversations (sampling-variance term S1).", attrs, registry=r,
+        )
+        self.calibrated_dissatisfaction_squared_sampling_variance = Counter(
+            "convowatch_calibrated_dissatisfaction_probability_squared_sampling_variance",
+            "Sum of (1-π)/π² · P(dissatisfied)² over calibrated conversations (sampling-variance term S2).", attrs, registry=r,
+        )
         self.netsat = Histogram("convowatch_netsat", "NetSAT of scored conversations.", attrs, buckets=NETSAT_BUCKETS, registry=r)
         self.dimension = Histogram(
             "convowatch_dimension_expected_value", "Calibrated expected answer per dimension (question).",
@@ -136,6 +186,19 @@ class ServiceMetrics:
         self.judge_latency = Histogram("convowatch_judge_latency_seconds", "Judge time per conversation.", ["judge"],
                                        buckets=LATENCY_BUCKETS, registry=r)
         self.judge_errors = Counter("convowatch_judge_errors", "Judge failures, by error type.", ["judge", "error"], registry=r)
+        self.judge_cost = Counter(
+            "convowatch_judge_cost", "Judge cost from judge.price (cached prompt tokens at the cached rate), in currency.",
+            ["judge", "currency"], registry=r,
+        )
+        # judge budget (stream/budget.py); series exist for the configured limits only
+        self.judge_budget_exhausted = Gauge(
+            "convowatch_judge_budget_exhausted", "1 while scoring waits because this judge budget limit is spent.", ["limit"], registry=r
+        )
+        self.judge_budget_wait = Counter(
+            "convowatch_judge_budget_wait_seconds",
+            "Seconds during which scoring waited for this judge budget limit (its rate: the share of time held back).",
+            ["limit"], registry=r,
+        )
 
         # sink
         self.sink_rows = Counter("convowatch_sink_rows", "Rows written to the store, by table.", ["table"], registry=r)

@@ -21,13 +21,16 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from scorers.questions import load_questions
 from stream.records import RubricHit
+from stream.report_cost import JudgeCost, load_judge_costs
+from stream.sampling import hajek_sampling_variance
+from stream.settings import PriceSettings
 from stream.store import DSAT_HIT_RATING, ClickHouseStore
 
 MAX_BUCKETS = 60
@@ -78,8 +81,8 @@ EXTENT_SQL = (
     "SELECT count() AS conversations, min(closed_at) AS first_closed, max(closed_at) AS last_closed FROM " + SCOPED_SCORES + " AS s"
 )
 
-# Label counts and the calibrated-probability sum per time bucket, product and model version. The sums
-# add up, so the totals, the per-bucket series and the breakdowns all come from these rows.
+# Label counts and the 1/π-weighted sums per time bucket, product and model version (unsampled rows count
+# as volume only). The sums add up, so the totals, the per-bucket series and the breakdowns all come from these rows.
 COUNTS_SQL = (
     """SELECT
     intDiv(toUnixTimestamp(closed_at), {bucket_s:UInt32}) * {bucket_s:UInt32} AS bucket,
@@ -88,12 +91,21 @@ COUNTS_SQL = (
     count() AS conversations,
     countIf(status = 'scored') AS scored,
     countIf(status = 'unscored') AS unscored,
+    countIf(status = 'unsampled') AS unsampled,
     countIf(status = 'scored' AND label = 'sat') AS sat,
     countIf(status = 'scored' AND label = 'dsat') AS dsat,
     countIf(status = 'scored' AND label = 'uncertain') AS uncertain,
     countIf(dissatisfaction_probability IS NOT NULL) AS calibrated,
-    sum(ifNull(dissatisfaction_probability, 0)) AS dsat_probability_sum,
-    sum(pow(ifNull(dissatisfaction_probability, 0), 2)) AS dsat_probability_sq_sum
+    sumIf(1 / inclusion_probability, status = 'scored') AS scored_weight,
+    sumIf(1 / inclusion_probability, status = 'scored' AND label = 'sat') AS sat_weight,
+    sumIf(1 / inclusion_probability, status = 'scored' AND label = 'dsat') AS dsat_weight,
+    sumIf(1 / inclusion_probability, status = 'scored' AND label = 'uncertain') AS uncertain_weight,
+    sumIf(1 / inclusion_probability, dissatisfaction_probability IS NOT NULL) AS calibrated_weight,
+    sum(ifNull(dissatisfaction_probability, 0) / inclusion_probability) AS dsat_probability_sum,
+    sum(pow(ifNull(dissatisfaction_probability, 0), 2) / inclusion_probability) AS dsat_probability_sq_sum,
+    sumIf((1 - inclusion_probability) / pow(inclusion_probability, 2), dissatisfaction_probability IS NOT NULL) AS sampling_s0,
+    sum((1 - inclusion_probability) / pow(inclusion_probability, 2) * ifNull(dissatisfaction_probability, 0)) AS sampling_s1,
+    sum((1 - inclusion_probability) / pow(inclusion_probability, 2) * pow(ifNull(dissatisfaction_probability, 0), 2)) AS sampling_s2
 FROM """
     + SCOPED_SCORES
     + """ AS s
@@ -261,58 +273,67 @@ def describe_seconds(seconds: int) -> str:
 
 @dataclass(frozen=True)
 class Counts:
-    """Label counts of a set of conversations and the sum of their calibrated P(dissatisfied)."""
+    """Label counts of a set of conversations, and the 1/π-weighted sums its rates come from.
+
+    Counts (``scored``, ``sat``, ...) are conversations as stored: judge work, and volume with
+    ``unsampled`` (counted, not judged). Shares and rates weight each scored conversation by 1/π, its
+    inclusion probability, so sampling does not bias them (docs/sampling.md); with π = 1 the weights are
+    the counts.
+    """
 
     conversations: int = 0
     scored: int = 0
     unscored: int = 0
+    unsampled: int = 0  # left out by sampling: volume only
     sat: int = 0
     dsat: int = 0
     uncertain: int = 0
     calibrated: int = 0  # scored with a calibrator (have a P(dissatisfied))
-    dsat_probability_sum: float = 0.0
-    dsat_probability_sq_sum: float = 0.0  # for the spread of P(dissatisfied) across conversations
+    scored_weight: float = 0.0  # Σ 1/π over the scored
+    sat_weight: float = 0.0
+    dsat_weight: float = 0.0
+    uncertain_weight: float = 0.0
+    calibrated_weight: float = 0.0  # Σ 1/π over the calibrated
+    dsat_probability_sum: float = 0.0  # Σ P/π
+    dsat_probability_sq_sum: float = 0.0  # Σ P²/π, for the spread of P(dissatisfied) across conversations
+    sampling_s0: float = 0.0  # Σ (1-π)/π² · P^k over the calibrated (k = 0, 1, 2): the rate's sampling variance
+    sampling_s1: float = 0.0
+    sampling_s2: float = 0.0
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> "Counts":
-        return cls(**{k: int(row[k]) for k in ("conversations", "scored", "unscored", "sat", "dsat", "uncertain", "calibrated")},
-                   dsat_probability_sum=float(row["dsat_probability_sum"]),
-                   dsat_probability_sq_sum=float(row["dsat_probability_sq_sum"]))
+        return cls(**{f.name: (int if f.type == "int" else float)(row[f.name]) for f in fields(cls)})
 
     def __add__(self, other: "Counts") -> "Counts":
-        return Counts(
-            self.conversations + other.conversations, self.scored + other.scored, self.unscored + other.unscored,
-            self.sat + other.sat, self.dsat + other.dsat, self.uncertain + other.uncertain,
-            self.calibrated + other.calibrated, self.dsat_probability_sum + other.dsat_probability_sum,
-            self.dsat_probability_sq_sum + other.dsat_probability_sq_sum,
-        )  # fmt: skip
+        return Counts(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
 
     def share(self, label: str) -> float | None:
-        """Share of the scored conversations labelled ``label`` (sat, dsat, uncertain)."""
-        return getattr(self, label) / self.scored if self.scored else None
+        """Weighted share of the scored conversations labelled ``label`` (sat, dsat, uncertain)."""
+        return getattr(self, f"{label}_weight") / self.scored_weight if self.scored_weight else None
 
     @property
     def yield_rate(self) -> float | None:
-        """Share of the scored conversations with a confident label (not uncertain)."""
-        return (self.sat + self.dsat) / self.scored if self.scored else None
+        """Weighted share of the scored conversations with a confident label (not uncertain)."""
+        return (self.sat_weight + self.dsat_weight) / self.scored_weight if self.scored_weight else None
 
     @property
     def calibrated_dsat_rate(self) -> float | None:
-        """Mean calibrated P(dissatisfied): the estimated share a human judge would call dissatisfied."""
-        return self.dsat_probability_sum / self.calibrated if self.calibrated else None
+        """Weighted mean calibrated P(dissatisfied): the estimated share a human judge would call dissatisfied."""
+        return self.dsat_probability_sum / self.calibrated_weight if self.calibrated_weight else None
 
     @property
     def calibrated_dsat_interval(self) -> tuple[float, float] | None:
-        """95% interval of the calibrated rate, p ± 1.96·sqrt(var(P)/n), clipped to [0, 1].
+        """95% interval of the calibrated rate, p ± 1.96·sqrt(var(P)/n + sampling variance), clipped to [0, 1].
 
-        The standard error of a mean of n probabilities, as on the dashboards (dashboards/promql.py):
-        var(P) = mean(P²) - p² is at most p(1 - p), reached only when every P is 0 or 1.
+        The standard error of a mean of n = Σ 1/π probabilities plus the sampling error, as on the dashboards
+        (dashboards/promql.py): var(P) = mean(P²) - p² is at most p(1 - p), reached only when every P is 0 or 1.
         """
         p = self.calibrated_dsat_rate
         if p is None:
             return None
-        variance = max(self.dsat_probability_sq_sum / self.calibrated - p * p, 0.0)
-        half = Z95 * math.sqrt(variance / self.calibrated)
+        variance = max(self.dsat_probability_sq_sum / self.calibrated_weight - p * p, 0.0)
+        sampling = hajek_sampling_variance(p, self.calibrated_weight, self.sampling_s0, self.sampling_s1, self.sampling_s2)
+        half = Z95 * math.sqrt(variance / self.calibrated_weight + sampling)
         return max(0.0, p - half), min(1.0, p + half)
 
 
@@ -415,6 +436,8 @@ class ReportData:
     worst: tuple[WorstRow, ...] = ()
     scorers: tuple[ScorerRow, ...] = ()
     dimension_names: Mapping[str, str] = field(default_factory=dict)
+    judge_costs: tuple[JudgeCost, ...] = ()
+    price: PriceSettings | None = None  # judge.price: the cost columns of the judge cost table
 
     @property
     def totals(self) -> Counts:
@@ -474,6 +497,7 @@ def load_report(
     max_buckets: int = MAX_BUCKETS,
     worst: int = WORST,
     dimension_names: Mapping[str, str] | None = None,
+    price: PriceSettings | None = None,
 ) -> ReportData:
     """Read the report's numbers for the conversations closed in ``window`` (optionally one product / model version)."""
     if not store.query(DATABASE_EXISTS_SQL, {"database": store.database})[0]["n"]:
@@ -490,7 +514,7 @@ def load_report(
     extent = store.query(EXTENT_SQL, scope)[0]
     base = dict(
         window=window, product=product, model_version=model_version, source=f"{store.dsn} (database {store.database})",
-        generated_at=datetime.now(_UTC), dimension_names=dict(dimension_names or {}),
+        generated_at=datetime.now(_UTC), dimension_names=dict(dimension_names or {}), price=price,
     )  # fmt: skip
     if not extent["conversations"]:
         return ReportData(first_closed=None, last_closed=None, bucket_s=bucket_seconds(0, max_buckets), **base)
@@ -519,7 +543,8 @@ def load_report(
     )
     return ReportData(
         first_closed=first, last_closed=last, bucket_s=bucket_s, groups=groups, dimension_series=series,
-        dimensions=dimensions, histogram=histogram, worst=_worst(store, scope, worst), scorers=scorers, **base,
+        dimensions=dimensions, histogram=histogram, worst=_worst(store, scope, worst), scorers=scorers,
+        judge_costs=load_judge_costs(store, SCOPED_SCORES, scope), **base,
     )  # fmt: skip
 
 

@@ -28,8 +28,9 @@ DPI = 100
 MAX_SERIES = 6  # model versions drawn as lines (the busiest)
 MAX_BARS = 15  # values per breakdown chart (the busiest)
 MIN_ANSWER_SPAN = 0.6  # narrowest answer-scale range a dimension chart shows
-LABEL_COLORS = {"sat": "#2a9d5c", "dsat": "#d1495b", "uncertain": "#e9a23b", "unscored": "#9aa5b1"}
-LABEL_NAMES = {"sat": "sat", "dsat": "dsat", "uncertain": "uncertain (abstained)", "unscored": "unscored (judge failed)"}
+LABEL_COLORS = {"sat": "#2a9d5c", "dsat": "#d1495b", "uncertain": "#e9a23b", "unscored": "#9aa5b1", "unsampled": "#d5dbe1"}
+LABEL_NAMES = {"sat": "sat", "dsat": "dsat", "uncertain": "uncertain (abstained)", "unscored": "unscored (judge failed)",
+               "unsampled": "unsampled (not judged)"}
 # Series colours chosen apart from the label colours (no green/red/amber), so a line never reads as a label.
 SERIES_COLORS = ("#1f5fa8", "#7b4fa0", "#8c564b", "#17a2b8", "#d45fb4", "#4d4d4d")
 RATE_COLOR = "#b83245"
@@ -69,7 +70,7 @@ def overview(data: ReportData) -> Figure:
     fig.suptitle(f"Overview · {_window_text(data)}", fontsize=13, fontweight="bold")
 
     bottom = np.zeros(len(counts))
-    for key in ("sat", "dsat", "uncertain", "unscored"):
+    for key in LABEL_COLORS:  # conversations as stored: judged ones by label, then unscored and unsampled
         values = np.array([getattr(c, key) for c in counts], dtype=float)
         volume.bar(starts + width * 0.05, values, width=width * 0.9, bottom=bottom, align="edge", color=LABEL_COLORS[key],
                    label=LABEL_NAMES[key], linewidth=0)
@@ -177,7 +178,7 @@ def _rate_bars(ax, groups: Sequence[tuple[str, Counts]], names: list[str]) -> No
 def _label_mix(ax, groups: Sequence[tuple[str, Counts]], names: list[str]) -> None:
     y = np.arange(len(groups))
     left = np.zeros(len(groups))
-    for key in ("sat", "dsat", "uncertain", "unscored"):
+    for key in LABEL_COLORS:  # conversations as stored: judged ones by label, then unscored and unsampled
         share = np.array([getattr(c, key) / c.conversations if c.conversations else 0.0 for _, c in groups])
         ax.barh(y, share, left=left, color=LABEL_COLORS[key], label=LABEL_NAMES[key], height=0.6, edgecolor="white", linewidth=0.5)
         for yi, s, x0 in zip(y, share, left):

@@ -13,6 +13,7 @@ from typing import Mapping, Sequence
 
 from stream.records import RubricHit
 from stream.report import Counts, ReportData, WorstRow, describe_seconds
+from stream.report_cost import cost_table
 
 MAX_VERSION_COLUMNS = 6
 
@@ -59,6 +60,7 @@ def render(data: ReportData, images: Mapping[str, str]) -> str:
             "<h2>Quality dimensions</h2>", _quality(data, images),
             "<h2>Worst conversations</h2>", _worst(data),
             "<h2>Scorers</h2>", _scorers(data),
+            "<h2>Judge cost</h2>", cost_table(data.judge_costs, data.price),
             f'<p class="note">{_DEFINITIONS}</p>',
         ]  # fmt: skip
     parts.append("</body></html>\n")
@@ -104,9 +106,11 @@ def _totals(t: Counts) -> str:
         ("scored", "Scored", t.scored, _pct(t.scored / t.conversations if t.conversations else None) + " of conversations"),
         ("unscored", "Unscored (judge failed)", t.unscored, _pct(t.unscored / t.conversations if t.conversations else None)
          + " of conversations"),
-        ("sat", "sat", t.sat, _pct(t.share("sat")) + " of scored"),
-        ("dsat", "dsat", t.dsat, _pct(t.share("dsat")) + " of scored"),
-        ("uncertain", "uncertain (abstained)", t.uncertain, _pct(t.share("uncertain")) + " of scored"),
+        ("unsampled", "Unsampled (not judged)", t.unsampled, _pct(t.unsampled / t.conversations if t.conversations else None)
+         + " of conversations"),
+        ("sat", "sat", t.sat, _pct(t.share("sat")) + " of scored (weighted by 1/π)"),
+        ("dsat", "dsat", t.dsat, _pct(t.share("dsat")) + " of scored (weighted by 1/π)"),
+        ("uncertain", "uncertain (abstained)", t.uncertain, _pct(t.share("uncertain")) + " of scored (weighted by 1/π)"),
     ]  # fmt: skip
     body = [f'<tr><th>{escape(label)}</th><td class="num" data-total="{key}">{n}</td><td>{escape(note)}</td></tr>'
             for key, label, n, note in rows]

@@ -3,7 +3,15 @@
 `ConversationScorer.score` never raises for a conversation: transient judge
 failures are retried with capped exponential backoff (full jitter) up to
 ``max_attempts``; what still cannot be scored becomes an *unscored* record with
-the reason, so nothing is dropped.
+the reason, so nothing is dropped. Before any of that, the sampling policy
+(``scoring.sampling``, stream/sampling.py) decides whether to judge it at all:
+an unsampled conversation becomes an *unsampled* record (stored and counted,
+not judged). Every record carries its inclusion probability π and the reason.
+
+A judge budget (``scoring.budget``, stream/budget.py) makes each attempt wait
+while it is spent. The one exception `score` lets out is
+`BudgetWaitInterrupted`: a rebalance called the wait off, the conversation was
+not judged, and the caller puts it back in the closed topic.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ import hashlib
 import logging
 import random
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -21,13 +30,21 @@ from scorers.early_stopping import EarlyStoppedScore, EarlyStoppingScorer
 from scorers.judges.base import Judge, JudgeError
 from scorers.questions import Question, load_questions
 from scorers.rubrics import RubricSet
-from stream.metrics import ServiceMetrics
+from stream.budget import BudgetGate, Cost
+from stream.cost import judge_cost
+from stream.metrics import JUDGED, UNSAMPLED, ServiceMetrics
 from stream.records import ClosedConversation, DimensionPrediction, RubricHit, ScoreRecord
-from stream.settings import ScoringSettings, SettingsError
+from stream.sampling import SamplingDecision, SamplingPolicy
+from stream.settings import PriceSettings, ScoringSettings, SettingsError
 
 log = logging.getLogger(__name__)
 
 NO_CALIBRATOR = "none"
+
+
+def transcript_chars(closed: ClosedConversation) -> int:
+    """Characters of a conversation's turn texts: what the judge budget scales its token estimate by."""
+    return sum(len(t.text) for t in closed.turns)
 
 
 def judge_identity(judge: Judge) -> str:
@@ -66,6 +83,7 @@ class ConversationScorer:
         metrics: ServiceMetrics,
         questions: Sequence[Question] | None = None,
         rng: random.Random | None = None,
+        price: PriceSettings | None = None,
     ) -> None:
         self.judge = judge
         self.rubric_set = rubric_set
@@ -91,6 +109,9 @@ class ConversationScorer:
             always_ask=[q for q in self.questions if q.id in calibrator_ids or q.id not in rubric_ids],
         )
         self._rng = rng or random.Random()
+        self.price = price
+        self.budget = BudgetGate.from_settings(settings.budget, metrics)  # None: no limit set
+        self.sampling = SamplingPolicy.from_settings(settings.sampling)
 
     # -- one attempt ----------------------------------------------------------
 
@@ -108,6 +129,9 @@ class ConversationScorer:
         self.metrics.judge_tokens.labels(self.judge_name, "prompt").inc(p.prompt_tokens)
         self.metrics.judge_tokens.labels(self.judge_name, "completion").inc(p.completion_tokens)
         self.metrics.judge_tokens.labels(self.judge_name, "cached_prompt").inc(p.cached_prompt_tokens)
+        if self.price is not None:
+            cost = judge_cost(self.price, p.prompt_tokens, p.cached_prompt_tokens, p.completion_tokens)
+            self.metrics.judge_cost.labels(self.judge_name, self.price.currency).inc(cost)
         self.metrics.rubric_questions.labels("asked").inc(len(scored.rubric_scores))
         self.metrics.rubric_questions.labels("skipped").inc(len(scored.unasked))
         return scored
@@ -156,6 +180,11 @@ class ConversationScorer:
     def unscored(self, closed: ClosedConversation, reason: str, attempts: int) -> ScoreRecord:
         return self._record(closed, "unscored", attempts, unscored_reason=reason[:1000])
 
+    def unsampled(self, closed: ClosedConversation, decision: SamplingDecision) -> ScoreRecord:
+        """The record of a conversation sampling left out: counted and stored, never judged."""
+        return self._record(closed, "unsampled", 0, inclusion_probability=decision.inclusion_probability,
+                            sampling_reason=decision.reason)
+
     def _record(self, closed: ClosedConversation, status: str, attempts: int, **outcome: Any) -> ScoreRecord:
         """A record stamped with this scorer's versions and the time."""
         return ScoreRecord(
@@ -176,15 +205,34 @@ class ConversationScorer:
         cap = min(self.settings.retry_max_s, self.settings.retry_initial_s * 2 ** (attempt - 1))
         return self._rng.uniform(0, cap)
 
+    async def _attempt(self, loop: asyncio.AbstractEventLoop, closed: ClosedConversation, attempt: int) -> ScoreRecord:
+        """`score_once` in a thread, within the judge budget when one is set: waits while it is spent (raises
+        `BudgetWaitInterrupted` if the wait is called off), then settles with the calls and tokens the judge reported."""
+        if self.budget is None:
+            return await loop.run_in_executor(None, self.score_once, closed, attempt)
+        reservation = await self.budget.acquire(transcript_chars(closed))
+        record: ScoreRecord | None = None
+        try:
+            record = await loop.run_in_executor(None, self.score_once, closed, attempt)
+            return record
+        finally:
+            cost = None if record is None else Cost(record.judge_calls, record.judge_prompt_tokens + record.judge_completion_tokens)
+            self.budget.settle(reservation, cost)
+
     async def score(self, closed: ClosedConversation) -> ScoreRecord:
-        """Score with retries (judge calls run in a thread); always returns a record."""
+        """Score with retries (judge calls run in a thread) if sampling picks it; always returns a record."""
+        decision = self.sampling.decide(closed.conversation_id, closed.attributes, closed.negative_feedback)
+        if not decision.scored:
+            record = self.unsampled(closed, decision)
+            self.observe(record)
+            return record
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         attempt = 0
         while True:
             attempt += 1
             try:
-                record = await loop.run_in_executor(None, self.score_once, closed, attempt)
+                record = await self._attempt(loop, closed, attempt)
                 break
             except JudgeError as e:
                 if e.transient and attempt < self.settings.max_attempts:
@@ -200,22 +248,40 @@ class ConversationScorer:
                 record = self.unscored(closed, f"{type(e).__name__}: {e}", attempt)
                 break
         self.metrics.scoring_latency.observe(time.perf_counter() - started)
+        record = replace(record, inclusion_probability=decision.inclusion_probability, sampling_reason=decision.reason)
         self.observe(record)
         return record
 
     def observe(self, record: ScoreRecord) -> None:
-        """Count a finished record in the scoring metrics."""
-        attrs = self.metrics.attribute_values(record.conversation.attributes)
+        """Count a finished record in the scoring metrics (the weighted ones with w = 1/π; docs/sampling.md)."""
+        m = self.metrics
+        attrs = m.attribute_values(record.conversation.attributes)
+        decision = UNSAMPLED if record.status == "unsampled" else JUDGED
+        m.conversations_sampled.labels(decision, record.sampling_reason, *attrs).inc()
+        if record.status == "unsampled":
+            return
         if record.status == "unscored":
             reason = record.unscored_reason.split(":", 1)[0]
             self.metrics.conversations_unscored.labels(reason, *attrs).inc()
             return
         self.metrics.conversations_scored.labels(record.label, *attrs).inc()
+        pi = record.inclusion_probability
+        weight, sampling_variance = 1.0 / pi, (1.0 - pi) / (pi * pi)
+        # Always incremented (by 0 when π = 1), so every rate's variance series exists wherever the rate does.
+        m.scored_weight.labels(record.label, *attrs).inc(weight)
+        m.scored_sampling_variance.labels(record.label, *attrs).inc(sampling_variance)
         if record.netsat is not None:  # None when early stopping left rubrics unasked: its range is stored instead
             self.metrics.netsat.labels(*attrs).observe(record.netsat)
         if record.dissatisfaction_probability is not None:
             self.metrics.calibrated_conversations.labels(*attrs).inc()
             self.metrics.calibrated_dissatisfaction.labels(*attrs).inc(record.dissatisfaction_probability)
             self.metrics.calibrated_dissatisfaction_squared.labels(*attrs).inc(record.dissatisfaction_probability ** 2)
+            p = record.dissatisfaction_probability
+            m.calibrated_weight.labels(*attrs).inc(weight)
+            m.calibrated_dissatisfaction_weighted.labels(*attrs).inc(weight * p)
+            m.calibrated_dissatisfaction_squared_weighted.labels(*attrs).inc(weight * p * p)
+            m.calibrated_sampling_variance.labels(*attrs).inc(sampling_variance)
+            m.calibrated_dissatisfaction_sampling_variance.labels(*attrs).inc(sampling_variance * p)
+            m.calibrated_dissatisfaction_squared_sampling_variance.labels(*attrs).inc(sampling_variance * p * p)
         for d in record.dimensions:
             self.metrics.dimension.labels(d.question_id, *attrs).observe(d.expected_value)

@@ -24,7 +24,7 @@ def build_scorer(settings: Settings, metrics: ServiceMetrics) -> ConversationSco
     rubric_set = RubricSet.load(settings.rubric_set)
     calibrator = CalibrationNetwork.load(settings.calibrator) if settings.calibrator is not None else None
     judge = judge_from_settings(settings.judge, settings.cache_dir)
-    return ConversationScorer(judge, rubric_set, calibrator, settings.scoring, metrics)
+    return ConversationScorer(judge, rubric_set, calibrator, settings.scoring, metrics, price=settings.judge.price)
 
 
 def new_metrics(settings: Settings) -> ServiceMetrics:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 try:  # Python >= 3.11
@@ -29,6 +29,19 @@ class SettingsError(ValueError):
     """Configuration that cannot be used; the message names the setting."""
 
 
+class PriceSettings(BaseModel):
+    """What the judge's tokens cost, per million (docs/budget.md): cached prompt tokens at their own rate."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt_per_million: float = Field(ge=0, description="Price of 1M prompt tokens not served from the server's prompt cache.")
+    cached_prompt_per_million: float | None = Field(
+        default=None, ge=0, description="Price of 1M cached prompt tokens; None = the prompt price (no cache discount)."
+    )
+    completion_per_million: float = Field(ge=0, description="Price of 1M completion tokens.")
+    currency: str = Field(default="USD", min_length=1, description="Label of the cost metric and the report, e.g. USD, EUR.")
+
+
 class JudgeSettings(BaseModel):
     """Which judge scores conversations, and how to reach it."""
 
@@ -38,10 +51,11 @@ class JudgeSettings(BaseModel):
     model: str | None = None
     api_key: SecretStr | None = Field(default=None, description="From CONVOWATCH_JUDGE__API_KEY only.")
     questions_per_call: int = Field(default=1, ge=1, description="1 = one call per question; >1 = several answer lines per call.")
-    answer_format: Literal["lines", "grammar", "json_schema"] = Field(
+    answer_format: Literal["lines", "grammar", "sequence", "json_schema"] = Field(
         default="lines",
-        description="How multi-question replies are held to their format: lines = not at all, grammar = a llama.cpp "
-        "grammar, json_schema = OpenAI structured outputs (scorers/judges/answer_format.py).",
+        description="How multi-question replies are held to their format: lines = not at all, grammar = numbered lines "
+        "held by a llama.cpp grammar, sequence = the answers alone, one token each, held by a llama.cpp grammar, "
+        "json_schema = OpenAI structured outputs (scorers/judges/answer_format.py).",
     )
     top_logprobs: int = Field(default=20, ge=1, le=20)
     max_concurrency: int = Field(default=4, ge=1)
@@ -55,6 +69,7 @@ class JudgeSettings(BaseModel):
     recorded_answers: Path | None = None
     # Transcript size cap (characters) before the truncation policy applies.
     max_transcript_chars: int = Field(default=24_000, ge=200)
+    price: PriceSettings | None = Field(default=None, description="Price table for the cost metric and report; None = no cost figures.")
 
 
 class KafkaSettings(BaseModel):
@@ -95,6 +110,48 @@ class AssemblySettings(BaseModel):
     )
 
 
+class SamplingRuleSettings(BaseModel):
+    """Conversations whose attributes hold every ``match`` pair are judged with probability ``rate``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    match: dict[str, str] = Field(min_length=1, description="Attribute values a conversation must all have, e.g. {product: search}.")
+    rate: float = Field(gt=0, le=1, description="Inclusion probability π of the matching conversations, in (0, 1].")
+
+
+class SamplingSettings(BaseModel):
+    """Which closed conversations the judge scores (stream/sampling.py; docs/sampling.md).
+
+    The default (rate 1, no rules) judges every conversation: behaviour as without sampling.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    default_rate: float = Field(default=1.0, gt=0, le=1, description="π of conversations no rule matches, in (0, 1].")
+    rules: list[SamplingRuleSettings] = Field(default_factory=list, description="First matching rule wins.")
+    always_first_per_model_version: int = Field(
+        default=0, ge=0, description="Judge (π = 1) the first N conversations of every model version a worker sees."
+    )
+    always_score_negative_feedback: bool = Field(
+        default=True,
+        description="Judge (π = 1) every conversation that received a thumbs-down while it was open "
+        "(feedback after the close cannot change the decision).",
+    )
+    salt: str = Field(default="", description="Mixed into the hash of the conversation id: a new salt draws a new sample.")
+
+
+class BudgetSettings(BaseModel):
+    """Judge budget per worker (stream/budget.py, docs/budget.md); None = no limit. While spent, scoring waits."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    calls_per_minute: int | None = Field(default=None, gt=0, description="Judge requests per sliding minute.")
+    tokens_per_minute: int | None = Field(default=None, gt=0, description="Judge tokens (prompt + completion) per sliding minute.")
+    tokens_per_day: int | None = Field(default=None, gt=0, description="Judge tokens (prompt + completion) per sliding day.")
+    minute_s: float = Field(default=60.0, gt=0, description="Length of the per-minute window in seconds (shorter only in tests).")
+    day_s: float = Field(default=86_400.0, gt=0, description="Length of the per-day window in seconds (shorter only in tests).")
+
+
 class ScoringSettings(BaseModel):
     """Retries and aggregation when scoring closed conversations."""
 
@@ -111,6 +168,8 @@ class ScoringSettings(BaseModel):
         description="Early stopping: rubrics asked per judge round, stopping once the label provably cannot change "
         "(scorers/early_stopping.py); None = every question in one round.",
     )
+    sampling: SamplingSettings = Field(default_factory=SamplingSettings)
+    budget: BudgetSettings = Field(default_factory=BudgetSettings)
 
 
 class StoreSettings(BaseModel):

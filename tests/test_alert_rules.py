@@ -30,7 +30,7 @@ from dashboards.alert_specs import SEVERITIES
 from dashboards.grafana_alerts import CONDITION, EXPRESSION_UID, grafana_alerts_json, grafana_rule_groups, promql_expressions
 from scorers.rubrics import Label
 from stream.assembly import Outcome
-from stream.metrics import ServiceMetrics, metric_names
+from stream.metrics import UNSAMPLED, ServiceMetrics, metric_names
 from tests.chdb_fixture import chdb_dsn, chdb_store, store_factory  # noqa: F401
 from tests.infra import AlertmanagerFactory, alertmanager, wait_for  # noqa: F401
 
@@ -102,7 +102,8 @@ def test_rendering_is_deterministic_and_names_windows() -> None:
     assert not any("10m" in name or "6h" in name for name in recording_names(COMPRESSED))
     spike = next(r for r in _alerting_rules(rules(COMPRESSED)) if r["alert"] == "ConvowatchDissatisfactionSpike")
     assert spike["for"] == "5s"
-    assert "convowatch:calibrated_conversations:increase20s >= 10" in spike["expr"]
+    assert "convowatch:calibrated_weight:increase20s >= 10" in spike["expr"]
+    assert "convowatch:calibrated_dsat_sampling_variance:increase20s" in spike["expr"]
 
 
 # --- promtool -----------------------------------------------------------------------------------
@@ -255,8 +256,18 @@ def _fed_exporter() -> set[str]:
     m.calibrated_conversations.labels(*attrs).inc()
     m.calibrated_dissatisfaction.labels(*attrs).inc(0.3)
     m.calibrated_dissatisfaction_squared.labels(*attrs).inc(0.09)
+    m.conversations_sampled.labels("unsampled", "rate", *attrs).inc()
+    m.scored_weight.labels("uncertain", *attrs).inc(2)
+    m.scored_sampling_variance.labels("uncertain", *attrs).inc(2)
+    m.calibrated_weight.labels(*attrs).inc(2)
+    m.calibrated_dissatisfaction_weighted.labels(*attrs).inc(0.6)
+    m.calibrated_dissatisfaction_squared_weighted.labels(*attrs).inc(0.18)
+    m.calibrated_sampling_variance.labels(*attrs).inc(2)
+    m.calibrated_dissatisfaction_sampling_variance.labels(*attrs).inc(0.6)
+    m.calibrated_dissatisfaction_squared_sampling_variance.labels(*attrs).inc(0.18)
     m.judge_latency.labels("recorded").observe(0.2)
     m.judge_errors.labels("recorded", "JudgeUnavailable").inc()
+    m.judge_budget_wait.labels("tokens_per_day").inc(1)
     return set(metric_names(m))
 
 
@@ -271,8 +282,9 @@ def test_label_values_in_the_rules_are_ones_the_service_emits() -> None:
     text = "\n".join(rule_expressions() + promql_expressions())
     assert set(re.findall(r'outcome="(\w+)"', text)) == {"closed"} <= set(typing.get_args(Outcome))
     assert set(re.findall(r'label="(\w+)"', text)) == {"uncertain"} <= set(typing.get_args(Label))
+    assert set(re.findall(r'decision="(\w+)"', text)) == {UNSAMPLED}
     by = set(re.findall(r"by \(([^)]*)\)", text))
-    assert by == {"product, model_version", "judge"}
+    assert by == {"product, model_version", "judge", "limit"}
     m = ServiceMetrics()
     assert "judge" in m.judge_errors._labelnames and "judge" in m.judge_latency._labelnames
     assert {"product", "model_version"} <= set(m.calibrated_conversations._labelnames)

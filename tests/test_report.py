@@ -120,6 +120,26 @@ def test_totals_rates_and_worst_match_the_store(store) -> None:
     assert {d.question_id: d.n for d in data.dimensions} == {"Q1": 3, "Q2": 3}
 
 
+def test_sampled_rows_are_weighted_and_unsampled_ones_count_as_volume_only(store_factory) -> None:  # noqa: F811
+    """Model version a judged at π = 0.25 (each of its rows stands for 4), b fully: rates weight by 1/π."""
+    store = store_factory()
+    a, b = {"product": "shop", "model_version": "a"}, {"product": "shop", "model_version": "b"}
+    sampled = [dataclasses.replace(at(scored(f"a{i}", "dsat", -3.0, 0.8, 1.5, attributes=a), T0 + 600), inclusion_probability=0.25,
+                                   sampling_reason="rate") for i in range(2)]
+    left_out = [dataclasses.replace(at(ScoreRecord(closed(f"u{i}", a), "unsampled", "v1", "recorded:test", "rs1", "cal1", T0 + 100, 0),
+                                       T0 + 600), inclusion_probability=0.25, sampling_reason="rate") for i in range(6)]
+    full = [at(scored(f"b{i}", "sat", 3.0, 0.2, 3.5, attributes=b), T0 + 600) for i in range(8)]
+    store.write_scores(sampled + left_out + full)
+    t = load_report(store, DAY).totals
+    assert (t.conversations, t.scored, t.unsampled, t.dsat, t.sat) == (16, 10, 6, 2, 8)  # unsampled: volume, never scored
+    # 2 judged at π = 0.25 stand for 8 conversations with P 0.8; 8 judged at π = 1 have P 0.2: the rate is 0.5, not 0.32
+    assert t.calibrated_dsat_rate == pytest.approx((8 * 0.8 + 8 * 0.2) / 16)
+    assert t.share("dsat") == pytest.approx(0.5) and t.yield_rate == pytest.approx(1.0)
+    assert t.calibrated_weight == pytest.approx(16) and t.sampling_s0 == pytest.approx(2 * 0.75 / 0.0625)
+    lo, hi = t.calibrated_dsat_interval
+    assert lo < 0.5 < hi
+
+
 def test_filters_keep_one_model_version(store) -> None:
     data = load_report(store, DAY, model_version="a")
     assert data.totals.conversations == 2 and {w.conversation_id for w in data.worst} == {"c1", "c2"}

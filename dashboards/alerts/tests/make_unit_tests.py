@@ -4,7 +4,10 @@ Run from the repository root: ``python dashboards/alerts/tests/make_unit_tests.p
 (``--check`` exits 1 if the committed file differs).
 
 Each scenario is a set of counters given as per-minute increments. The model
-here re-implements each alert's arithmetic on those increments (sums over the
+here re-implements each alert's arithmetic on those increments (the 1/π-weighted
+rates and their sampling variance included: a judged conversation with
+inclusion probability π adds 1/π to the weight counters and (1-π)/π² to the
+sampling-variance ones) (sums over the
 minutes ``(t - w, t]``, which is what ``rate``/``increase`` give on samples
 aligned with the window), evaluates it every minute like Prometheus with
 ``for: 10m``, and asserts which alerts fire when; the expected alerts and the
@@ -24,6 +27,7 @@ OUT = Path(__file__).with_name("convowatch.rules.test.yml")
 SHORT, BASE, DAY, FOR, STALL = 10, 360, 1440, 10, 15  # minutes
 Z, LIFT, UNCERTAIN_LIFT = 3.0, 0.05, 0.15
 MIN_CONVERSATIONS, JUDGE_RATIO, JUDGE_MIN, DL_RATIO, DL_MIN = 50, 0.10, 20, 0.05, 200
+BUDGET_WAIT_SHARE = 0.5
 
 Increments = list[float]  # increments[i - 1] = increase during minute i (value 0 at minute 0)
 Alert = dict[str, Any]
@@ -131,13 +135,20 @@ M1 = 1500
 TODAY = [(1461, 1500)]
 
 
-def _bursty(conversations: Increments, p: tuple[float, float], p2: tuple[float, float], bursts: list[tuple[int, int]]) -> dict[str, Any]:
-    """Per minute: conversations, sum of P(dsat), sum of P(dsat)^2; (calm, burst) means of P and P^2 per conversation."""
+def _bursty(conversations: Increments, p: tuple[float, float], p2: tuple[float, float], bursts: list[tuple[int, int]],
+            pi: float = 1.0) -> dict[str, Any]:
+    """Per minute, for ``conversations`` closing of which a share ``pi`` is judged (weight 1/pi each): the weight
+    (= conversations), the weighted sums of P(dsat) and P(dsat)^2, and the sampling-variance sums
+    (1-pi)/pi^2 * P^k over the judged ones; (calm, burst) means of P and P^2 per conversation."""
     in_burst = [any(s <= i <= e for s, e in bursts) for i in range(1, len(conversations) + 1)]
+    spread = (1 - pi) / pi  # judged (c * pi) times (1 - pi) / pi^2
     return {
         "n": conversations,
         "dsat": [c * p[b] for c, b in zip(conversations, in_burst)],
         "sq": [c * p2[b] for c, b in zip(conversations, in_burst)],
+        "s0": [c * spread for c in conversations],
+        "s1": [c * spread * p[b] for c, b in zip(conversations, in_burst)],
+        "s2": [c * spread * p2[b] for c, b in zip(conversations, in_burst)],
     }
 
 
@@ -151,8 +162,18 @@ PRODUCTS = {
     "edge": _bursty([100] * M1, (.1, .14), (.03, .14 * .14 + .02), TODAY),
     "noisy": _bursty([10] * M1, (.1, .17), (.1, .17), TODAY),
     "noisier": _bursty([10] * M1, (.1, .25), (.1, .25), TODAY),
+    "full": _bursty([100] * M1, (.1, .17), (.1, .17), TODAY),
+    "sampled": _bursty([100] * M1, (.1, .17), (.1, .17), TODAY, pi=0.1),
 }
 WORKERS = {"shop": 2}
+
+
+def sampling_variance(s: dict[str, Any], t: int, offset: int = 0) -> float:
+    """Sampling variance of the short window's weighted rate R: sum (1-pi)/pi^2 (P - R)^2 / (sum 1/pi)^2."""
+    n = window(s["n"], t, SHORT, offset)
+    r = window(s["dsat"], t, SHORT, offset) / n
+    s0, s1, s2 = (window(s[k], t, SHORT, offset) for k in ("s0", "s1", "s2"))
+    return max(s2 - 2 * r * s1 + r * r * s0, 0) / n ** 2
 
 
 def spike(name: str, t: int) -> tuple[bool, dict[str, float]]:
@@ -160,7 +181,7 @@ def spike(name: str, t: int) -> tuple[bool, dict[str, float]]:
     n, nb = window(s["n"], t, SHORT), window(s["n"], t, BASE)
     p, pb = window(s["dsat"], t, SHORT) / n, window(s["dsat"], t, BASE) / nb
     var = max(window(s["sq"], t, BASE) / nb - pb ** 2, 0)
-    threshold = pb + max(LIFT, Z * math.sqrt(var / n))
+    threshold = pb + max(LIFT, Z * math.sqrt(var / n + sampling_variance(s, t)))
     return p > threshold and n >= MIN_CONVERSATIONS, {"P": p, "N": n, "B": pb}
 
 
@@ -171,7 +192,7 @@ def above_yesterday(name: str, t: int) -> tuple[bool, dict[str, float]]:
         return False, {}
     p, py = window(s["dsat"], t, SHORT) / n, window(s["dsat"], t, SHORT, DAY) / ny
     var = max(window(s["sq"], t, SHORT, DAY) / ny - py ** 2, 0)
-    threshold = py + max(LIFT, Z * math.sqrt(var * (1 / n + 1 / ny)))
+    threshold = py + max(LIFT, Z * math.sqrt(var * (1 / n + 1 / ny) + sampling_variance(s, t) + sampling_variance(s, t, DAY)))
     return p > threshold and n >= MIN_CONVERSATIONS and ny >= MIN_CONVERSATIONS, {"P": p, "N": n, "B": py, "Y": ny}
 
 
@@ -211,9 +232,16 @@ def dissatisfaction_tests() -> str:
         "  edge  100/min, mean P 0.1 -> 0.14 today: 4 points < min_lift (5), though 8 standard errors -> nothing",
         "  noisy  10/min, every P 0 or 1, 0.1 -> 0.17: 7 points > min_lift but < 3 standard errors -> nothing",
         "  noisier 10/min, every P 0 or 1, 0.1 -> 0.25: above 3 standard errors  -> both alerts fire",
+        "  full   100/min all judged, every P 0 or 1, 0.1 -> 0.17: n = 1000 makes 7 points significant -> both alerts fire",
+        "  sampled the same 100/min, 10 % judged (weight 10): the same rates and n = sum of weights = 1000, but the",
+        "         sampling variance widens the threshold past 0.17          -> nothing",
+        "Counters are the 1/pi-weighted ones (pi = 1: the plain sums) and the sampling-variance sums (0 when pi = 1).",
     ])]
-    metrics = {"n": "convowatch_calibrated_conversations_total", "dsat": "convowatch_calibrated_dissatisfaction_probability_total",
-               "sq": "convowatch_calibrated_dissatisfaction_probability_squared_total"}
+    metrics = {"n": "convowatch_calibrated_weight_total", "dsat": "convowatch_calibrated_dissatisfaction_probability_weighted_total",
+               "sq": "convowatch_calibrated_dissatisfaction_probability_squared_weighted_total",
+               "s0": "convowatch_calibrated_sampling_variance_total",
+               "s1": "convowatch_calibrated_dissatisfaction_probability_sampling_variance_total",
+               "s2": "convowatch_calibrated_dissatisfaction_probability_squared_sampling_variance_total"}
     for name, s in PRODUCTS.items():
         workers = WORKERS.get(name, 1)
         for k in range(workers):
@@ -225,22 +253,26 @@ def dissatisfaction_tests() -> str:
         assert all(_state(kind, p, 1455) == "inactive" for p in PRODUCTS), alertname
         out.append(alert_test(1455, alertname, [], "before the burst: calm everywhere"))
     for t in (1475, 1490):
-        later = ["noisier"] if t == 1490 else []
+        later = ["noisier", "full"] if t == 1490 else []
         firing = [p for p in PRODUCTS if _state(spike, p, t) == "firing"]
         assert firing == ["shop", "daily", "grown", *later], (t, firing)
         out.append(alert_test(t, "ConvowatchDissatisfactionSpike", [_spike_alert(p, t) for p in firing],
-                              "shop, daily, grown fire (and noisier, which crosses later); small (n < 50), calm, "
-                              "blip (burst shorter than for), edge, noisy do not"))
+                              "shop, daily, grown fire (and noisier and full, which cross later); small (n < 50), calm, "
+                              "blip (burst shorter than for), edge, noisy, sampled (sampling error) do not"))
         firing = [p for p in PRODUCTS if _state(above_yesterday, p, t) == "firing"]
         assert firing == ["shop", *later], (t, firing)
         out.append(alert_test(t, "ConvowatchDissatisfactionAboveYesterday", [_yesterday_alert(p, t) for p in firing],
-                              "shop (and noisier, which crosses later): daily was as bad yesterday, grown had too few conversations yesterday"))
+                              "shop (and noisier and full, which cross later): daily was as bad yesterday, grown had too few "
+                              "conversations yesterday, sampled's sampling error is too wide"))
 
     assert _state(spike, "blip", 1466) == "pending" and _state(spike, "blip", 1475) == "inactive"
-    for name in ("small", "calm", "blip", "edge", "noisy"):
+    for name in ("small", "calm", "blip", "edge", "noisy", "sampled"):
         for kind in (spike, above_yesterday):
             assert "firing" not in states(lambda u, k=kind, n=name: k(n, u)[0], DAY + 20, M1).values(), (name, kind.__name__)
-    small = PRODUCTS["small"]
+    small, sampled = PRODUCTS["small"], PRODUCTS["sampled"]
+    # sampled and full differ only in their sampling: the same rate and n, but only sampled's threshold is widened
+    assert math.isclose(spike("sampled", 1490)[1]["P"], spike("full", 1490)[1]["P"])
+    assert spike("full", 1490)[0] and not spike("sampled", 1490)[0]
     out += [
         "    promql_expr_test:\n",
         "      # blip's 2-minute burst met the condition (pending) but not for 10m, so it never fired (1475 above)\n",
@@ -249,14 +281,22 @@ def dissatisfaction_tests() -> str:
         "model_version=\"v1\", severity=\"page\"}'\n            value: 1\n",
         "      # over the last hour, none of the quiet products ever fired (blip was pending for 8 minutes only)\n",
         '      - expr: max_over_time(ALERTS{alertname=~"ConvowatchDissatisfaction.*", alertstate="firing", '
-        'product=~"small|calm|blip|edge|noisy"}[1h])\n        eval_time: 1500m\n        exp_samples: []\n',
+        'product=~"small|calm|blip|edge|noisy|sampled"}[1h])\n        eval_time: 1500m\n        exp_samples: []\n',
         "      # small's rate did spike; only its volume kept it from alerting\n",
         '      - expr: convowatch:calibrated_dsat_rate:ratio_rate10m{product="small"}\n        eval_time: 1490m\n        exp_samples:\n',
         "          - labels: 'convowatch:calibrated_dsat_rate:ratio_rate10m{product=\"small\", model_version=\"v1\"}'\n"
         f"            value: {_num(window(small['dsat'], 1490, SHORT) / window(small['n'], 1490, SHORT))}\n",
-        '      - expr: convowatch:calibrated_conversations:increase10m{product="small"}\n        eval_time: 1490m\n        exp_samples:\n',
-        "          - labels: 'convowatch:calibrated_conversations:increase10m{product=\"small\", model_version=\"v1\"}'\n"
+        '      - expr: convowatch:calibrated_weight:increase10m{product="small"}\n        eval_time: 1490m\n        exp_samples:\n',
+        "          - labels: 'convowatch:calibrated_weight:increase10m{product=\"small\", model_version=\"v1\"}'\n"
         f"            value: {_num(window(small['n'], 1490, SHORT))}\n",
+        "      # sampled: the weights stand for all 1000 conversations of the window; the sampling variance is what keeps it quiet\n",
+        '      - expr: convowatch:calibrated_weight:increase10m{product="sampled"}\n        eval_time: 1490m\n        exp_samples:\n',
+        "          - labels: 'convowatch:calibrated_weight:increase10m{product=\"sampled\", model_version=\"v1\"}'\n"
+        f"            value: {_num(window(sampled['n'], 1490, SHORT))}\n",
+        '      - expr: convowatch:calibrated_dsat_sampling_variance:increase10m{product="sampled"}\n        eval_time: 1490m\n'
+        "        exp_samples:\n",
+        "          - labels: 'convowatch:calibrated_dsat_sampling_variance:increase10m{product=\"sampled\", model_version=\"v1\"}'\n"
+        f"            value: {sampling_variance(sampled, 1490):.10g}\n",  # small: keep the significant digits
     ]
     return "".join(out)
 
@@ -276,12 +316,22 @@ def seg(n: int, parts: list[tuple[int, int, float]]) -> Increments:
     return out
 
 
-SCORED = {  # scored conversations per minute, by label
+SCORED = {  # conversations per minute by label: the sum of 1/pi over the judged ones
     "shop": {"uncertain": seg(M2, [(1, 360, 2), (361, 400, 8)]), "sat": seg(M2, [(1, 360, 6), (361, 400, 1)]),
              "dsat": seg(M2, [(1, 360, 2), (361, 400, 1)])},
     "small": {"uncertain": seg(M2, [(361, 400, 2)]), "sat": seg(M2, [(1, 360, 2)])},
     "calm": {"uncertain": seg(M2, [(1, 400, 3)]), "sat": seg(M2, [(1, 400, 5)]), "dsat": seg(M2, [(1, 400, 2)])},
+    "dense": {"uncertain": seg(M2, [(1, 360, 30), (361, 400, 50)]), "sat": seg(M2, [(1, 360, 70), (361, 400, 50)])},
+    "sampled": {"uncertain": seg(M2, [(1, 360, 30), (361, 400, 50)]), "sat": seg(M2, [(1, 360, 70), (361, 400, 50)])},
 }
+SCORED_PI = {"sampled": 0.05}  # inclusion probability per product (1 elsewhere)
+
+
+def _spread(name: str, increments: Increments) -> Increments:
+    """Sampling-variance sums (1-pi)/pi^2 per judged conversation of weights ``increments``: weight * (1-pi)/pi."""
+    pi = SCORED_PI.get(name, 1.0)
+    return [x * (1 - pi) / pi for x in increments]
+
 Judges = dict[str, dict[str, Any]]  # judge -> {"ok": successful judgements per minute or None, "errors": {type: per minute}}
 JUDGES: Judges = {
     "openai:flaky": {"ok": seg(M2, [(1, 400, 10)]),
@@ -301,8 +351,21 @@ def uncertain(name: str, t: int) -> tuple[bool, dict[str, float]]:
     labels = SCORED[name]
     n, nb = sum(window(a, t, SHORT) for a in labels.values()), sum(window(a, t, BASE) for a in labels.values())
     p, pb = window(labels["uncertain"], t, SHORT) / n, window(labels["uncertain"], t, BASE) / nb
-    threshold = pb + max(UNCERTAIN_LIFT, Z * math.sqrt(pb * (1 - pb) / n))
+    b_uncertain = window(_spread(name, labels["uncertain"]), t, SHORT)
+    b_others = sum(window(_spread(name, a), t, SHORT) for label, a in labels.items() if label != "uncertain")
+    sampling_var = ((1 - p) ** 2 * b_uncertain + p ** 2 * b_others) / n ** 2
+    threshold = pb + max(UNCERTAIN_LIFT, Z * math.sqrt(pb * (1 - pb) / n + sampling_var))
     return p > threshold and n >= MIN_CONVERSATIONS, {"P": p, "N": n, "B": pb}
+
+
+def _uncertain_alert(name: str, t: int) -> Alert:
+    v = uncertain(name, t)[1]
+    return {"labels": {"severity": "ticket", "product": name, "model_version": "v1"},
+            "summary": f"Uncertain share surging on {name} v1 (judge drift?)",
+            "description": f"Share of scored conversations labelled uncertain over the last 10m: {pct(v['P'])} of {count(v['N'])}, "
+                           f"against {pct(v['B'])} over 6h (threshold: baseline + max(15 points, 3 standard errors), for 10m). "
+                           "The judge may have stopped separating conversations.",
+            "runbook_url": "docs/runbooks.md#convowatchuncertainsurge"}
 
 
 def judge(judges: Judges, name: str, t: int) -> tuple[bool, dict[str, float]]:
@@ -336,6 +399,8 @@ def uncertain_and_judge_tests() -> str:
         "  shop  10/min, uncertain 2 -> 8 from minute 361          -> fires",
         "  small  2/min, all sat -> all uncertain: n = 20 < 50      -> nothing (low volume)",
         "  calm  10/min, 30 % uncertain throughout                  -> nothing",
+        "  dense 100/min all judged, uncertain 30 % -> 50 % from minute 361  -> fires",
+        "  sampled the same 100/min, 5 % judged (weight 20): the same shares, widened by sampling error -> nothing",
         "Judges: successful judgements (latency _count) and errors by type per minute:",
         "  openai:flaky    10 ok; 5 errors (2 timeouts + 3 unavailable) from 361 -> fires (33 %)",
         "  openai:down     never succeeds (no latency series), 5 errors    -> fires (100 %)",
@@ -344,22 +409,20 @@ def uncertain_and_judge_tests() -> str:
     ])]
     for name, labels in SCORED.items():
         for label, increments in labels.items():
-            out.append(series("convowatch_conversations_scored_total", increments, label=label, product=name, model_version="v1"))
+            out.append(series("convowatch_conversations_scored_weight_total", increments, label=label, product=name,
+                              model_version="v1"))
+            out.append(series("convowatch_conversations_scored_sampling_variance_total", _spread(name, increments), label=label,
+                              product=name, model_version="v1"))
     out += _judge_series(JUDGES)
 
     out.append("    alert_rule_test:\n")
     assert not any(uncertain(n, 360)[0] for n in SCORED)
     out.append(alert_test(360, "ConvowatchUncertainSurge", [], "before the surge"))
     states = {n: state_at(lambda u, n=n: uncertain(n, u)[0], 390, 360) for n in SCORED}
-    assert [n for n, s in states.items() if s == "firing"] == ["shop"], states
-    v = uncertain("shop", 390)[1]
-    out.append(alert_test(390, "ConvowatchUncertainSurge", [{
-        "labels": {"severity": "ticket", "product": "shop", "model_version": "v1"},
-        "summary": "Uncertain share surging on shop v1 (judge drift?)",
-        "description": f"Share of scored conversations labelled uncertain over the last 10m: {pct(v['P'])} of {count(v['N'])}, "
-                       f"against {pct(v['B'])} over 6h (threshold: baseline + max(15 points, 3 standard errors), for 10m). "
-                       "The judge may have stopped separating conversations.",
-        "runbook_url": "docs/runbooks.md#convowatchuncertainsurge"}], "shop fires; small (n < 50) and calm do not"))
+    assert [n for n, s in states.items() if s == "firing"] == ["shop", "dense"], states
+    assert math.isclose(uncertain("dense", 390)[1]["P"], uncertain("sampled", 390)[1]["P"])
+    out.append(alert_test(390, "ConvowatchUncertainSurge", [_uncertain_alert(n, 390) for n in ("shop", "dense")],
+                          "shop and dense fire; small (n < 50), calm and sampled (sampling error) do not"))
     for t, expected, comment in ((360, ["openai:down"], "before flaky fails: only the judge that never succeeds"),
                                  (390, ["openai:flaky", "openai:down"], "flaky and down fire; rare (10 attempts < 20) and healthy do not")):
         states = {n: state_at(lambda u, n=n: judge(JUDGES, n, u)[0], t, SHORT + 1) for n in JUDGES}
@@ -386,7 +449,7 @@ def quiet_judge_tests() -> str:
 
 
 def _stall_test(name: str, comments: list[str], closed: Increments, scored: Increments | None, unscored: Increments | None,
-                checks: list[tuple[int, bool, str]]) -> str:
+                checks: list[tuple[int, bool, str]], unsampled: Increments | None = None) -> str:
     out = [header(name, comments),
            series("convowatch_events_total", seg(M3, [(1, M3, 30)]), type="turn", outcome="accepted"),
            series("convowatch_events_total", closed, type="end", outcome="closed")]
@@ -394,16 +457,20 @@ def _stall_test(name: str, comments: list[str], closed: Increments, scored: Incr
         out.append(series("convowatch_conversations_scored_total", scored, label="sat", product="shop", model_version="v1"))
     if unscored is not None:
         out.append(series("convowatch_conversations_unscored_total", unscored, reason="JudgeUnavailable", product="shop", model_version="v1"))
+    if unsampled is not None:
+        out.append(series("convowatch_conversations_sampled_total", unsampled, decision="unsampled", reason="rate", product="shop",
+                          model_version="v1"))
 
     def stalled(t: int) -> bool:
-        return window(closed, t, STALL) > 0 and window(scored, t, STALL) + window(unscored, t, STALL) == 0
+        finished = window(scored, t, STALL) + window(unscored, t, STALL) + window(unsampled, t, STALL)
+        return window(closed, t, STALL) > 0 and finished == 0
 
     out.append("    alert_rule_test:\n")
     for t, firing, comment in checks:
         assert (state_at(stalled, t, STALL) == "firing") == firing, (name, t)
         alerts = [{"labels": {"severity": "page"}, "summary": "convowatch pipeline stalled: conversations close but none is scored",
-                   "description": f"{count(window(closed, t, STALL))} conversations closed over the last 15m and none was scored or "
-                                  "stored unscored (for 10m). Quality monitoring is blind until scoring resumes.",
+                   "description": f"{count(window(closed, t, STALL))} conversations closed over the last 15m and none was scored, "
+                                  "stored unscored or left unsampled (for 10m). Quality monitoring is blind until scoring resumes.",
                    "runbook_url": "docs/runbooks.md#convowatchpipelinestalled"}] if firing else []
         out.append(alert_test(t, "ConvowatchPipelineStalled", alerts, comment))
     return "".join(out)
@@ -422,6 +489,10 @@ def stall_tests() -> str:
         _stall_test("pipeline not stalled: the judge is down and every conversation is stored unscored",
                     ["Unscored conversations are finished work (the judge-errors alert covers them); no scored series at all."],
                     closing, None, seg(M3, [(1, M3, 10)]), [(100, False, "unscored counts as progress")]),
+        _stall_test("pipeline not stalled: at a low sampling rate no conversation was judged for a while",
+                    ["Every conversation closing from minute 60 on is left unsampled (counted, not judged): finished work."],
+                    closing, seg(M3, [(1, 59, 10)]), None, [(100, False, "unsampled counts as progress")],
+                    unsampled=seg(M3, [(60, M3, 10)])),
         _stall_test("pipeline not stalled: no conversation closes",
                     ["Turns arrive (long conversations) but none closes, and nothing is scored: nothing to score, no alert."],
                     seg(M3, []), seg(M3, []), None, [(100, False, "quiet is not stalled")]),
@@ -465,6 +536,49 @@ def dead_letter_tests() -> str:
     ])
 
 
+# --- judge budget --------------------------------------------------------------------------------
+
+BUDGET_WAITS = {  # (limit, instance) -> seconds waited per minute
+    ("tokens_per_day", "worker-1:9464"): seg(M3, [(31, M3, 45)]),
+    ("calls_per_minute", "worker-1:9464"): seg(M3, [(1, M3, 20)]),
+    ("calls_per_minute", "worker-2:9464"): seg(M3, [(1, M3, 20)]),
+    ("tokens_per_minute", "worker-2:9464"): seg(M3, [(31, 38, 60)]),
+}
+
+
+def budget_share(limit: str, t: int) -> float:
+    """The worker held back most for ``limit``: its waited seconds over the short window, per second."""
+    return max(window(w, t, SHORT) / (SHORT * 60) for (lim, _), w in BUDGET_WAITS.items() if lim == limit)
+
+
+def budget_tests() -> str:
+    out = [header("judge budget exhausted: a worker waits for the budget more than half the time", [
+        "Seconds each worker's scoring waited for a budget limit, per minute:",
+        "  tokens_per_day     worker-1 45 s/min from minute 31 (75 %)              -> fires",
+        "  calls_per_minute   worker-1 and worker-2 20 s/min each (33 %; 67 % if summed) -> nothing: a share per worker",
+        "  tokens_per_minute  worker-2 60 s/min for minutes 31-38 only: above 50 % for 7m < for (10m) -> nothing",
+    ])]
+    out += [series("convowatch_judge_budget_wait_seconds_total", w, instance=instance, limit=limit)
+            for (limit, instance), w in BUDGET_WAITS.items()]
+    limits = list(dict.fromkeys(limit for limit, _ in BUDGET_WAITS))
+    out.append("    alert_rule_test:\n")
+    for t, expected, comment in ((30, [], "nothing waits for more than a third of the time yet"),
+                                 (40, [], "tokens_per_day above 50 % since minute 37, tokens_per_minute since 36: pending"),
+                                 (60, ["tokens_per_day"], "tokens_per_day fires; tokens_per_minute's burst ended, calls_per_minute stays at 33 %"),
+                                 (M3, ["tokens_per_day"], "still firing")):
+        firing = [lim for lim in limits if state_at(lambda u, lim=lim: budget_share(lim, u) > BUDGET_WAIT_SHARE, t, SHORT) == "firing"]
+        assert firing == expected, (t, firing)
+        out.append(alert_test(t, "ConvowatchJudgeBudgetExhausted", [{
+            "labels": {"severity": "ticket", "limit": lim}, "summary": f"Judge budget {lim} is holding scoring back",
+            "description": f"A worker waited for the judge budget ({lim}) {pct(budget_share(lim, t))} of the last 10m "
+                           "(threshold 50%, for 10m). Conversations wait in the closed topic: none is lost, but scores "
+                           "arrive late and the closed topic's lag grows.",
+            "runbook_url": "docs/runbooks.md#convowatchjudgebudgetexhausted"} for lim in firing], comment))
+    assert "firing" not in states(lambda u: budget_share("tokens_per_minute", u) > BUDGET_WAIT_SHARE, SHORT, M3).values()
+    assert "pending" in states(lambda u: budget_share("tokens_per_minute", u) > BUDGET_WAIT_SHARE, SHORT, M3).values()
+    return "".join(out)
+
+
 HEADER = """\
 # promtool unit tests for the committed rules (default AlertWindows): fire and not-fire for every alert,
 # low-volume cases, a burst shorter than `for`, and the same-time-yesterday variant.
@@ -480,7 +594,7 @@ tests:
 
 
 def text() -> str:
-    return HEADER + dissatisfaction_tests() + uncertain_and_judge_tests() + quiet_judge_tests() + stall_tests() + dead_letter_tests()
+    return HEADER + dissatisfaction_tests() + uncertain_and_judge_tests() + quiet_judge_tests() + stall_tests() + dead_letter_tests() + budget_tests()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,207 @@
+"""The judge budget in the real pipeline: tansu broker, worker processes, a real HTTP judge endpoint.
+
+A tiny calls-per-minute budget (with a 20 s "minute") holds conversations back.
+While the score agent waits, the worker must stay in its consumer group (the
+wait outlasts the 15 s max poll interval and the 6 s session timeout of the
+test settings), the conversations must stay in the closed topic (offsets not
+committed), and once the budget refills every conversation is scored exactly
+once. A rebalance calls the wait off without losing the waiting conversation;
+a worker stopped while waiting is the open case (xfail, docs/budget.md).
+
+The judge is the stand-in OpenAI-compatible server of tests/test_pipeline.py
+(real HTTP, the real client counting one call per question; fixed answers and
+usage, because no local model answers fast enough: see `RecoveringJudgeServer`).
+The recorded judge cannot be used: it reports no calls and no tokens, so a
+budget never holds it back (tests/test_budget.py shows that too).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from kafka import KafkaAdminClient
+
+from stream.cost import judge_cost
+from stream.records import ScoreRecord
+from stream.settings import PriceSettings
+from tests.infra import free_port, wait_for
+from tests.pipeline import Pipeline, Process
+from tests.test_pipeline import N_QUESTIONS, RecoveringJudgeServer, _few_conversations, _judge_env, pipeline  # noqa: F401
+
+N_CONVERSATIONS = 8
+MINUTE_S = 20  # the budget's "minute": long enough to outlast max_poll_interval (15 s in TANSU_SETTINGS)
+CALLS_PER_MINUTE = 2 * N_QUESTIONS  # two conversations' worth of calls (one call per question)
+CLOCKS_S = 0.5  # the budget runs on the monotonic clock, scored_at is wall-clock time
+PRICE = PriceSettings(prompt_per_million=2.0, completion_per_million=8.0, currency="EUR")
+
+
+def _records(pipeline: Pipeline) -> dict[str, list[ScoreRecord]]:
+    out: dict[str, list[ScoreRecord]] = {}
+    for m in pipeline.consume("scores", 10**9, timeout=3):
+        record = ScoreRecord.from_json(m.value)
+        out.setdefault(record.conversation_id, []).append(record)
+    return out
+
+
+def _wait_all_scored(pipeline: Pipeline, ids: set[str], *workers: Process) -> None:
+    try:
+        wait_for(lambda: set(_records(pipeline)) >= ids, timeout=240, interval=2, what="every conversation scored")
+    except TimeoutError:
+        state = {w.name: (w.metric_sum("convowatch_judge_budget_exhausted"), w.metric_sum("convowatch_judge_budget_wait_seconds_total"),
+                          w.metric_sum("convowatch_conversations_scored_total")) for w in workers}
+        closed_topic = [(m.partition, m.offset, m.key.decode()) for m in pipeline.consume("closed", 10**9, timeout=3)]
+        admin = KafkaAdminClient(bootstrap_servers=pipeline.bootstrap)
+        group = pipeline.env["CONVOWATCH_KAFKA__APP_ID"]
+        committed = {tp.partition: om.offset for tp, om in admin.list_group_offsets(group)[group].items()
+                     if tp.topic == pipeline.topic("closed")}
+        admin.close()
+        raise AssertionError(f"missing {sorted(ids - set(_records(pipeline)))}; (exhausted, waited s, scored) per worker: "
+                             f"{state}; closed topic (partition, offset, key): {sorted(closed_topic)}; committed: {committed}") from None
+
+
+def _committed(pipeline: Pipeline, admin: KafkaAdminClient) -> dict[int, int]:
+    """The worker group's committed offsets on the closed topic, by partition."""
+    group = pipeline.env["CONVOWATCH_KAFKA__APP_ID"]
+    return {tp.partition: om.offset for tp, om in admin.list_group_offsets(group)[group].items() if tp.topic == pipeline.topic("closed")}
+
+
+def _closed_backlog(pipeline: Pipeline, admin: KafkaAdminClient) -> int:
+    """Closed conversations on the closed topic beyond the worker group's committed offsets."""
+    ends: dict[int, int] = {}
+    for m in pipeline.consume("closed", 10**9, timeout=3):
+        ends[m.partition] = max(ends.get(m.partition, -1), m.offset) + 1
+    group = pipeline.env["CONVOWATCH_KAFKA__APP_ID"]
+    committed = {tp.partition: om.offset for tp, om in admin.list_group_offsets(group)[group].items()
+                 if tp.topic == pipeline.topic("closed")}
+    return sum(end - max(committed.get(p, 0), 0) for p, end in ends.items())
+
+
+def test_a_spent_budget_holds_conversations_in_the_closed_topic_and_loses_none(pipeline: Pipeline) -> None:
+    port = free_port()
+    pipeline.extra_env.update({
+        **_judge_env(port, max_attempts=3),
+        "CONVOWATCH_SCORING__BUDGET__CALLS_PER_MINUTE": str(CALLS_PER_MINUTE),
+        "CONVOWATCH_SCORING__BUDGET__MINUTE_S": str(MINUTE_S),
+        "CONVOWATCH_JUDGE__PRICE__PROMPT_PER_MILLION": str(PRICE.prompt_per_million),
+        "CONVOWATCH_JUDGE__PRICE__COMPLETION_PER_MILLION": str(PRICE.completion_per_million),
+        "CONVOWATCH_JUDGE__PRICE__CURRENCY": PRICE.currency,
+    })
+    items, ids = _few_conversations(N_CONVERSATIONS)
+    admin = KafkaAdminClient(bootstrap_servers=pipeline.bootstrap)
+    with RecoveringJudgeServer(port, failures=0):
+        worker = pipeline.start_worker("worker-1")
+        pipeline.wait_assigned([worker])
+        assert worker.metric_sum("convowatch_judge_budget_exhausted", limit="calls_per_minute") == 0
+        pipeline.produce((i.key, i.raw) for i in items)
+
+        wait_for(lambda: worker.metric_sum("convowatch_judge_budget_exhausted", limit="calls_per_minute") == 1,
+                 timeout=120, what="the budget is exhausted")
+        # Held back for longer than max_poll_interval (and the session timeout), and the budget refilled at least once
+        # in that time (a third conversation needs the first's calls to leave the window).
+        poll_s = float(pipeline.env["CONVOWATCH_KAFKA__MAX_POLL_INTERVAL_S"])
+        wait_for(lambda: worker.metric_sum("convowatch_judge_budget_wait_seconds_total") > poll_s + 1
+                 and len(_records(pipeline)) >= 3, timeout=120, interval=1, what="a long wait and a refill")
+        held = _records(pipeline)
+        assert 3 <= len(held) < N_CONVERSATIONS, len(held)
+        assert worker.metric_sum("convowatch_judge_budget_exhausted", limit="calls_per_minute") == 1
+        # The worker stayed in its group and kept its partitions; the waiting conversations' offsets are not committed.
+        assert worker.popen.poll() is None
+        assert worker.metric_sum("convowatch_assigned_partitions") == pipeline.partitions
+        log = worker.log.read_text(errors="replace")
+        # aiokafka logs every join ("Joined group ... (generation N)"); idle past max_poll_interval it leaves the group.
+        assert log.count("Joined group") == 1, worker.log_tail()
+        assert not any(s in log for s in ("LeaveGroup", "Heartbeat session expired", "Heartbeat failed")), worker.log_tail()
+        backlog = _closed_backlog(pipeline, admin)
+        assert backlog >= N_CONVERSATIONS - len(_records(pipeline)) > 0, backlog
+        # The budget refills: the same worker scores every conversation, each exactly once.
+        _wait_all_scored(pipeline, ids, worker)
+
+    records = _records(pipeline)
+    admin.close()
+    assert {cid: [r.status for r in rs] for cid, rs in records.items()} == {cid: ["scored"] for cid in ids}
+    assert all(r.judge_calls == N_QUESTIONS and r.judge_prompt_tokens == 100 * N_QUESTIONS for rs in records.values() for r in rs)
+    # The budget held: 2 conversations' calls per window, so the k-th and (k+2)-th scores are at least a window apart
+    # (a conversation is admitted only once the calls of the one two before it have left the window).
+    times = sorted(r.scored_at for rs in records.values() for r in rs)
+    assert all(b - a >= MINUTE_S - CLOCKS_S for a, b in zip(times, times[2:])), times
+    # Three waits of about a window each (pairs 2-4 wait for the pair before them), less the time between a
+    # settlement and the next conversation's acquire (CLOCKS_S covers it on an idle machine; 2 s allows for load).
+    assert worker.metric_sum("convowatch_judge_budget_wait_seconds_total") >= (N_CONVERSATIONS // 2 - 1) * (MINUTE_S - 2)
+    # The cost counter prices the tokens the judge reported.
+    expected = sum(judge_cost(PRICE, r.judge_prompt_tokens, r.judge_cached_prompt_tokens, r.judge_completion_tokens)
+                   for rs in records.values() for r in rs)
+    assert expected > 0 and worker.metric_sum("convowatch_judge_cost_total", currency="EUR") == pytest.approx(expected)
+    wait_for(lambda: worker.metric_sum("convowatch_judge_budget_exhausted", limit="calls_per_minute") == 0,
+             timeout=30, what="the gauge back at 0 once nothing waits")
+    assert worker.log.read_text(errors="replace").count("Joined group") == 1  # no rebalance in the whole run
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "Faust's graceful stop with a full agent buffer: in 2 of 4 runs here one buffered, never-processed conversation's "
+    "offset was committed (lost); in 1 a scored one was redelivered (duplicate). Open: see the report of issue 11 part 5."))
+def test_a_worker_stopped_while_waiting_commits_nothing_unscored(pipeline: Pipeline) -> None:
+    port = free_port()
+    pipeline.extra_env.update({
+        **_judge_env(port, max_attempts=3),
+        "CONVOWATCH_SCORING__BUDGET__CALLS_PER_MINUTE": str(CALLS_PER_MINUTE),
+        "CONVOWATCH_SCORING__BUDGET__MINUTE_S": str(MINUTE_S),
+    })
+    items, ids = _few_conversations(N_CONVERSATIONS)
+    admin = KafkaAdminClient(bootstrap_servers=pipeline.bootstrap)
+    with RecoveringJudgeServer(port, failures=0):
+        worker = pipeline.start_worker("worker-1")
+        pipeline.wait_assigned([worker])
+        pipeline.produce((i.key, i.raw) for i in items)
+        wait_for(lambda: worker.metric_sum("convowatch_judge_budget_exhausted", limit="calls_per_minute") == 1
+                 and len(_records(pipeline)) >= 3, timeout=120, interval=1, what="waiting after a refill")
+        # Stop the worker while it waits: it exits promptly (the wait is called off, the conversation requeued) ...
+        started = time.monotonic()
+        worker.terminate()
+        assert worker.popen.returncode == 0, worker.log_tail()
+        print(f"worker stopped {time.monotonic() - started:.1f} s after SIGTERM while waiting for the budget")
+        assert "requeued while waiting for the judge budget" in worker.log.read_text(errors="replace"), worker.log_tail()
+        # ... and what it committed covers only conversations it scored or put back in the closed topic.
+        scored_ids = set(_records(pipeline))
+        closed = [(m.partition, m.offset, m.key.decode()) for m in pipeline.consume("closed", 10**9, timeout=3)]
+        committed = _committed(pipeline, admin)
+        admin.close()
+        skipped = [(p, o, k) for p, o, k in closed if o < committed.get(p, 0) and k not in scored_ids
+                   and not any(p2 == p and o2 > o and k2 == k for p2, o2, k2 in closed)]
+        assert not skipped, f"committed past unscored conversations {skipped}: closed {sorted(closed)}, committed {committed}"
+        # A new worker (a fresh budget) scores the rest: every conversation exactly once.
+        successor = pipeline.start_worker("worker-2")
+        _wait_all_scored(pipeline, ids, successor)
+    records = _records(pipeline)
+    assert {cid: [r.status for r in rs] for cid, rs in records.items()} == {cid: ["scored"] for cid in ids}
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "1 run here: the wait was called off and the conversation requeued, both workers stayed in the group, but the two "
+    "last records of one partition (offsets uncommitted, so not lost) were never consumed by its new owner within 240 s. "
+    "Open: see docs/budget.md."))
+def test_a_rebalance_calls_off_the_wait_and_the_waiting_conversation_is_scored_once(pipeline: Pipeline) -> None:
+    port = free_port()
+    pipeline.extra_env.update({
+        **_judge_env(port, max_attempts=3),
+        "CONVOWATCH_SCORING__BUDGET__CALLS_PER_MINUTE": str(CALLS_PER_MINUTE),
+        "CONVOWATCH_SCORING__BUDGET__MINUTE_S": str(MINUTE_S),
+    })
+    items, ids = _few_conversations(N_CONVERSATIONS)
+    with RecoveringJudgeServer(port, failures=0):
+        first = pipeline.start_worker("worker-a")
+        pipeline.wait_assigned([first])
+        pipeline.produce((i.key, i.raw) for i in items)
+        wait_for(lambda: first.metric_sum("convowatch_judge_budget_exhausted", limit="calls_per_minute") == 1,
+                 timeout=120, what="the budget is exhausted")
+        # A second worker joins while the first waits: the rebalance must not wait for the budget.
+        second = pipeline.start_worker("worker-b")
+        pipeline.wait_assigned([first, second], each_at_least=1, timeout=120)
+        _wait_all_scored(pipeline, ids, first, second)
+        log = first.log.read_text(errors="replace")
+
+    records = _records(pipeline)
+    assert {cid: [r.status for r in rs] for cid, rs in records.items()} == {cid: ["scored"] for cid in ids}
+    assert "requeued while waiting for the judge budget" in log, first.log_tail()
+    assert first.popen.poll() is None and "LeaveGroup" not in log and "Heartbeat session expired" not in log
+    assert log.count("Joined group") == 2  # the first join and the rebalance, nothing else
