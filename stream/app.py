@@ -16,21 +16,27 @@
   budget (``scoring.budget``) is spent it waits: Faust stops fetching once the
   agent's buffer is full, and offsets of conversations not yet scored stay
   uncommitted, so they wait in the closed topic. A rebalance or a shutdown
-  calls such a wait off (`WorkerApp`): the conversation goes back to the
-  closed topic, so neither waits for the budget.
+  calls such a wait off (`WorkerApp`): the conversation is left unfinished,
+  so its offset stays uncommitted and it is delivered again; neither waits
+  for the budget.
 
-Delivery is at-least-once (Faust commits offsets after events are processed);
-the sink and the store make re-deliveries invisible (idempotent keys).
+Delivery is at-least-once: an offset is committed only after its agent has
+finished the event (`ProcessedOnlyAcks`; Faust alone would also commit events
+it skipped during a stop or a rebalance); the sink and the store make
+re-deliveries invisible (idempotent keys).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import defaultdict
 from typing import Any, Iterable
+
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
-from faust.types import TP
+from faust.types import TP, EventT, Message
+from faust.types.tuples import ack_lock
 
 from stream.assembly import ConversationAssembler, is_closed
 from stream.budget import BudgetGate, BudgetWaitInterrupted
@@ -50,6 +56,44 @@ def broker_urls(bootstrap_servers: str) -> list[str]:
     return [f"kafka://{h.strip()}" for h in bootstrap_servers.split(",") if h.strip()]
 
 
+class ProcessedOnlyAcks:
+    """Consumer mix-in: an offset of a guarded topic is committed only once an agent has finished its event.
+
+    Faust acks an event when the agent's ``async for`` body is left, however it is left, and also acks events
+    it skips unprocessed: those it hands out while flow control is suspended (during a stop or a rebalance) or
+    from an older consumer generation. Committing such an offset loses the event (a conversation never scored,
+    a turn never assembled). Agents call `WorkerApp.finished` when an event is done; before each commit, acked
+    offsets of a guarded topic that were not finished are withdrawn, so the commit stops below them and the
+    event is delivered again after a restart or a rebalance: at least once, never lost. (Faust's Cython stream
+    iterator acks inline, bypassing ``Consumer.ack``, so the check sits where offsets are chosen for a commit.)
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._finished_offsets: defaultdict[TP, set[int]] = defaultdict(set)
+
+    def finished(self, message: Message) -> None:
+        """``message`` was processed: its ack may commit its offset."""
+        self._finished_offsets[message.tp].add(message.offset)
+
+    def _new_offset(self, tp: TP) -> int | None:
+        if tp.topic not in self.app.guarded_topics:  # type: ignore[attr-defined]
+            return super()._new_offset(tp)  # type: ignore[misc]
+        with ack_lock:
+            acked: list[int] = self._acked[tp]  # type: ignore[attr-defined]
+            finished = self._finished_offsets[tp]
+            unfinished = [o for o in acked if o not in finished]
+            if unfinished:
+                acked[:] = [o for o in acked if o in finished]
+                self._acked_index[tp].difference_update(unfinished)  # type: ignore[attr-defined]
+                log.info("%s[%d] offsets %s left uncommitted: handed out or ended without being processed (a stop or "
+                         "a rebalance); they are delivered again", tp.topic, tp.partition, sorted(unfinished))
+            offset = super()._new_offset(tp)  # type: ignore[misc]
+            if offset is not None:
+                self._finished_offsets[tp] = {o for o in finished if o >= offset}
+            return offset
+
+
 def _transport_with_fetch_wait(fetch_max_wait_ms: int) -> type[faust_aiokafka.Transport]:
     """Faust's aiokafka transport with a configurable fetch wait (Faust hard-codes 1,500 ms)."""
 
@@ -59,7 +103,7 @@ def _transport_with_fetch_wait(fetch_max_wait_ms: int) -> type[faust_aiokafka.Tr
             consumer._fetch_max_wait_ms = fetch_max_wait_ms  # read by aiokafka when the consumer starts
             return consumer
 
-    class Consumer(faust_aiokafka.Consumer):
+    class Consumer(ProcessedOnlyAcks, faust_aiokafka.Consumer):
         def _new_consumer_thread(self) -> ConsumerThread:
             return ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
@@ -75,6 +119,11 @@ class WorkerApp(faust.App):
 
     fetch_max_wait_ms: int = 500
     budget: BudgetGate | None = None
+    guarded_topics: frozenset[str] = frozenset()  # topics whose offsets commit only when `finished` (ProcessedOnlyAcks)
+
+    def finished(self, event: EventT) -> None:
+        """The agent is done with ``event``: Faust's ack of it may now commit its offset."""
+        self.consumer.finished(event.message)
 
     def on_rebalance_start(self) -> None:
         """Faust calls this first thing in a rebalance (from its consumer thread). Faust then waits for the event each
@@ -84,11 +133,19 @@ class WorkerApp(faust.App):
             self.loop.call_soon_threadsafe(self.budget.interrupt)
 
     async def on_stop(self) -> None:
-        """On shutdown Faust likewise waits for each agent's event: call budget waits off first, so the waiting
-        conversation is requeued while the producer still runs, and the worker stops without waiting for the budget."""
+        """On shutdown Faust likewise waits for each agent's event: call budget waits off first, so the worker stops
+        without waiting for the budget (the waiting conversation's offset stays uncommitted)."""
         if self.budget is not None:
             self.budget.interrupt()
         await super().on_stop()
+
+    async def _consumer_wait_empty(self, consumer: Any, logger: Any) -> None:
+        """Faust's final commit on the way out is skipped when a periodic commit is in flight at that moment, so
+        events finished after that commit chose its offsets were delivered again (scored twice). Commit once more,
+        after any commit in flight."""
+        await super()._consumer_wait_empty(consumer, logger)
+        await consumer.maybe_wait_for_commit_to_finish()
+        await consumer.commit()
 
     def _new_transport(self) -> Any:
         return _transport_with_fetch_wait(self.fetch_max_wait_ms)(self.conf.broker_consumer, self)
@@ -125,6 +182,7 @@ def create_app(settings: Settings, scorer: ConversationScorer, metrics: ServiceM
         web_enabled=False,
     )
     app.fetch_max_wait_ms = int(k.fetch_max_wait_s * 1000)
+    app.guarded_topics = frozenset({k.events_topic, k.closed_topic})
     app.budget = scorer.budget
     raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
     events_topic = app.topic(k.events_topic, partitions=k.partitions, **raw)
@@ -144,33 +202,37 @@ def create_app(settings: Settings, scorer: ConversationScorer, metrics: ServiceM
         await dead_letter_topic.send(key=msg.key, value=letter.to_json())
         metrics.dead_letters.labels(reason).inc()
 
+    async def assemble_event(event: EventT) -> None:
+        msg = event.message
+        try:
+            ev = parse_event(msg.value, key=msg.key, max_text_bytes=a.max_text_bytes, max_event_bytes=a.max_event_bytes)
+        except InvalidEvent as e:
+            metrics.events.labels("invalid", "dead_letter").inc()
+            await dead_letter(e.reason, e.detail, event)
+            return
+        etype = type(ev).__name__.removesuffix("Event").lower()
+        key = ev.conversation_id
+        current = table.get(key)
+        step = assembler.apply(current, ev, partition=msg.partition, now=time.time())
+        metrics.events.labels(etype, step.outcome).inc()
+        if step.dead_letter is not None:
+            await dead_letter(*step.dead_letter, event)
+        if step.closed is not None:
+            # Publish before recording the close: a crash in between re-closes (deduplicated downstream)
+            # instead of losing the conversation.
+            await closed_topic.send(key=key.encode("utf-8"), value=step.closed.to_json())
+            metrics.conversations_closed.labels(step.closed.close_cause).inc()
+        if step.state is None:
+            if current is not None:
+                del table[key]
+        elif step.state is not current:
+            table[key] = step.state
+
     @app.agent(events_topic, name="assemble")
     async def assemble(stream: faust.StreamT) -> None:
         async for event in stream.events():
-            msg = event.message
-            try:
-                ev = parse_event(msg.value, key=msg.key, max_text_bytes=a.max_text_bytes, max_event_bytes=a.max_event_bytes)
-            except InvalidEvent as e:
-                metrics.events.labels("invalid", "dead_letter").inc()
-                await dead_letter(e.reason, e.detail, event)
-                continue
-            etype = type(ev).__name__.removesuffix("Event").lower()
-            key = ev.conversation_id
-            current = table.get(key)
-            step = assembler.apply(current, ev, partition=msg.partition, now=time.time())
-            metrics.events.labels(etype, step.outcome).inc()
-            if step.dead_letter is not None:
-                await dead_letter(*step.dead_letter, event)
-            if step.closed is not None:
-                # Publish before recording the close: a crash in between re-closes (deduplicated downstream)
-                # instead of losing the conversation.
-                await closed_topic.send(key=key.encode("utf-8"), value=step.closed.to_json())
-                metrics.conversations_closed.labels(step.closed.close_cause).inc()
-            if step.state is None:
-                if current is not None:
-                    del table[key]
-            elif step.state is not current:
-                table[key] = step.state
+            await assemble_event(event)
+            app.finished(event)
 
     requested: dict[str, float] = {}
 
@@ -196,22 +258,29 @@ def create_app(settings: Settings, scorer: ConversationScorer, metrics: ServiceM
             if now - at > a.idle_check_interval_s * 10:
                 del requested[key]
 
+    async def score_event(event: EventT) -> bool:
+        """Score one closed conversation; False if it was not processed and must be delivered again."""
+        try:
+            closed = ClosedConversation.from_json(event.message.value)
+        except RecordError as e:
+            await dead_letter("bad_closed_record", str(e), event)
+            return True
+        try:
+            record = await scorer.score(closed)
+        except BudgetWaitInterrupted:
+            # Not judged and not finished: its offset stays uncommitted, so the partition's next owner (or this
+            # worker, after the rebalance's seek to the committed offsets) receives it again.
+            log.info("rebalance or shutdown: %s left in the closed topic while waiting for the judge budget",
+                     closed.conversation_id)
+            return False
+        await scores_topic.send(key=closed.conversation_id.encode("utf-8"), value=record.to_json())
+        return True
+
     @app.agent(closed_topic, name="score", concurrency=settings.scoring.concurrency)
     async def score(stream: faust.StreamT) -> None:
         async for event in stream.events():
-            try:
-                closed = ClosedConversation.from_json(event.message.value)
-            except RecordError as e:
-                await dead_letter("bad_closed_record", str(e), event)
-                continue
-            try:
-                record = await scorer.score(closed)
-            except BudgetWaitInterrupted:
-                # Not judged: back into the closed topic (same key, same partition) for whoever owns it next.
-                await closed_topic.send(key=event.message.key, value=event.message.value)
-                log.info("rebalance or shutdown: %s requeued while waiting for the judge budget", closed.conversation_id)
-                continue
-            await scores_topic.send(key=closed.conversation_id.encode("utf-8"), value=record.to_json())
+            if await score_event(event):
+                app.finished(event)
 
     app.convowatch_topics = (events_topic, closed_topic, scores_topic, dead_letter_topic)  # type: ignore[attr-defined]
     return app

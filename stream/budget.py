@@ -54,7 +54,7 @@ SLOTS_PER_WINDOW = 600
 
 
 class BudgetWaitInterrupted(Exception):
-    """A conversation's wait for the budget was called off (a rebalance): it was not judged and must be requeued."""
+    """A conversation's wait for the budget was called off (a rebalance or a stop): it was not judged and must be delivered again."""
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,10 @@ While the score agent waits, the worker must stay in its consumer group (the
 wait outlasts the 15 s max poll interval and the 6 s session timeout of the
 test settings), the conversations must stay in the closed topic (offsets not
 committed), and once the budget refills every conversation is scored exactly
-once. A rebalance calls the wait off without losing the waiting conversation;
-a worker stopped while waiting is the open case (xfail, docs/budget.md).
+once. A rebalance or a stop calls the wait off: the stopping worker commits
+nothing it did not finish (`stream.app.ProcessedOnlyAcks`), so the waiting
+conversation and the ones buffered behind it are delivered again. What the
+next owner then does is the open case (xfail, docs/budget.md).
 
 The judge is the stand-in OpenAI-compatible server of tests/test_pipeline.py
 (real HTTP, the real client counting one call per question; fixed answers and
@@ -138,8 +140,9 @@ def test_a_spent_budget_holds_conversations_in_the_closed_topic_and_loses_none(p
 
 
 @pytest.mark.xfail(strict=False, reason=(
-    "Faust's graceful stop with a full agent buffer: in 2 of 4 runs here one buffered, never-processed conversation's "
-    "offset was committed (lost); in 1 a scored one was redelivered (duplicate). Open: see the report of issue 11 part 5."))
+    "Open (docs/budget.md): the stopping worker now commits nothing it did not finish, but 3 of 8 runs since failed "
+    "in the successor: once it never consumed a partition's uncommitted records (stalled, not lost), once it committed "
+    "past the waiting conversation without receiving it (lost), once (before the final-commit fix) it scored one twice."))
 def test_a_worker_stopped_while_waiting_commits_nothing_unscored(pipeline: Pipeline) -> None:
     port = free_port()
     pipeline.extra_env.update({
@@ -155,19 +158,20 @@ def test_a_worker_stopped_while_waiting_commits_nothing_unscored(pipeline: Pipel
         pipeline.produce((i.key, i.raw) for i in items)
         wait_for(lambda: worker.metric_sum("convowatch_judge_budget_exhausted", limit="calls_per_minute") == 1
                  and len(_records(pipeline)) >= 3, timeout=120, interval=1, what="waiting after a refill")
-        # Stop the worker while it waits: it exits promptly (the wait is called off, the conversation requeued) ...
+        # Stop the worker while it waits: it exits promptly (the wait is called off, the conversation left unfinished) ...
         started = time.monotonic()
         worker.terminate()
         assert worker.popen.returncode == 0, worker.log_tail()
         print(f"worker stopped {time.monotonic() - started:.1f} s after SIGTERM while waiting for the budget")
-        assert "requeued while waiting for the judge budget" in worker.log.read_text(errors="replace"), worker.log_tail()
-        # ... and what it committed covers only conversations it scored or put back in the closed topic.
+        log = worker.log.read_text(errors="replace")
+        assert "left in the closed topic while waiting for the judge budget" in log, worker.log_tail()
+        assert "left uncommitted" in log, worker.log_tail()  # Faust's ack of the unfinished event did not commit it
+        # ... and what it committed covers only conversations it scored.
         scored_ids = set(_records(pipeline))
         closed = [(m.partition, m.offset, m.key.decode()) for m in pipeline.consume("closed", 10**9, timeout=3)]
         committed = _committed(pipeline, admin)
         admin.close()
-        skipped = [(p, o, k) for p, o, k in closed if o < committed.get(p, 0) and k not in scored_ids
-                   and not any(p2 == p and o2 > o and k2 == k for p2, o2, k2 in closed)]
+        skipped = [(p, o, k) for p, o, k in closed if o < committed.get(p, 0) and k not in scored_ids]
         assert not skipped, f"committed past unscored conversations {skipped}: closed {sorted(closed)}, committed {committed}"
         # A new worker (a fresh budget) scores the rest: every conversation exactly once.
         successor = pipeline.start_worker("worker-2")
@@ -177,9 +181,8 @@ def test_a_worker_stopped_while_waiting_commits_nothing_unscored(pipeline: Pipel
 
 
 @pytest.mark.xfail(strict=False, reason=(
-    "1 run here: the wait was called off and the conversation requeued, both workers stayed in the group, but the two "
-    "last records of one partition (offsets uncommitted, so not lost) were never consumed by its new owner within 240 s. "
-    "Open: see docs/budget.md."))
+    "Open (docs/budget.md): before the commit guard, 1 of 2 runs stalled (the new owner never consumed the last two "
+    "records of a partition); the stop test above still shows the successor's stall and loss."))
 def test_a_rebalance_calls_off_the_wait_and_the_waiting_conversation_is_scored_once(pipeline: Pipeline) -> None:
     port = free_port()
     pipeline.extra_env.update({
@@ -202,6 +205,6 @@ def test_a_rebalance_calls_off_the_wait_and_the_waiting_conversation_is_scored_o
 
     records = _records(pipeline)
     assert {cid: [r.status for r in rs] for cid, rs in records.items()} == {cid: ["scored"] for cid in ids}
-    assert "requeued while waiting for the judge budget" in log, first.log_tail()
+    assert "left in the closed topic while waiting for the judge budget" in log, first.log_tail()
     assert first.popen.poll() is None and "LeaveGroup" not in log and "Heartbeat session expired" not in log
     assert log.count("Joined group") == 2  # the first join and the rebalance, nothing else
