@@ -116,6 +116,47 @@ def test_uss_to_rubric_set_that_the_cli_scores_with(tmp_path, domain):
     assert got["rubric_set"] == rubric_set.version and got["n"] == 4 and got["n_positive"] == 2
 
 
+def test_learn_and_evaluate_ask_all_questions_of_a_conversation_in_one_call(tmp_path, domain, llama_server):
+    """judge.questions_per_call reaches `learn` and `rubrics evaluate`: one request per conversation to the real llama
+    server (Gemma 270M, answers held by the sequence grammar), every question of the pool or set in it."""
+    train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+    r = convowatch("data", "uss", "--file", MWOZ, "--labelled-out", train, "--n-per-class", "4", "--seed", "5",
+                   "--split-out-test", test)
+    assert r.returncode == 0, r.stderr
+    full = seed_pool()
+    sat = [j for j, x in enumerate(full.rubrics) if x.polarity.value == "sat"][:2]
+    dsat = [j for j, x in enumerate(full.rubrics) if x.polarity.value == "dsat"][:2]
+    pool_file = tmp_path / "pool.json"
+    full.subset(sat + dsat).save(pool_file)
+    out = tmp_path / "set.json"
+    with servers.ScriptedServer(lambda i, req: servers.forward(llama_server.url.removesuffix("/v1"), req)) as proxy:
+        one_pass = {"CONVOWATCH_JUDGE__BACKEND": "openai", "CONVOWATCH_JUDGE__BASE_URL": proxy.url + "/v1",
+                    "CONVOWATCH_JUDGE__MODEL": llama_server.model, "CONVOWATCH_JUDGE__API_KEY": str(llama_server.api_key),
+                    "CONVOWATCH_JUDGE__QUESTIONS_PER_CALL": "100", "CONVOWATCH_JUDGE__ANSWER_FORMAT": "sequence",
+                    "CONVOWATCH_JUDGE__TIMEOUT_S": "300", "CONVOWATCH_CACHE_DIR": str(tmp_path / "cache")}
+        r = convowatch("learn", "--data", train, "--domain", domain, "--pool", "generated", "--pool-file", pool_file,
+                       "--out", out, "--n-sat", "1", "--n-dsat", "1", "--folds", "2", "--cache", tmp_path / "scores.sqlite",
+                       env=one_pass)
+        assert r.returncode == 0, r.stderr
+        learn_report = r.stdout.strip().splitlines()[-1]
+        learn_requests = [json.loads(q.body) for q in proxy.received if q.path.endswith("/chat/completions")]
+        r = convowatch("rubrics", "evaluate", "--rubric-set", out, "--labelled", test, "--json", env=one_pass)
+        assert r.returncode == 0, r.stderr
+        evaluate_requests = [json.loads(q.body) for q in proxy.received if q.path.endswith("/chat/completions")][len(learn_requests):]
+    rubric_set = RubricSet.load(out)
+    n_train, n_test = len(load_labelled_jsonl(train)), len(load_labelled_jsonl(test))
+    assert len(learn_requests) == n_train and len(evaluate_requests) == n_test
+    assert f"in {n_train} requests" in learn_report, learn_report
+    prompts = [body["messages"][-1]["content"] for body in learn_requests + evaluate_requests]
+    assert all("Answer every numbered question" in p for p in prompts)  # the multi-question prompt, not one question
+    for body in learn_requests:
+        assert all(rubric.text in body["messages"][-1]["content"] for rubric in full.subset(sat + dsat).rubrics)
+    for body in evaluate_requests:
+        assert all(rubric.text in body["messages"][-1]["content"] for rubric in rubric_set.rubrics)
+    got = json.loads(r.stdout)
+    assert got["rubric_set"] == rubric_set.version and got["n"] == n_test
+
+
 def test_data_uss_labels_by_mean_overall_and_reports_the_middle(tmp_path):
     out = tmp_path / "all.jsonl"
     r = convowatch("data", "uss", "--file", MWOZ, "--labelled-out", out)
