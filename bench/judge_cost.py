@@ -447,6 +447,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--n-per-class", type=int, default=25, help="per class and corpus (default 25: 100 conversations)")
     p.add_argument("--a-conversations", type=int, default=10, help="conversations for the slow uncached mode a")
     p.add_argument("--b-conversations", type=int, default=None, help="conversations for mode b (default: all)")
+    p.add_argument("--limit", type=int, default=None,
+                   help="only the first N conversations of the draw, for every mode (e.g. b and c on b's conversations)")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--round-size", type=int, default=5, help="rubrics per call in mode d")
     p.add_argument("--one-pass-format", choices=("sequence", "grammar"), default="sequence", help="reply form of modes c and d")
@@ -466,6 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     learning = json.loads(LEARNING_RESULTS.read_text(encoding="utf-8"))
     sets = load_sets(LEARNING_RESULTS)
     items = test_conversations(args.n_per_class, args.seed, learning["settings"]["seed"], learning["settings"]["n_per_class"])
+    items = items[: args.limit]
     y = np.array([item.positive for item in items], dtype=bool)
     log(f"{len(items)} conversations ({int(y.sum())} positive); sets: " + ", ".join(f"{k} {len(s.rubrics)}" for k, s in sets.items()))
 
