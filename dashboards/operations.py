@@ -64,7 +64,14 @@ def _events() -> list:
             "Messages between a partition's high watermark and the worker's position. Empty when the broker does not "
             "report watermarks.",
             [p.promql(promql.gauge_sum(promql.CONSUMER_LAG, by="topic, partition"), "{{topic}}/{{partition}}")],
-            "short", span=24,
+            "short", span=16,
+        ),
+        p.time_series(
+            "Partition refetches / s",
+            "A worker fetched a partition again from the next offset to process: a later record arrived first (hole) or "
+            "records waited while its agent idled (stall). Occasional ones after a restart or a rebalance are repairs; "
+            "a steady rate means the consumer keeps losing its place (docs/budget.md).",
+            [p.promql(promql.rate(promql.PARTITION_REFETCHES, W, by="topic, reason"), "{{topic}} {{reason}}")], "cps", span=8,
         ),
     ]
 

@@ -20,27 +20,28 @@
   so its offset stays uncommitted and it is delivered again; neither waits
   for the budget.
 
-Delivery is at-least-once: an offset is committed only after its agent has
-finished the event (`ProcessedOnlyAcks`; Faust alone would also commit events
-it skipped during a stop or a rebalance); the sink and the store make
-re-deliveries invisible (idempotent keys).
+Delivery is at-least-once (`stream.delivery.GuardedDelivery`): each agent
+takes a partition's events in offset order from the committed offset, an
+offset is committed only after its agent has finished the event (Faust alone
+would also commit events it skipped during a stop or a rebalance), and a
+partition whose records were passed over or stopped arriving is fetched again.
+The sink and the store make re-deliveries invisible (idempotent keys).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
-from typing import Any, Iterable
+from typing import Any, AsyncIterator, Callable, Iterable
 
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
-from faust.types import TP, EventT, Message
-from faust.types.tuples import ack_lock
+from faust.types import TP, EventT
 
 from stream.assembly import ConversationAssembler, is_closed
 from stream.budget import BudgetGate, BudgetWaitInterrupted
 from stream.contract import DeadLetter, EndEvent, InvalidEvent, encode_event, parse_event
+from stream.delivery import GuardedDelivery, in_order
 from stream.metrics import ServiceMetrics
 from stream.records import ClosedConversation, RecordError
 from stream.scoring import ConversationScorer
@@ -56,44 +57,6 @@ def broker_urls(bootstrap_servers: str) -> list[str]:
     return [f"kafka://{h.strip()}" for h in bootstrap_servers.split(",") if h.strip()]
 
 
-class ProcessedOnlyAcks:
-    """Consumer mix-in: an offset of a guarded topic is committed only once an agent has finished its event.
-
-    Faust acks an event when the agent's ``async for`` body is left, however it is left, and also acks events
-    it skips unprocessed: those it hands out while flow control is suspended (during a stop or a rebalance) or
-    from an older consumer generation. Committing such an offset loses the event (a conversation never scored,
-    a turn never assembled). Agents call `WorkerApp.finished` when an event is done; before each commit, acked
-    offsets of a guarded topic that were not finished are withdrawn, so the commit stops below them and the
-    event is delivered again after a restart or a rebalance: at least once, never lost. (Faust's Cython stream
-    iterator acks inline, bypassing ``Consumer.ack``, so the check sits where offsets are chosen for a commit.)
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._finished_offsets: defaultdict[TP, set[int]] = defaultdict(set)
-
-    def finished(self, message: Message) -> None:
-        """``message`` was processed: its ack may commit its offset."""
-        self._finished_offsets[message.tp].add(message.offset)
-
-    def _new_offset(self, tp: TP) -> int | None:
-        if tp.topic not in self.app.guarded_topics:  # type: ignore[attr-defined]
-            return super()._new_offset(tp)  # type: ignore[misc]
-        with ack_lock:
-            acked: list[int] = self._acked[tp]  # type: ignore[attr-defined]
-            finished = self._finished_offsets[tp]
-            unfinished = [o for o in acked if o not in finished]
-            if unfinished:
-                acked[:] = [o for o in acked if o in finished]
-                self._acked_index[tp].difference_update(unfinished)  # type: ignore[attr-defined]
-                log.info("%s[%d] offsets %s left uncommitted: handed out or ended without being processed (a stop or "
-                         "a rebalance); they are delivered again", tp.topic, tp.partition, sorted(unfinished))
-            offset = super()._new_offset(tp)  # type: ignore[misc]
-            if offset is not None:
-                self._finished_offsets[tp] = {o for o in finished if o >= offset}
-            return offset
-
-
 def _transport_with_fetch_wait(fetch_max_wait_ms: int) -> type[faust_aiokafka.Transport]:
     """Faust's aiokafka transport with a configurable fetch wait (Faust hard-codes 1,500 ms)."""
 
@@ -103,7 +66,7 @@ def _transport_with_fetch_wait(fetch_max_wait_ms: int) -> type[faust_aiokafka.Tr
             consumer._fetch_max_wait_ms = fetch_max_wait_ms  # read by aiokafka when the consumer starts
             return consumer
 
-    class Consumer(ProcessedOnlyAcks, faust_aiokafka.Consumer):
+    class Consumer(GuardedDelivery, faust_aiokafka.Consumer):
         def _new_consumer_thread(self) -> ConsumerThread:
             return ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
@@ -119,7 +82,12 @@ class WorkerApp(faust.App):
 
     fetch_max_wait_ms: int = 500
     budget: BudgetGate | None = None
-    guarded_topics: frozenset[str] = frozenset()  # topics whose offsets commit only when `finished` (ProcessedOnlyAcks)
+    guarded_topics: frozenset[str] = frozenset()  # topics delivered by `GuardedDelivery`
+    on_refetch: Callable[[str, str], None] | None = None  # (topic, reason) of each refetch, for the metric
+
+    def in_order(self, stream: faust.StreamT) -> AsyncIterator[EventT]:
+        """The events of ``stream`` its agent should process now, in offset order per partition (`GuardedDelivery`)."""
+        return in_order(self.consumer, stream)
 
     def finished(self, event: EventT) -> None:
         """The agent is done with ``event``: Faust's ack of it may now commit its offset."""
@@ -183,6 +151,7 @@ def create_app(settings: Settings, scorer: ConversationScorer, metrics: ServiceM
     )
     app.fetch_max_wait_ms = int(k.fetch_max_wait_s * 1000)
     app.guarded_topics = frozenset({k.events_topic, k.closed_topic})
+    app.on_refetch = lambda topic, reason: metrics.partition_refetches.labels(topic, reason).inc()
     app.budget = scorer.budget
     raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
     events_topic = app.topic(k.events_topic, partitions=k.partitions, **raw)
@@ -230,9 +199,13 @@ def create_app(settings: Settings, scorer: ConversationScorer, metrics: ServiceM
 
     @app.agent(events_topic, name="assemble")
     async def assemble(stream: faust.StreamT) -> None:
-        async for event in stream.events():
+        async for event in app.in_order(stream):
             await assemble_event(event)
             app.finished(event)
+
+    @app.timer(interval=k.refetch_idle_s / 2, name="refetch_stalled")
+    async def refetch_stalled() -> None:
+        await app.consumer.refetch_stalled(k.refetch_idle_s)
 
     requested: dict[str, float] = {}
 
@@ -278,7 +251,7 @@ def create_app(settings: Settings, scorer: ConversationScorer, metrics: ServiceM
 
     @app.agent(closed_topic, name="score", concurrency=settings.scoring.concurrency)
     async def score(stream: faust.StreamT) -> None:
-        async for event in stream.events():
+        async for event in app.in_order(stream):
             if await score_event(event):
                 app.finished(event)
 

@@ -102,6 +102,10 @@ class ServiceMetrics:
             ["topic", "partition"], registry=r,
         )
         self._lag_partitions: set[tuple[str, str]] = set()
+        self.partition_refetches = Counter(
+            "convowatch_partition_refetches", "Partitions fetched again from the next offset to process, by topic and reason "
+            "(hole: a later record arrived first; stall: records waited while the agent idled).", ["topic", "reason"], registry=r,
+        )
 
         # scoring
         self.conversations_scored = Counter(

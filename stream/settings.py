@@ -95,6 +95,9 @@ class KafkaSettings(BaseModel):
     # Max bytes per producer batch. tansu (embedded stack) loses Faust table updates on
     # recovery unless this is 1 (one record per batch); real Kafka wants the default.
     producer_max_batch_size: int = Field(default=16384, ge=1)
+    refetch_idle_s: float = Field(
+        default=10.0, gt=0, description="A worker partition with records waiting while its agent has been idle this long is fetched again."
+    )
 
 
 class AssemblySettings(BaseModel):

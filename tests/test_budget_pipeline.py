@@ -6,9 +6,10 @@ wait outlasts the 15 s max poll interval and the 6 s session timeout of the
 test settings), the conversations must stay in the closed topic (offsets not
 committed), and once the budget refills every conversation is scored exactly
 once. A rebalance or a stop calls the wait off: the stopping worker commits
-nothing it did not finish (`stream.app.ProcessedOnlyAcks`), so the waiting
-conversation and the ones buffered behind it are delivered again. What the
-next owner then does is the open case (xfail, docs/budget.md).
+nothing it did not finish, and the next owner takes the partition in order
+from the committed offset, fetching it again if Faust passed over a record or
+the partition stalled (`stream.delivery.GuardedDelivery`), so the waiting
+conversation and the ones buffered behind it are scored exactly once.
 
 The judge is the stand-in OpenAI-compatible server of tests/test_pipeline.py
 (real HTTP, the real client counting one call per question; fixed answers and
@@ -139,10 +140,6 @@ def test_a_spent_budget_holds_conversations_in_the_closed_topic_and_loses_none(p
     assert worker.log.read_text(errors="replace").count("Joined group") == 1  # no rebalance in the whole run
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "Open (docs/budget.md): the stopping worker now commits nothing it did not finish, but 3 of 8 runs since failed "
-    "in the successor: once it never consumed a partition's uncommitted records (stalled, not lost), once it committed "
-    "past the waiting conversation without receiving it (lost), once (before the final-commit fix) it scored one twice."))
 def test_a_worker_stopped_while_waiting_commits_nothing_unscored(pipeline: Pipeline) -> None:
     port = free_port()
     pipeline.extra_env.update({
@@ -180,9 +177,6 @@ def test_a_worker_stopped_while_waiting_commits_nothing_unscored(pipeline: Pipel
     assert {cid: [r.status for r in rs] for cid, rs in records.items()} == {cid: ["scored"] for cid in ids}
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "Open (docs/budget.md): before the commit guard, 1 of 2 runs stalled (the new owner never consumed the last two "
-    "records of a partition); the stop test above still shows the successor's stall and loss."))
 def test_a_rebalance_calls_off_the_wait_and_the_waiting_conversation_is_scored_once(pipeline: Pipeline) -> None:
     port = free_port()
     pipeline.extra_env.update({

@@ -47,6 +47,7 @@ def every_series(metrics: ServiceMetrics) -> None:
     m.judge_budget_wait.labels("calls_per_minute").inc(2.5)
     m.sink_rows.labels("scores").inc()
     m.set_consumer_lag({("convowatch.events", 0): 3})
+    m.partition_refetches.labels("convowatch.closed", "hole").inc()
 
 
 # --- attribute labels --------------------------------------------------------------

@@ -1,0 +1,224 @@
+"""`GuardedDelivery`'s decisions: in-order takes, refetches of holes and stalls, finished-only commits.
+
+The faults it repairs come from Faust's consumer (a record passed over by its fetch loop, a partition that stops
+being fetched) and cannot be produced on demand with a real broker, so these tests drive the mix-in on top of a
+stand-in for Faust's consumer: the broker facts it asks for (committed, earliest and end offsets) are set by the
+test. The real pipeline runs it in
+tests/test_pipeline.py, tests/test_faults.py and tests/test_budget_pipeline.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from faust.types import TP
+
+from stream.delivery import GuardedDelivery
+
+TOPIC = "closed"
+P0 = TP(TOPIC, 0)
+
+
+class _BrokerFacts:
+    """What the consumer thread would ask the broker."""
+
+    def __init__(self) -> None:
+        self.committed: dict[TP, int | None] = {}
+
+    def _ensure_consumer(self) -> Any:
+        return SimpleNamespace(committed=self._committed)
+
+    async def _committed(self, tp: TP) -> int | None:
+        return self.committed.get(tp)
+
+    async def call_thread(self, fun: Any, *args: Any) -> Any:
+        return await fun(*args)
+
+
+class _FaustStandIn:
+    """The parts of Faust's consumer `GuardedDelivery` builds on."""
+
+    def __init__(self) -> None:
+        self.app = SimpleNamespace(guarded_topics=frozenset({TOPIC}), rebalancing=False, in_recovery=False, on_refetch=None)
+        self.refetches: list[tuple[str, str]] = []
+        self.app.on_refetch = lambda topic, reason: self.refetches.append((topic, reason))
+        self._thread = _BrokerFacts()
+        self.earliest: dict[TP, int] = defaultdict(int)
+        self.end: dict[TP, int] = defaultdict(int)
+        self.seeks: list[tuple[TP, int]] = []
+        self.buffer_drops: list[TP] = []
+        self._acked: defaultdict[TP, list[int]] = defaultdict(list)
+        self._acked_index: defaultdict[TP, set[int]] = defaultdict(set)
+        self._committed_offset: defaultdict[TP, int | None] = defaultdict(lambda: None)
+
+    async def earliest_offsets(self, *tps: TP) -> dict[TP, int]:
+        return {tp: self.earliest[tp] for tp in tps}
+
+    async def highwaters(self, *tps: TP) -> dict[TP, int]:
+        return {tp: self.end[tp] for tp in tps}
+
+    async def seek(self, tp: TP, offset: int) -> None:
+        self.seeks.append((tp, offset))
+
+    def on_buffer_drop(self, tp: TP) -> None:
+        self.buffer_drops.append(tp)
+
+    def assignment(self) -> set[TP]:
+        return {P0}
+
+    async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
+        pass
+
+    async def on_partitions_revoked(self, revoked: set[TP]) -> None:
+        pass
+
+
+class _Consumer(GuardedDelivery, _FaustStandIn):
+    def ack(self, offset: int, tp: TP = P0) -> None:
+        """Faust's ack, as its stream iterator does it inline."""
+        self._acked[tp].append(offset)
+        self._acked_index[tp].add(offset)
+
+
+def _message(offset: int, tp: TP = P0) -> Any:
+    return SimpleNamespace(tp=tp, topic=tp.topic, offset=offset)
+
+
+def _run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def _takes(consumer: _Consumer, offsets: list[int]) -> list[bool]:
+    async def go() -> list[bool]:
+        out = []
+        for offset in offsets:
+            taken = await consumer.take(_message(offset))
+            if taken:
+                consumer.release(_message(offset))
+            out.append(taken)
+        return out
+
+    return _run(go())
+
+
+def test_events_are_taken_in_offset_order_from_the_committed_offset_and_a_repeat_is_not_taken_again() -> None:
+    consumer = _Consumer()
+    consumer._thread.committed[P0] = 5
+    assert _takes(consumer, [5, 6, 6, 5, 7]) == [True, True, False, False, True]
+    assert consumer.seeks == [] and consumer.refetches == []
+
+
+def test_a_partition_never_committed_starts_at_its_earliest_offset() -> None:
+    consumer = _Consumer()
+    consumer.earliest[P0] = 3
+    assert _takes(consumer, [3, 4]) == [True, True]
+
+
+def test_a_hole_is_fetched_again_once_and_nothing_after_it_is_taken_before_it_arrives() -> None:
+    consumer = _Consumer()
+    consumer._thread.committed[P0] = 5
+    # Faust passed over offset 5: 6 and 7 arrive first (the loss seen in the budget stop test).
+    assert _takes(consumer, [6, 7]) == [False, False]
+    assert consumer.seeks == [(P0, 5)] and consumer.refetches == [(TOPIC, "hole")] and consumer.buffer_drops == [P0]
+    # The refetch delivers from 5 again.
+    assert _takes(consumer, [5, 6, 7]) == [True, True, True]
+    assert consumer.seeks == [(P0, 5)]
+
+
+def test_records_gone_before_the_committed_offset_start_the_refetch_at_the_earliest_offset() -> None:
+    consumer = _Consumer()
+    consumer._thread.committed[P0] = 2
+    consumer.earliest[P0] = 10  # retention deleted 2..9
+    assert _takes(consumer, [10]) == [False]
+    assert consumer.seeks == [(P0, 10)]
+    assert _takes(consumer, [10, 11]) == [True, True]
+
+
+def test_a_rebalance_starts_again_from_the_committed_offset() -> None:
+    consumer = _Consumer()
+    consumer._thread.committed[P0] = 5
+    assert _takes(consumer, [5, 6]) == [True, True]
+    # Offset 6 was left unfinished (a budget wait called off): the rebalance's seek delivers it again.
+    consumer._thread.committed[P0] = 6
+    _run(consumer.on_partitions_assigned({P0}, 2))
+    assert _takes(consumer, [6, 7]) == [True, True]
+
+
+def test_a_stalled_partition_is_fetched_again_only_when_its_agent_idles_with_records_waiting() -> None:
+    consumer = _Consumer()
+    consumer._thread.committed[P0] = 5
+    consumer.end[P0] = 8  # offsets 5..7 wait
+    _run(consumer.refetch_stalled(idle_s=0.05))  # first look: the idle clock starts
+    assert consumer.seeks == []
+    time.sleep(0.06)
+    consumer.app.rebalancing = True  # not during a rebalance (and the clock starts again after it)
+    _run(consumer.refetch_stalled(idle_s=0.05))
+    consumer.app.rebalancing = False
+    assert consumer.seeks == []
+    time.sleep(0.06)
+
+    async def busy() -> None:  # an event in flight (say, waiting for the judge budget): not idle
+        assert await consumer.take(_message(5))
+        await consumer.refetch_stalled(idle_s=0.0)
+        consumer.release(_message(5))
+
+    _run(busy())
+    assert consumer.seeks == []
+    time.sleep(0.06)
+    _run(consumer.refetch_stalled(idle_s=0.05))
+    assert consumer.seeks == [(P0, 6)] and consumer.refetches == [(TOPIC, "stall")]
+    consumer.end[P0] = 6  # nothing waits any more: no refetch
+    time.sleep(0.06)
+    _run(consumer.refetch_stalled(idle_s=0.05))
+    assert consumer.seeks == [(P0, 6)]
+
+
+@pytest.mark.parametrize(("acked", "finished", "expected"), [
+    ([5, 6, 7], [5, 6, 7], 8),
+    ([7, 5, 6], [5, 6, 7], 8),
+    ([5, 6, 7], [5, 7], 6),  # 6 handed out unprocessed (a stop): the commit stops below it
+    ([5, 6], [6], None),  # 5 unfinished: nothing to commit (Faust alone would commit 7)
+    ([6, 7], [6, 7], None),  # 5 never arrived
+])
+def test_only_finished_offsets_from_the_committed_one_on_are_committed(acked: list[int], finished: list[int],
+                                                                       expected: int | None) -> None:
+    consumer = _Consumer()
+    consumer._committed_offset[P0] = 5
+    for offset in acked:
+        consumer.ack(offset)
+    for offset in finished:
+        consumer.finished(_message(offset))
+    assert consumer._new_offset(P0) == expected
+
+
+def test_commits_follow_each_other_and_an_unfinished_offset_is_committed_once_it_is_finished() -> None:
+    consumer = _Consumer()
+    consumer._thread.committed[P0] = 0  # Faust keeps no committed offset 0: the floor is where the agent started
+    assert _takes(consumer, [0, 1, 2]) == [True, True, True]
+    for offset in (0, 1, 2):
+        consumer.ack(offset)
+    consumer.finished(_message(0))
+    consumer.finished(_message(2))
+    assert consumer._new_offset(P0) == 1
+    consumer._committed_offset[P0] = 1  # Faust records what it committed
+    assert consumer._new_offset(P0) is None  # 1 was withdrawn, 2 waits behind it
+    consumer.ack(1)  # delivered again and finished
+    consumer.finished(_message(1))
+    assert consumer._new_offset(P0) == 3
+
+
+def test_after_deleted_records_the_commit_starts_at_the_earliest_offset() -> None:
+    consumer = _Consumer()
+    consumer._thread.committed[P0] = 2
+    consumer._committed_offset[P0] = 2
+    consumer.earliest[P0] = 10
+    assert _takes(consumer, [10, 10, 11]) == [False, True, True]
+    for offset in (10, 11):
+        consumer.ack(offset)
+        consumer.finished(_message(offset))
+    assert consumer._new_offset(P0) == 12
