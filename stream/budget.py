@@ -30,17 +30,24 @@ with N workers, give each 1/N of the provider's limit.
 `JudgeBudget` is the arithmetic, with the time passed in (tests use a fake
 clock); `BudgetGate` is the asynchronous waiting room the score agent uses,
 with the metrics (`convowatch_judge_budget_exhausted{limit}`,
-`convowatch_judge_budget_wait_seconds_total{limit}`).
+`convowatch_judge_budget_wait_seconds_total{limit}`); `BudgetedJudge` is the
+blocking one the offline commands (`convowatch learn`, `rubrics evaluate`)
+wrap their judge in, so they keep the same provider limits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Literal
+from typing import Any, Awaitable, Callable, Literal, Sequence
 
+from scorers.conversation import Conversation
+from scorers.judges.base import Judge, Judgement
+from scorers.questions import Question
 from stream.metrics import ServiceMetrics
 from stream.settings import BudgetSettings
 
@@ -51,6 +58,8 @@ LIMITS: tuple[Limit, ...] = ("calls_per_minute", "tokens_per_minute", "tokens_pe
 # settlement: at most ~600 slots per window (bounded memory for a day's window), and spend expires at most window/600
 # late (0.1 s of a minute, 144 s of a day), never early.
 SLOTS_PER_WINDOW = 600
+
+log = logging.getLogger(__name__)
 
 
 class BudgetWaitInterrupted(Exception):
@@ -295,3 +304,54 @@ class BudgetGate:
     def interrupt(self) -> None:
         """Call off every current wait (each raises `BudgetWaitInterrupted`); later acquires wait as usual."""
         self._notify(interrupted=True)
+
+
+
+class BudgetedJudge:
+    """A judge whose every ``judge`` call first waits (blocking) while ``scoring.budget`` is spent.
+
+    Other attributes are the wrapped judge's (name, model, questions per call), so score caches keyed by the
+    judge's identity are shared with the unwrapped judge, and cache hits never reach the budget. Thread-safe.
+    Each wait is logged (INFO), so a command that pauses says why.
+    """
+
+    def __init__(self, judge: Judge, budget: JudgeBudget, max_sleep_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._judge = judge
+        self._budget = budget
+        self._max_sleep_s = max_sleep_s
+        self._clock = clock
+        self._changed = threading.Condition()
+
+    @classmethod
+    def wrap(cls, judge: Judge, settings: BudgetSettings) -> Judge:
+        """``judge`` within the configured limits; ``judge`` itself when no limit is set."""
+        budget = JudgeBudget(settings)
+        return cls(judge, budget, settings.minute_s) if budget.limits else judge
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._judge, name)
+
+    def judge(self, conversation: Conversation, questions: Sequence[Question]) -> Judgement:
+        size = sum(len(turn.text) for turn in conversation.turns)
+        told: Limit | None = None
+        with self._changed:
+            while True:
+                decision = self._budget.try_acquire(size, self._clock())
+                if isinstance(decision, Reservation):
+                    reservation = decision
+                    break
+                delay = self._max_sleep_s if decision.retry_in_s is None else min(decision.retry_in_s, self._max_sleep_s)
+                if decision.limit != told:
+                    log.info("waiting up to %.1f s for the judge budget (%s)", delay, decision.limit)
+                    told = decision.limit
+                self._changed.wait(timeout=delay)
+        judgement: Judgement | None = None
+        try:
+            judgement = self._judge.judge(conversation, questions)
+            return judgement
+        finally:
+            p = None if judgement is None else judgement.provenance
+            with self._changed:
+                self._budget.settle(reservation, None if p is None else Cost(p.calls, p.prompt_tokens + p.completion_tokens),
+                                    self._clock())
+                self._changed.notify_all()

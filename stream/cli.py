@@ -40,6 +40,7 @@ from scorers.llm_rubric_data import (
 )
 from scorers.questions import QuestionError, load_questions
 from scorers.rubrics import DEFAULT_PRECISION, RubricSet, RubricSetError, evaluate
+from stream.budget import BudgetedJudge
 from stream.judge_factory import judge_from_settings
 from stream.settings import Settings, SettingsError, load_settings
 from stream.dashboards_command import DASHBOARDS_USER_ERRORS, dashboards
@@ -87,7 +88,8 @@ class _Context:
         return self._settings
 
     def judge(self) -> Judge:
-        return judge_from_settings(self.settings.judge, self.settings.cache_dir)
+        """The configured judge, within ``scoring.budget`` when a limit is set."""
+        return BudgetedJudge.wrap(judge_from_settings(self.settings.judge, self.settings.cache_dir), self.settings.scoring.budget)
 
 
 def _fail(message: str) -> None:

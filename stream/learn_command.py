@@ -23,6 +23,7 @@ from scorers.rubric_selection import DEFAULT_ALPHAS, LearningError
 from scorers.rubrics import DEFAULT_PRECISION, RubricSet
 from scorers.score_cache import ScoreCache, ScoreCacheError
 from scorers.uss_data import UssFormatError, read_uss, stratified_split, uss_labelled
+from stream.budget import BudgetedJudge
 from stream.judge_factory import judge_from_settings
 from stream.settings import Settings, SettingsError
 
@@ -184,7 +185,7 @@ def learn(obj: Any, data_path: Path, domain_path: Path, out: Path, pool_kind: st
       convowatch learn --data train.jsonl --domain domain.md --out rubricset.json --report-dir report/
     """
     settings: Settings = obj.settings
-    judge = judge_from_settings(settings.judge, settings.cache_dir)  # configuration errors first, before any work
+    judge = BudgetedJudge.wrap(judge_from_settings(settings.judge, settings.cache_dir), settings.scoring.budget)  # errors first
     try:
         alpha_grid = tuple(float(a) for a in alphas.split(",") if a.strip())
     except ValueError:

@@ -1,13 +1,19 @@
-"""The judge budget's arithmetic and its waiting room, on a fake clock (no sleeps), and the price table."""
+"""The judge budget's arithmetic and its waiting room, on a fake clock (no sleeps), the offline commands' blocking judge
+(short real windows), and the price table."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
+import time
 
 import pytest
 
-from stream.budget import SLOTS_PER_WINDOW, Blocked, BudgetGate, BudgetWaitInterrupted, Cost, JudgeBudget, Reservation
+from scorers.conversation import Conversation, Turn
+from scorers.judges.base import Judgement, JudgeUnavailable, Provenance
+from stream.budget import (SLOTS_PER_WINDOW, Blocked, BudgetedJudge, BudgetGate, BudgetWaitInterrupted, Cost, JudgeBudget,
+                           Reservation)
 from stream.cost import judge_cost
 from stream.metrics import ServiceMetrics
 from stream.settings import BudgetSettings, PriceSettings, SettingsError, load_settings
@@ -259,3 +265,54 @@ def test_interrupt_calls_off_every_wait_and_later_waits_work_as_usual() -> None:
         await asyncio.wait_for(later, timeout=5)
 
     asyncio.run(run())
+
+
+# --- the offline commands' blocking judge ---------------------------------------------------------
+
+
+class _CountingJudge:
+    """Answers nothing, reports ``calls`` judge calls per conversation, and records when each call started."""
+
+    name = "counting"
+    model = "m"
+
+    def __init__(self, calls: int) -> None:
+        self.calls = calls
+        self.started: list[float] = []
+
+    def judge(self, conversation, questions):
+        self.started.append(time.monotonic())
+        return Judgement(conversation.id, {}, Provenance(judge=self.name, model=self.model, calls=self.calls, prompt_tokens=50))
+
+
+def test_the_blocking_judge_keeps_calls_per_window_and_is_the_judge_itself_without_a_limit(caplog) -> None:
+    inner = _CountingJudge(calls=4)
+    assert BudgetedJudge.wrap(inner, BudgetSettings()) is inner
+    judge = BudgetedJudge.wrap(inner, BudgetSettings(calls_per_minute=4, minute_s=0.4))
+    assert (judge.name, judge.model) == ("counting", "m")  # the score cache sees the wrapped judge's identity
+    conversation = Conversation("c1", (Turn("user", "hello"), Turn("assistant", "hi")))
+    with caplog.at_level(logging.INFO, logger="stream.budget"):
+        for _ in range(3):
+            judge.judge(conversation, [])
+    # Each conversation spends the whole window (4 calls): the next starts only after it has passed.
+    gaps = [b - a for a, b in zip(inner.started, inner.started[1:])]
+    assert all(gap >= 0.4 for gap in gaps), gaps
+    assert "waiting up to" in caplog.text and "calls_per_minute" in caplog.text
+
+
+def test_a_failed_call_counts_its_estimate_and_the_next_call_still_runs() -> None:
+    class Failing(_CountingJudge):
+        def judge(self, conversation, questions):
+            super().judge(conversation, questions)
+            raise JudgeUnavailable("down")
+
+    inner = _CountingJudge(calls=2)
+    judge = BudgetedJudge(inner, JudgeBudget(BudgetSettings(calls_per_minute=10, minute_s=0.2)), max_sleep_s=0.2)
+    conversation = Conversation("c1", (Turn("user", "hello"),))
+    judge.judge(conversation, [])
+    judge._judge = Failing(calls=2)
+    with pytest.raises(JudgeUnavailable):
+        judge.judge(conversation, [])
+    judge._judge = inner
+    judge.judge(conversation, [])
+    assert len(inner.started) == 2

@@ -6,12 +6,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from scorers.calibration import CalibrationNetwork
-from scorers.labelled import load_labelled_jsonl
+from scorers.labelled import load_labelled_jsonl, write_labelled_jsonl
 from tests.data_paths import LLM_RUBRIC
 
 SYNTH_ANSWERS = LLM_RUBRIC / "gpt-3.5-turbo-16k_synth_evaluations_FIXED.tsv"
@@ -130,3 +131,39 @@ def test_config_masks_secrets_and_names_missing_settings(tmp_path):
     convowatch("data", "llm-rubric", "--data-dir", LLM_RUBRIC, "--split", "real", "--labelled-out", labelled, "--rubric-set-out", dims)
     r = convowatch("rubrics", "evaluate", "--rubric-set", dims, "--labelled", labelled, env={"CONVOWATCH_JUDGE__BACKEND": "openai"})
     assert r.returncode == 2 and "judge.base_url" in r.stderr and "judge.model" in r.stderr
+
+
+def test_rubrics_evaluate_keeps_the_judge_budget(tmp_path, scoring_artifacts):
+    """scoring.budget holds the offline commands too: no 2-s window sees more judge requests than the limit.
+
+    The endpoint is a real HTTP server with a stand-in answer (tests/test_pipeline.py): no local model answers fast
+    enough to fill a window several times in a test."""
+    from tests.servers import Reply, ScriptedServer
+    from tests.test_pipeline import _completion
+
+    rubric_set, _ = scoring_artifacts
+    real, labelled = tmp_path / "real.jsonl", tmp_path / "few.jsonl"
+    r = convowatch("data", "llm-rubric", "--data-dir", LLM_RUBRIC, "--split", "real", "--labelled-out", real)
+    assert r.returncode == 0, r.stderr
+    items = load_labelled_jsonl(real)
+    write_labelled_jsonl(labelled, [i for i in items if i.positive][:2] + [i for i in items if not i.positive][:2])
+    n_questions = len(json.loads(rubric_set.read_text())["rubrics"])
+    arrived: list[float] = []
+
+    def answer(index, request):
+        arrived.append(time.monotonic())
+        return Reply(200, json.dumps(_completion()).encode())
+
+    with ScriptedServer(answer) as server:
+        env = {"CONVOWATCH_JUDGE__BACKEND": "openai", "CONVOWATCH_JUDGE__BASE_URL": server.url + "/v1",
+               "CONVOWATCH_JUDGE__MODEL": "stand-in", "CONVOWATCH_JUDGE__API_KEY": "k",
+               "CONVOWATCH_SCORING__BUDGET__CALLS_PER_MINUTE": str(n_questions),  # one conversation per window
+               "CONVOWATCH_SCORING__BUDGET__MINUTE_S": "2"}
+        r = convowatch("rubrics", "evaluate", "--rubric-set", rubric_set, "--labelled", labelled, "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["n"] == 4
+    assert len(arrived) == 4 * n_questions
+    arrived.sort()
+    # Request i + limit arrives at least one window after request i.
+    assert min(b - a for a, b in zip(arrived, arrived[n_questions:])) >= 2.0
+    assert "waiting up to" in r.stderr and "judge budget (calls_per_minute)" in r.stderr
