@@ -5,8 +5,10 @@ Run ``convowatch --help`` (or ``convowatch COMMAND --help``) for a tour.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import math
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -38,6 +40,7 @@ from scorers.llm_rubric_data import (
     load_split,
     satisfaction_labels,
 )
+from scorers.early_stopping import EarlyStoppingScorer
 from scorers.questions import QuestionError, load_questions
 from scorers.rubrics import DEFAULT_PRECISION, RubricSet, RubricSetError, evaluate
 from stream.budget import BudgetedJudge
@@ -178,8 +181,11 @@ def _edge(value: float | None) -> str:
 @click.option("--labelled", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
               help="Labelled conversations (JSONL: conversation_id, label positive/negative, turns).")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
+@click.option("--rubrics-per-round", type=click.IntRange(min=1), default=None,
+              help="Early stopping: ask this many rubrics per round and stop once the labels are settled (the labels, "
+                   "hence A/P/R/F1 and YR, are those of asking all; ΔNetSAT is then not reported).")
 @click.pass_obj
-def rubrics_evaluate(obj: _Context, rubric_set_path: Path, labelled: Path, as_json: bool) -> None:
+def rubrics_evaluate(obj: _Context, rubric_set_path: Path, labelled: Path, as_json: bool, rubrics_per_round: int | None) -> None:
     """Score labelled conversations with a rubric set and report RUBICON's metrics.
 
     \b
@@ -191,14 +197,39 @@ def rubrics_evaluate(obj: _Context, rubric_set_path: Path, labelled: Path, as_js
     rubric_set = RubricSet.load(rubric_set_path)
     items = load_labelled_jsonl(labelled)
     require_both_classes(items, str(labelled))
-    netsats = _netsats(rubric_set, items, judge)
+    asked: dict[str, int] = {}
+    if rubrics_per_round is None:
+        netsats = _netsats(rubric_set, items, judge)
+    else:
+        netsats, n_asked = _early_stopped_netsats(rubric_set, items, judge, rubrics_per_round)
+        asked = {"rubric_questions_asked": n_asked, "rubric_questions_of_all": len(items) * len(rubric_set.rubrics)}
     m = evaluate(netsats, np.array([i.positive for i in items]), rubric_set)
+    if asked:
+        m = dataclasses.replace(m, delta_netsat=math.nan)  # NetSATs of stopped conversations are only bounded
     if as_json:
-        click.echo(json.dumps({"rubric_set": rubric_set.version, **m.__dict__}, indent=2))
+        figures = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in m.__dict__.items()}  # JSON has no NaN
+        click.echo(json.dumps({"rubric_set": rubric_set.version, **figures, **asked}, indent=2))
         return
     click.echo(f"rubric set {rubric_set.version}: {m.n} conversations ({m.n_positive} positive)")
-    click.echo(f"ΔNetSAT {m.delta_netsat:.2f}  YR@{rubric_set.precision:.0%} {m.yield_rate:.1%}  "
+    delta = "— (early stopping)" if asked else f"{m.delta_netsat:.2f}"
+    click.echo(f"ΔNetSAT {delta}  YR@{rubric_set.precision:.0%} {m.yield_rate:.1%}  "
                f"A {m.accuracy:.3f}  P {m.precision:.3f}  R {m.recall:.3f}  F1 {m.f1:.3f}")
+    if asked:
+        click.echo(f"early stopping asked {asked['rubric_questions_asked']} of {asked['rubric_questions_of_all']} rubric questions")
+
+
+def _early_stopped_netsats(rubric_set: RubricSet, items: Sequence[LabelledConversation], judge: Judge,
+                           rubrics_per_round: int) -> tuple[np.ndarray, int]:
+    """A NetSAT per conversation that carries its early-stopped labels (the midpoint of its bounds when it stopped
+    early: every NetSAT within the bounds has the same labels), and the rubric questions asked."""
+    scorer = EarlyStoppingScorer(rubric_set, judge, round_size=rubrics_per_round)
+    netsats, asked = [], 0
+    with _progress(items, "judging") as bar:
+        for item in bar:
+            score = scorer.score(item.conversation)
+            netsats.append(score.netsat if score.netsat is not None else (score.netsat_lower + score.netsat_upper) / 2)
+            asked += len(score.rubric_scores)
+    return np.array(netsats), asked
 
 
 # ------------------------------------------------------------------ calibrate

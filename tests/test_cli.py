@@ -167,3 +167,24 @@ def test_rubrics_evaluate_keeps_the_judge_budget(tmp_path, scoring_artifacts):
     # Request i + limit arrives at least one window after request i.
     assert min(b - a for a, b in zip(arrived, arrived[n_questions:])) >= 2.0
     assert "waiting up to" in r.stderr and "judge budget (calls_per_minute)" in r.stderr
+
+
+def test_rubrics_evaluate_with_early_stopping_gives_the_labels_of_asking_every_rubric(scoring_artifacts):
+    rubric_set, _ = scoring_artifacts
+    synth = rubric_set.parent / "synth.jsonl"
+    r = convowatch("rubrics", "evaluate", "--rubric-set", rubric_set, "--labelled", synth, "--json", env=recorded(SYNTH_ANSWERS))
+    assert r.returncode == 0, r.stderr
+    full = json.loads(r.stdout)
+    r = convowatch("rubrics", "evaluate", "--rubric-set", rubric_set, "--labelled", synth, "--json", "--rubrics-per-round", "2",
+                   env=recorded(SYNTH_ANSWERS))
+    assert r.returncode == 0, r.stderr
+    early = json.loads(r.stdout)
+    for key in ("n", "n_positive", "yield_rate", "accuracy", "precision", "recall", "f1", "confident_accuracy"):
+        assert early[key] == full[key], key
+    assert early["delta_netsat"] is None and full["delta_netsat"] is not None  # stopped NetSATs are only bounded
+    n_rubrics = len(json.loads(rubric_set.read_text())["rubrics"])
+    assert early["rubric_questions_of_all"] == full["n"] * n_rubrics
+    assert 0 < early["rubric_questions_asked"] <= early["rubric_questions_of_all"]
+    r = convowatch("rubrics", "evaluate", "--rubric-set", rubric_set, "--labelled", synth, "--rubrics-per-round", "0",
+                   env=recorded(SYNTH_ANSWERS))
+    assert r.returncode == 2 and "--rubrics-per-round" in r.stderr
