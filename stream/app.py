@@ -1,4 +1,4 @@
-"""The Faust worker: events → conversations → scores, as two agents and a timer.
+"""The Faust worker: events → conversations → scores, as two agents and two timers.
 
     events topic ──assemble──► closed topic ──score──► scores topic
          │  (validate; state in the `conversations` table)        │
@@ -11,6 +11,8 @@
   ``retention`` for conversations on this worker's partitions, into the
   partition their state lives in, so every state change happens in the
   agent, in order.
+* ``refetch_stalled`` (a timer) fetches a partition again when records wait
+  in it while its agent idles (`GuardedDelivery`, below).
 * ``score`` scores closed conversations (`ConversationScorer`) and publishes
   one `ScoreRecord` per conversation, scored or unscored. While the judge
   budget (``scoring.budget``) is spent it waits: Faust stops fetching once the
