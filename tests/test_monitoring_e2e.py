@@ -227,6 +227,7 @@ MAY_BE_EMPTY = {
     'decision="unsampled"': "this replay judges every conversation (scoring.sampling at its default rate 1)",
     "convowatch_judge_budget": "this replay sets no judge budget (scoring.budget): no limit, no wait",
     "convowatch_judge_cost_total": "this replay sets no price table (judge.price)",
+    "convowatch_partition_refetches_total": "a refetch repairs a passed-over record or a stalled partition: none needed here",
 }
 
 
