@@ -49,6 +49,7 @@ from scorers.conversation import Conversation
 from scorers.judges.base import Judge, Judgement
 from scorers.questions import Question
 from stream.metrics import ServiceMetrics
+from stream.records import ClosedConversation
 from stream.settings import BudgetSettings
 
 Limit = Literal["calls_per_minute", "tokens_per_minute", "tokens_per_day"]
@@ -306,6 +307,10 @@ class BudgetGate:
         self._notify(interrupted=True)
 
 
+def transcript_chars(conversation: Conversation | ClosedConversation) -> int:
+    """Characters of a conversation's turn texts: what the judge budget scales its token estimate by."""
+    return sum(len(t.text) for t in conversation.turns)
+
 
 class BudgetedJudge:
     """A judge whose every ``judge`` call first waits (blocking) while ``scoring.budget`` is spent.
@@ -332,7 +337,7 @@ class BudgetedJudge:
         return getattr(self._judge, name)
 
     def judge(self, conversation: Conversation, questions: Sequence[Question]) -> Judgement:
-        size = sum(len(turn.text) for turn in conversation.turns)
+        size = transcript_chars(conversation)
         told: Limit | None = None
         with self._changed:
             while True:

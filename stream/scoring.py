@@ -30,7 +30,7 @@ from scorers.early_stopping import EarlyStoppedScore, EarlyStoppingScorer
 from scorers.judges.base import Judge, JudgeError
 from scorers.questions import Question, load_questions
 from scorers.rubrics import RubricSet
-from stream.budget import BudgetGate, Cost
+from stream.budget import BudgetGate, Cost, transcript_chars
 from stream.cost import judge_cost
 from stream.metrics import JUDGED, UNSAMPLED, ServiceMetrics
 from stream.records import ClosedConversation, DimensionPrediction, RubricHit, ScoreRecord
@@ -40,11 +40,6 @@ from stream.settings import PriceSettings, ScoringSettings, SettingsError
 log = logging.getLogger(__name__)
 
 NO_CALIBRATOR = "none"
-
-
-def transcript_chars(closed: ClosedConversation) -> int:
-    """Characters of a conversation's turn texts: what the judge budget scales its token estimate by."""
-    return sum(len(t.text) for t in closed.turns)
 
 
 def judge_identity(judge: Judge) -> str:
