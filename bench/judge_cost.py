@@ -59,9 +59,10 @@ import platform
 import re
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -268,7 +269,7 @@ def run_uncached(judge: OpenAIJudge, sets: dict[str, RubricSet], items: Sequence
         seconds = [0.0 for _ in pair]
         server = [[0, 0] for _ in pair]
         tokens.since_last()
-        for key, q in questions:
+        for _key, q in questions:
             for i, item in enumerate(pair):
                 t = time.perf_counter()
                 j = judge.judge(item.conversation, [q])
@@ -277,7 +278,7 @@ def run_uncached(judge: OpenAIJudge, sets: dict[str, RubricSet], items: Sequence
                 evaluated, reused = tokens.since_last()
                 server[i][0] += evaluated
                 server[i][1] += reused
-        for i, item in enumerate(pair):
+        for i in range(len(pair)):
             merged = merge_judgements(judgements[i])
             for key, rubric_set in sets.items():
                 score = rubric_set.score(merged)
@@ -476,7 +477,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = uss.LlamaServer(gguf, args.threads, Path("/tmp/judge-cost-llama.log"))
     results: dict[str, Any] = {
         "benchmark": "judge_cost",
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
         "judge": {"model": uss.QWEN_ALIAS, "server": "llama-cpp-python", "threads": args.threads},

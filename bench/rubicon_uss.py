@@ -79,8 +79,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -558,7 +559,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             timeout_s=900, max_retries=3)
         meta = {
             "benchmark": "rubicon_uss",
-            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "quick": args.quick,
             "judge": {
                 "identity": judge_identity(judge),

@@ -15,8 +15,9 @@ Prometheus rules record it, its recorded name with the window in it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 
 from dashboards import promql as q
 from dashboards.alert_windows import AlertWindows

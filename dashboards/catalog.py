@@ -12,9 +12,10 @@ that execute them against a real Prometheus and ClickHouse.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from dashboards import operations, overview, quality, rubrics
 from dashboards.datasources import KIND_BY_UID, Kind

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dashboards import promql
 from dashboards import panels as p
+from dashboards import promql
 
 UID = "convowatch-overview"
 TITLE = "convowatch / Overview"

@@ -10,7 +10,8 @@ turns a dashboard builder into the plain JSON model written to
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from grafana_foundation_sdk.builders import bargauge, heatmap, prometheus, stat, table, timeseries
 from grafana_foundation_sdk.builders import common as common_builders

@@ -14,9 +14,10 @@ log line, and user:password in the URL is redacted.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import niquests.exceptions

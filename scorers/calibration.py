@@ -36,11 +36,12 @@ import hashlib
 import itertools
 import json
 import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -209,7 +210,7 @@ class _Rows:
     judge: torch.Tensor  # (rows,) int64, -1 = unknown
     targets: torch.Tensor  # (rows, questions) int64, answer - 1, -1 = no label
 
-    def take(self, idx: np.ndarray) -> "_Rows":
+    def take(self, idx: np.ndarray) -> _Rows:
         t = torch.as_tensor(idx, dtype=torch.long)
         return _Rows(tuple(self.text_ids[i] for i in idx), self.x[t], self.judge[t], self.targets[t])
 
@@ -297,7 +298,7 @@ class CalibrationNetwork:
             out["input_questions"] = list(out["input_questions"])
         return out
 
-    def clone(self, **overrides: Any) -> "CalibrationNetwork":
+    def clone(self, **overrides: Any) -> CalibrationNetwork:
         """A new, unfitted network with these hyperparameters changed."""
         unknown = set(overrides) - set(self.PARAM_NAMES)
         if unknown:
@@ -395,7 +396,7 @@ class CalibrationNetwork:
             raise CalibrationError("features must be finite")
         return torch.as_tensor(x[:, self._input_columns], dtype=torch.float32)
 
-    def fit(self, data: RubricData, progress: ProgressCallback | None = None) -> "CalibrationNetwork":
+    def fit(self, data: RubricData, progress: ProgressCallback | None = None) -> CalibrationNetwork:
         """Train on ``data``'s label tuples: pre-train on all questions, fine-tune on ``main_question``."""
         if not data.labels:
             raise CalibrationError("no labels to train on")
@@ -661,7 +662,7 @@ class CalibrationNetwork:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "CalibrationNetwork":
+    def load(cls, path: str | Path) -> CalibrationNetwork:
         """Load a calibrator saved by `save`; any mismatch raises `CalibrationFileError`."""
         path = Path(path)
         meta_path, weights_path = path / METADATA_FILE, path / WEIGHTS_FILE

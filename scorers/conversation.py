@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 Role = Literal["user", "assistant", "system", "tool"]
 ROLES: tuple[str, ...] = ("user", "assistant", "system", "tool")
@@ -65,7 +66,7 @@ class Conversation:
     @classmethod
     def from_messages(
         cls, id: str, messages: list[Mapping[str, Any]], attributes: Mapping[str, str] | None = None
-    ) -> "Conversation":
+    ) -> Conversation:
         """Build from OpenAI-style ``[{"role": ..., "content": ...}]`` messages."""
         turns = []
         for i, m in enumerate(messages):

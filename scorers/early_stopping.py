@@ -26,8 +26,8 @@ only known to lie in ``[netsat_lower, netsat_upper]``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Mapping, Sequence
 
 from scorers.conversation import Conversation
 from scorers.judges.base import Judge, Judgement, Provenance

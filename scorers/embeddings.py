@@ -39,8 +39,8 @@ so de-duplication must only compare rubrics of one polarity, which is what
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch

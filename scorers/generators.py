@@ -37,9 +37,10 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import openai
 from openai.types.chat import ChatCompletion
@@ -170,7 +171,7 @@ class OpenAIGenerator:
         """Close the HTTP connection pool."""
         self._client.close()
 
-    def __enter__(self) -> "OpenAIGenerator":
+    def __enter__(self) -> OpenAIGenerator:
         return self
 
     def __exit__(self, *exc: object) -> None:

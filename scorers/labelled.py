@@ -15,9 +15,10 @@ line number; nothing is silently skipped.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from scorers.conversation import Conversation, ConversationError, Turn
 

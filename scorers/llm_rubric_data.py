@@ -26,9 +26,9 @@ import csv
 import hashlib
 import json
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -115,7 +115,7 @@ class RubricData:
         """Human judges in sorted order."""
         return tuple(sorted({lab.judge for lab in self.labels}, key=_natural_key))
 
-    def subset(self, text_ids: Iterable[str]) -> "RubricData":
+    def subset(self, text_ids: Iterable[str]) -> RubricData:
         """Only the labels (and features) of the given conversations."""
         keep = set(text_ids)
         return RubricData(
@@ -125,7 +125,7 @@ class RubricData:
             labels=tuple(lab for lab in self.labels if lab.text_id in keep),
         )
 
-    def restrict_questions(self, question_ids: Sequence[str]) -> "RubricData":
+    def restrict_questions(self, question_ids: Sequence[str]) -> RubricData:
         """Keep only some questions, both as input features and as labels."""
         unknown = [q for q in question_ids if q not in self.question_ids]
         if unknown:
@@ -157,7 +157,7 @@ class RubricData:
         for tid in sorted(self.features):
             h.update(tid.encode())
             h.update(np.asarray(self.features[tid], dtype=np.float64).tobytes())
-        for lab in sorted(self.labels, key=lambda l: (l.text_id, l.question, l.judge, l.answer)):
+        for lab in sorted(self.labels, key=lambda x: (x.text_id, x.question, x.judge, x.answer)):
             h.update(f"{lab.text_id}\t{lab.question}\t{lab.judge}\t{lab.answer}\n".encode())
         return h.hexdigest()
 

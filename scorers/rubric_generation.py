@@ -60,8 +60,9 @@ import hashlib
 import logging
 import random
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from scorers.conversation import render_transcript
 from scorers.embeddings import SIMILARITY_CUT, SentenceEmbedder, deduplicate
@@ -121,7 +122,7 @@ class ItemRejected(ValueError):
 class RubricGenerationError(RuntimeError):
     """Rubric generation cannot go on, or produced nothing usable; ``report`` says what happened so far."""
 
-    def __init__(self, message: str, report: "GenerationReport | None" = None) -> None:
+    def __init__(self, message: str, report: GenerationReport | None = None) -> None:
         super().__init__(message)
         self.report = report
 
@@ -400,7 +401,7 @@ def extract_reasons(
         report.conversations += 1
         texts = _ask(
             generator,
-            lambda problem: extraction_prompt(domain, transcript, polarity, k, problem=problem),
+            lambda problem: extraction_prompt(domain, transcript, polarity, k, problem=problem),  # noqa: B023 (_ask calls it before the loop moves on)
             _parser(k, check_reason, allow_none=False, stage="extraction", item=conversation.id, report=report),
             stage="extraction",
             item=conversation.id,
@@ -460,7 +461,7 @@ def summarise(
         report.batches += 1
         proposed = _ask(
             generator,
-            lambda problem: summarisation_prompt(domain, texts, polarity, listed, max_new, problem=problem),
+            lambda problem: summarisation_prompt(domain, texts, polarity, listed, max_new, problem=problem),  # noqa: B023 (as above)
             _parser(max_new, check_assertion, allow_none=True, stage="summarisation", item=label, report=report),
             stage="summarisation",
             item=label,

@@ -44,9 +44,10 @@ import hashlib
 import json
 import math
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -298,7 +299,7 @@ class RubricLearner:
         judge: Judge,
         cache: ScoreCache,
         progress: Progress | None = None,
-    ) -> "RubricLearner":
+    ) -> RubricLearner:
         """Rate, choose α, select, fit θ and windows; sets ``rubric_set_``, ``report_``, ``ratings_``, ``labels_``."""
         started = time.perf_counter()
         y = self.check_data(labelled)

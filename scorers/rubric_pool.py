@@ -40,10 +40,11 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 from scorers.rubrics import LIKERT_SCALE, RUBRIC_ID_PATTERN, Polarity, Rubric, RubricSet
 
@@ -183,7 +184,7 @@ class RubricPool:
                 return i
         raise RubricPoolError("id", f"no rubric {rubric_id!r} in the pool")
 
-    def subset(self, indices: Sequence[int]) -> "RubricPool":
+    def subset(self, indices: Sequence[int]) -> RubricPool:
         """The rubrics at ``indices`` (in that order), same prompt versions and metadata."""
         return RubricPool(tuple(self.rubrics[i] for i in indices), self.prompt_versions, self.metadata)
 
@@ -215,7 +216,7 @@ class RubricPool:
         os.replace(tmp, path)
 
     @classmethod
-    def from_dict(cls, doc: Any, source: str | None = None) -> "RubricPool":
+    def from_dict(cls, doc: Any, source: str | None = None) -> RubricPool:
         """Validate a parsed document and build the pool; errors carry ``source`` (a path) and the field."""
         try:
             return _from_dict(doc)
@@ -223,7 +224,7 @@ class RubricPool:
             raise RubricPoolError(e.field, e.reason, source) from None
 
     @classmethod
-    def load(cls, path: str | Path) -> "RubricPool":
+    def load(cls, path: str | Path) -> RubricPool:
         """Read and validate a pool file."""
         path = Path(path)
         try:

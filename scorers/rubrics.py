@@ -32,11 +32,12 @@ import json
 import math
 import os
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 import jsonschema
 import numpy as np
@@ -67,7 +68,7 @@ class RubricSetError(ValueError):
         where = f"{field}: " if field else ""
         super().__init__(f"{source}: {where}{reason}" if source else f"{where}{reason}")
 
-    def within(self, prefix: str) -> "RubricSetError":
+    def within(self, prefix: str) -> RubricSetError:
         """The same error, its field path prefixed (``scale[2].score`` -> ``rubrics[3].scale[2].score``)."""
         joined = prefix if not self.field else f"{prefix}{'' if self.field.startswith('[') else '.'}{self.field}"
         return RubricSetError(joined, self.reason, self.source)
@@ -119,7 +120,7 @@ class Scale:
                 raise RubricSetError(f"scale[{i}].score", f"{score} is outside [{SCORE_MIN:g}, {SCORE_MAX:g}]")
 
     @classmethod
-    def linear(cls, keys: Sequence[str], labels: Sequence[str] | None = None) -> "Scale":
+    def linear(cls, keys: Sequence[str], labels: Sequence[str] | None = None) -> Scale:
         """Ordinal options, worst first, spread evenly over [0, 10] (a 4-option scale: 0, 3.33, 6.67, 10)."""
         step = (SCORE_MAX - SCORE_MIN) / (len(keys) - 1) if len(keys) > 1 else 0.0
         return cls(tuple(keys), tuple(labels or keys), tuple(SCORE_MIN + i * step for i in range(len(keys))))
@@ -478,7 +479,7 @@ class RubricSet:
             threshold_label=self.windows.binary_label(netsat),
         )
 
-    def fit_windows(self, netsats: np.ndarray, labels: np.ndarray, precision: float = DEFAULT_PRECISION) -> "RubricSet":
+    def fit_windows(self, netsats: np.ndarray, labels: np.ndarray, precision: float = DEFAULT_PRECISION) -> RubricSet:
         """A copy with θ and windows fitted on labelled NetSATs (see the module function)."""
         return dataclasses.replace(self, windows=fit_windows(netsats, labels, precision))
 
@@ -507,7 +508,7 @@ class RubricSet:
         os.replace(tmp, path)
 
     @classmethod
-    def from_dict(cls, doc: Any, source: str | None = None) -> "RubricSet":
+    def from_dict(cls, doc: Any, source: str | None = None) -> RubricSet:
         """Validate a parsed document (schema, then semantic rules) and build the set."""
         try:
             return _from_dict(doc)
@@ -515,7 +516,7 @@ class RubricSet:
             raise RubricSetError(e.field, e.reason, source) from None
 
     @classmethod
-    def load(cls, path: str | Path) -> "RubricSet":
+    def load(cls, path: str | Path) -> RubricSet:
         """Read a rubric-set file; refuses bad files with the field path and reason."""
         path = Path(path)
         try:

@@ -26,9 +26,10 @@ import hashlib
 import json
 import sqlite3
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -95,7 +96,7 @@ class ScoreCache:
     def close(self) -> None:
         self._db.close()
 
-    def __enter__(self) -> "ScoreCache":
+    def __enter__(self) -> ScoreCache:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -22,9 +22,9 @@ LLM-Rubric conversations from the human judges' mean Q0.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 

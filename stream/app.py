@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
 
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
@@ -139,6 +140,7 @@ def create_app(settings: Settings, scorer: ConversationScorer, metrics: ServiceM
         k.app_id,
         broker=broker_urls(k.bootstrap_servers),
         store="memory://",
+        datadir=k.data_dir,
         topic_partitions=k.partitions,
         topic_replication_factor=k.replication_factor,
         table_standby_replicas=0,

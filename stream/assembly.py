@@ -59,7 +59,7 @@ class Step:
 
 
 def _fingerprint(role: str, text: str) -> str:
-    return hashlib.blake2b(f"{role}\x00{text}".encode("utf-8"), digest_size=8).hexdigest()
+    return hashlib.blake2b(f"{role}\x00{text}".encode(), digest_size=8).hexdigest()
 
 
 def _merge(current: dict[str, str], incoming: dict[str, str], newer: bool) -> dict[str, str]:

@@ -42,8 +42,9 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Literal, Sequence
+from typing import Any, Literal
 
 from scorers.conversation import Conversation
 from scorers.judges.base import Judge, Judgement
@@ -245,7 +246,7 @@ class BudgetGate:
             metrics.judge_budget_wait.labels(limit).inc(0)
 
     @classmethod
-    def from_settings(cls, settings: BudgetSettings, metrics: ServiceMetrics) -> "BudgetGate | None":
+    def from_settings(cls, settings: BudgetSettings, metrics: ServiceMetrics) -> BudgetGate | None:
         """A gate for the configured limits; None when no limit is set (unlimited: nothing waits)."""
         budget = JudgeBudget(settings)
         return cls(budget, metrics, max_sleep_s=settings.minute_s) if budget.limits else None

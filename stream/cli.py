@@ -10,13 +10,14 @@ import json
 import logging
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import click
 import numpy as np
 
 from scorers.conversation import Conversation
+from scorers.early_stopping import EarlyStoppingScorer
 from scorers.judges.base import Judge, JudgeError
 from scorers.labelled import (
     LabelledConversation,
@@ -40,16 +41,15 @@ from scorers.llm_rubric_data import (
     load_split,
     satisfaction_labels,
 )
-from scorers.early_stopping import EarlyStoppingScorer
 from scorers.questions import QuestionError, load_questions
 from scorers.rubrics import DEFAULT_PRECISION, RubricSet, RubricSetError, evaluate
 from stream.budget import BudgetedJudge
-from stream.judge_factory import judge_from_settings
-from stream.settings import Settings, SettingsError, load_settings
 from stream.dashboards_command import DASHBOARDS_USER_ERRORS, dashboards
+from stream.judge_factory import judge_from_settings
 from stream.learn_command import LEARN_USER_ERRORS, learn, uss_command
 from stream.replay import ReplayError
 from stream.report import ReportError
+from stream.settings import Settings, SettingsError, load_settings
 from stream.store import StoreError
 from stream.topics import TopicError, ensure_topics
 

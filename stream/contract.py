@@ -24,10 +24,11 @@ import base64
 import binascii
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from scorers.conversation import ROLES
 
@@ -485,7 +486,7 @@ class DeadLetter:
     @classmethod
     def from_error(
         cls, error: InvalidEvent, original: bytes | None, key: bytes | None, topic: str, partition: int, offset: int, at: float
-    ) -> "DeadLetter":
+    ) -> DeadLetter:
         """The dead letter for a refused record (a null value is kept as empty bytes)."""
         return cls(error.reason, error.detail, bytes(original or b""), None if key is None else bytes(key), topic, partition, offset, at)
 
@@ -512,7 +513,7 @@ class DeadLetter:
             return json.dumps(d, ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode("ascii")
 
     @classmethod
-    def from_json(cls, raw: bytes) -> "DeadLetter":
+    def from_json(cls, raw: bytes) -> DeadLetter:
         """Decode a dead-letter record; the original bytes come back exactly."""
         try:
             d = json.loads(raw)

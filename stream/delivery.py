@@ -24,7 +24,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from faust.types import TP, EventT, Message, StreamT
 from faust.types.tuples import ack_lock

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 

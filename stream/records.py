@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, fields
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from scorers.conversation import Conversation, Turn
@@ -57,7 +57,7 @@ class ClosedConversation:
         return Conversation(
             id=self.conversation_id,
             turns=tuple(
-                Turn(role=t.role, text=t.text, timestamp=datetime.fromtimestamp(t.timestamp, tz=timezone.utc)) for t in self.turns
+                Turn(role=t.role, text=t.text, timestamp=datetime.fromtimestamp(t.timestamp, tz=UTC)) for t in self.turns
             ),
             attributes=self.attributes,
         )
@@ -80,7 +80,7 @@ class ClosedConversation:
         return _dump({"record_version": RECORD_VERSION, **self.to_dict()})
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ClosedConversation":
+    def from_dict(cls, d: dict[str, Any]) -> ClosedConversation:
         try:
             return cls(
                 conversation_id=str(d["conversation_id"]),
@@ -97,7 +97,7 @@ class ClosedConversation:
             raise RecordError(f"not a closed-conversation record: {e!r}") from e
 
     @classmethod
-    def from_json(cls, raw: bytes) -> "ClosedConversation":
+    def from_json(cls, raw: bytes) -> ClosedConversation:
         return cls.from_dict(_load(raw))
 
 
@@ -166,7 +166,7 @@ class ScoreRecord:
         return _dump({"record_version": RECORD_VERSION, **d})
 
     @classmethod
-    def from_json(cls, raw: bytes) -> "ScoreRecord":
+    def from_json(cls, raw: bytes) -> ScoreRecord:
         d = _load(raw)
         try:
             return cls(

@@ -24,9 +24,9 @@ import random
 import re
 import string
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from scorers.llm_rubric_data import RubricDataError, load_real_conversations
 from scorers.uss_data import UssFormatError, read_uss
@@ -69,7 +69,7 @@ class ReplayItem:
     where: str = ""
 
     @classmethod
-    def of(cls, event: Event, where: str = "") -> "ReplayItem":
+    def of(cls, event: Event, where: str = "") -> ReplayItem:
         """The item that sends ``event`` in canonical form (raises `InvalidEvent` if it breaks the contract)."""
         return cls(at=event.timestamp, event=event, raw=encode_event(event), key=event_key(event), where=where)
 

@@ -21,10 +21,11 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from scorers.questions import load_questions
 from stream.records import RubricHit
@@ -45,7 +46,7 @@ ROUND_BUCKETS_S = (
     3600, 7200, 10800, 21600, 43200, 86400, 172800, 604800,
 )  # fmt: skip
 _WEEK_S = 604800
-_UTC = timezone.utc
+_UTC = UTC
 _EARLIEST = datetime(1970, 1, 1, tzinfo=_UTC)
 _LATEST = datetime(2262, 1, 1, tzinfo=_UTC)
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
@@ -301,10 +302,10 @@ class Counts:
     sampling_s2: float = 0.0
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> "Counts":
+    def from_row(cls, row: Mapping[str, Any]) -> Counts:
         return cls(**{f.name: (int if f.type == "int" else float)(row[f.name]) for f in fields(cls)})
 
-    def __add__(self, other: "Counts") -> "Counts":
+    def __add__(self, other: Counts) -> Counts:
         return Counts(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
 
     def share(self, label: str) -> float | None:

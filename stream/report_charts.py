@@ -9,20 +9,20 @@ escaped so that matplotlib does not read it as mathtext.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import matplotlib
 
-matplotlib.use("Agg")  # noqa: E402 - before anything draws
+matplotlib.use("Agg")
 
-import matplotlib.dates as mdates  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import MaxNLocator, PercentFormatter  # noqa: E402
+import matplotlib.dates as mdates
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator, PercentFormatter
 
-from stream.report import Counts, ReportData, describe_seconds  # noqa: E402
+from stream.report import Counts, ReportData, describe_seconds
 
 DPI = 100
 MAX_SERIES = 6  # model versions drawn as lines (the busiest)

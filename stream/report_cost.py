@@ -9,9 +9,10 @@ attempts report no tokens.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from html import escape
-from typing import Any, Mapping
+from typing import Any
 
 from stream.cost import judge_cost
 from stream.settings import PriceSettings

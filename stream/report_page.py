@@ -8,8 +8,8 @@ read the numbers without scraping text.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from html import escape
-from typing import Mapping, Sequence
 
 from stream.records import RubricHit
 from stream.report import Counts, ReportData, WorstRow, describe_seconds

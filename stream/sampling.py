@@ -42,8 +42,9 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from stream.settings import SamplingSettings
@@ -109,7 +110,7 @@ class SamplingPolicy:
         return self.default_rate
 
     @classmethod
-    def from_settings(cls, settings: "SamplingSettings") -> "SamplingPolicy":
+    def from_settings(cls, settings: SamplingSettings) -> SamplingPolicy:
         """The policy ``scoring.sampling`` describes."""
         return cls(
             default_rate=settings.default_rate,
@@ -135,7 +136,7 @@ class SamplingPolicy:
 
 def unit_hash(salt: str, conversation_id: str) -> float:
     """A number in [0, 1) that is a fixed, uniform-looking function of (salt, conversation id)."""
-    digest = hashlib.sha256(f"{salt}\x00{conversation_id}".encode("utf-8")).digest()
+    digest = hashlib.sha256(f"{salt}\x00{conversation_id}".encode()).digest()
     return int.from_bytes(digest[:_HASH_BYTES], "big") / 2 ** (8 * _HASH_BYTES)
 
 

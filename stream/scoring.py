@@ -21,9 +21,10 @@ import hashlib
 import logging
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from scorers.calibration import CalibrationError, CalibrationNetwork
 from scorers.early_stopping import EarlyStoppedScore, EarlyStoppingScorer

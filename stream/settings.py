@@ -83,6 +83,10 @@ class KafkaSettings(BaseModel):
     partitions: int = Field(default=4, ge=1, description="Partitions of each topic created on start (= max workers).")
     replication_factor: int = Field(default=1, ge=1)
     app_id: str = Field(default="convowatch", description="Faust app id = the workers' consumer group.")
+    data_dir: Path = Field(
+        default=Path(".convowatch/worker"),
+        description="The worker's local directory (Faust creates one even though its table lives in memory and the broker).",
+    )
     sink_group: str = "convowatch-sink"
     session_timeout_s: float = Field(default=30.0, gt=0)
     heartbeat_interval_s: float = Field(default=3.0, gt=0)

@@ -23,9 +23,10 @@ import math
 import os
 import re
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import clickhouse_connect
@@ -289,11 +290,11 @@ class ClickHouseStore:
             self._client.database = database
 
     @classmethod
-    def open(cls, settings: "StoreSettings") -> "ClickHouseStore":
+    def open(cls, settings: StoreSettings) -> ClickHouseStore:
         """The store the settings name (``store.dsn``, ``store.database``)."""
         return cls(settings.dsn, settings.database)
 
-    def __enter__(self) -> "ClickHouseStore":
+    def __enter__(self) -> ClickHouseStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -670,7 +671,7 @@ def _chdb_dir(dsn: str) -> Path:
     return Path(os.path.realpath(path))
 
 
-def _open_server(dsn: str) -> "Client":
+def _open_server(dsn: str) -> Client:
     try:
         return clickhouse_connect.get_client(dsn=dsn, tz_mode="schema")
     except ClickHouseDriverError as e:
@@ -720,7 +721,7 @@ class _Engine:
         self.path: Path | None = None
         self.users = 0
 
-    def open(self, path: Path) -> "Client":
+    def open(self, path: Path) -> Client:
         with self._lock:
             if self.path is not None and self.path != path:
                 raise StoreError(

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 

@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import math
 import re
-from datetime import datetime, timezone
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 
 ALL = "$__all"  # the value Grafana gives a variable whose "All" option is selected (no custom all value)
 PROMQL_ALL = ".*"
@@ -169,7 +169,7 @@ def _template_variables(sql: str, variables: Mapping[str, str | Sequence[str]]) 
 def _utc(t: datetime) -> datetime:
     if t.tzinfo is None:
         raise MacroError(f"time {t!r} has no timezone; pass an aware datetime")
-    return t.astimezone(timezone.utc)
+    return t.astimezone(UTC)
 
 
 def _macros(sql: str, start: datetime, end: datetime, interval_s: float) -> str:

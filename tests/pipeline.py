@@ -17,9 +17,9 @@ import sys
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping
 
 from kafka import KafkaConsumer, KafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
@@ -110,6 +110,7 @@ class Pipeline:
             "CONVOWATCH_KAFKA__SCORES_TOPIC": f"{t}.scores",
             "CONVOWATCH_KAFKA__DEAD_LETTER_TOPIC": f"{t}.dead-letters",
             "CONVOWATCH_KAFKA__APP_ID": f"convowatch-{t}",
+            "CONVOWATCH_KAFKA__DATA_DIR": str(self.root / "worker"),
             "CONVOWATCH_KAFKA__SINK_GROUP": f"sink-{t}",
             "CONVOWATCH_KAFKA__PARTITIONS": str(self.partitions),
             **TANSU_SETTINGS,

@@ -23,10 +23,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 from scorers.judges.local import default_model_path
 
@@ -244,7 +244,7 @@ class ScriptedServer:
         host, port = self._httpd.server_address[:2]
         return f"http://{host}:{port}"
 
-    def __enter__(self) -> "ScriptedServer":
+    def __enter__(self) -> ScriptedServer:
         self._thread.start()
         return self
 

@@ -25,7 +25,15 @@ import pytest
 import yaml
 
 from dashboards import alert_files, datasources
-from dashboards.alert_rules import ALERT_NAMES, AlertWindows, AlertWindowsError, recording_names, rule_expressions, rules, rules_yaml
+from dashboards.alert_rules import (
+    ALERT_NAMES,
+    AlertWindows,
+    AlertWindowsError,
+    recording_names,
+    rule_expressions,
+    rules,
+    rules_yaml,
+)
 from dashboards.alert_specs import SEVERITIES
 from dashboards.grafana_alerts import CONDITION, EXPRESSION_UID, grafana_alerts_json, grafana_rule_groups, promql_expressions
 from scorers.rubrics import Label
@@ -359,7 +367,7 @@ def _states(url: str) -> dict[tuple[str, str], str]:
     return {(a["labels"]["alertname"], a["labels"].get("model_version", "")): a["status"]["state"] for a in alerts}
 
 
-def test_a_product_page_inhibits_its_tickets_only(alertmanager: AlertmanagerFactory, tmp_path: Path) -> None:  # noqa: F811
+def test_a_product_page_inhibits_its_tickets_only(alertmanager: AlertmanagerFactory, tmp_path: Path) -> None:
     """The production routing and inhibit rules in a real Alertmanager (receivers emptied: nothing leaves the machine)."""
     config = yaml.safe_load(ALERTMANAGER.read_text(encoding="utf-8"))
     config["receivers"] = [{"name": r["name"]} for r in config["receivers"]]
@@ -386,7 +394,7 @@ def test_a_product_page_inhibits_its_tickets_only(alertmanager: AlertmanagerFact
 # --- runbooks -----------------------------------------------------------------------------------
 
 
-def test_runbook_queries_run_on_the_real_schema(store_factory) -> None:  # noqa: F811
+def test_runbook_queries_run_on_the_real_schema(store_factory) -> None:
     store = store_factory()
     blocks = re.findall(r"```sql\n(.*?)```", RUNBOOKS.read_text(encoding="utf-8"), flags=re.DOTALL)
     assert len(blocks) >= 4

@@ -12,8 +12,16 @@ import pytest
 
 from scorers.conversation import Conversation, Turn
 from scorers.judges.base import Judgement, JudgeUnavailable, Provenance
-from stream.budget import (SLOTS_PER_WINDOW, Blocked, BudgetedJudge, BudgetGate, BudgetWaitInterrupted, Cost, JudgeBudget,
-                           Reservation)
+from stream.budget import (
+    SLOTS_PER_WINDOW,
+    Blocked,
+    BudgetedJudge,
+    BudgetGate,
+    BudgetWaitInterrupted,
+    Cost,
+    JudgeBudget,
+    Reservation,
+)
 from stream.cost import judge_cost
 from stream.metrics import ServiceMetrics
 from stream.settings import BudgetSettings, PriceSettings, SettingsError, load_settings

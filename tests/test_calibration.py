@@ -322,7 +322,7 @@ def test_conversation_folds_partition_conversations():
 def test_cross_validation_holds_out_whole_conversations():
     real = load_split(DATA, "real").restrict_questions(["Q0", "Q1"])
     # Duplicate every conversation's Q0 label under a second judge: both copies must share a fold.
-    extra = tuple(Label(l.text_id, l.question, "second", l.answer) for l in real.labels)
+    extra = tuple(Label(x.text_id, x.question, "second", x.answer) for x in real.labels)
     data = RubricData(real.question_ids, real.n_options, real.features, real.labels + extra)
     held = cross_validate(CalibrationNetwork(**{**FAST, "pretrain_epochs": 1, "finetune_epochs": 1}), data, k=5, seed=0)
     assert len(held.answers) == 2 * len(real.labels_for("Q0"))

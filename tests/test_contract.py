@@ -6,7 +6,7 @@ import base64
 import calendar
 import json
 import math
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -94,14 +94,14 @@ def test_turn_event_parses_with_utc_epoch_and_attributes() -> None:
         turn_index=0,
         role="user",
         text="My order never arrived.",
-        timestamp=datetime(2024, 2, 9, 5, 14, 33, 250000, tzinfo=timezone.utc).timestamp(),
+        timestamp=datetime(2024, 2, 9, 5, 14, 33, 250000, tzinfo=UTC).timestamp(),
         attributes={"product": "shop", "model_version": "v7", "locale": "en-GB"},
     )
 
 
 def test_end_event_parses_offset_to_utc_and_defaults_cause() -> None:
     e = parse_event(dump(END))
-    assert e == EndEvent("conv-1", datetime(2024, 2, 9, 5, 14, 33, tzinfo=timezone.utc).timestamp(), "end", {})
+    assert e == EndEvent("conv-1", datetime(2024, 2, 9, 5, 14, 33, tzinfo=UTC).timestamp(), "end", {})
     for cause in END_CAUSES:
         assert parse_event(dump(with_(END, cause=cause))).cause == cause
 
@@ -122,13 +122,13 @@ def test_every_role_is_accepted_and_non_ascii_keys_match() -> None:
 
 
 def test_timestamp_range_constants() -> None:
-    assert LOW_US / 1e6 == datetime(1900, 1, 1, tzinfo=timezone.utc).timestamp()
+    assert LOW_US / 1e6 == datetime(1900, 1, 1, tzinfo=UTC).timestamp()
     assert format_timestamp(HIGH_US / 1e6) == "2199-12-31T23:59:59.999999Z"
     assert parse_timestamp("2199-12-31T23:59:59.999999Z") == HIGH_US / 1e6
 
 
 def test_timestamp_forms() -> None:
-    utc = datetime(2024, 2, 9, 5, 14, 33, tzinfo=timezone.utc).timestamp()
+    utc = datetime(2024, 2, 9, 5, 14, 33, tzinfo=UTC).timestamp()
     assert parse_timestamp("2024-02-09T05:14:33Z") == utc
     assert parse_timestamp("2024-02-09t05:14:33z") == utc
     assert parse_timestamp("2024-02-09T07:14:33+02:00") == utc
@@ -147,7 +147,7 @@ def test_timestamp_pattern_knows_leap_years() -> None:
     for year in range(1900, 2200):
         leap_day = f"{year}-02-29T12:00:00Z"
         if calendar.isleap(year):
-            assert parse_timestamp(leap_day) == datetime(year, 2, 29, 12, tzinfo=timezone.utc).timestamp()
+            assert parse_timestamp(leap_day) == datetime(year, 2, 29, 12, tzinfo=UTC).timestamp()
         else:
             with pytest.raises(ValueError):
                 parse_timestamp(leap_day)

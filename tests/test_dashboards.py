@@ -18,7 +18,7 @@ import re
 import socket
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +41,8 @@ from tests.test_service_metrics import every_series
 ROOT = Path(__file__).resolve().parents[1]
 UIDS = {"convowatch-overview", "convowatch-quality", "convowatch-rubrics", "convowatch-operations"}
 T0 = 1_707_480_000.0  # 2024-02-09 12:00 UTC
-START = datetime.fromtimestamp(T0 - 3600, tz=timezone.utc)
-END = datetime.fromtimestamp(T0 + 3600, tz=timezone.utc)
+START = datetime.fromtimestamp(T0 - 3600, tz=UTC)
+END = datetime.fromtimestamp(T0 + 3600, tz=UTC)
 
 
 def convowatch(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -220,7 +220,7 @@ def record(cid: str, turns: list[tuple[str, str]], product: str, label: str, net
 
 
 @pytest.fixture
-def scored_store(store_factory):  # noqa: F811
+def scored_store(store_factory):
     """A store holding real conversations scored by hand: which rows each panel must return is known."""
     (c0, t0), (c1, t1), (c2, t2), (c3, t3), (c4, t4), (c5, t5) = real_conversations(6)
     store = store_factory()
@@ -392,7 +392,7 @@ class GrafanaStandIn:
         self.posted: list[tuple[str, dict[str, Any]]] = []
         self.server = ScriptedServer(self.respond)
 
-    def __enter__(self) -> "GrafanaStandIn":
+    def __enter__(self) -> GrafanaStandIn:
         self.server.__enter__()
         return self
 

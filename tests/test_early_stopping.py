@@ -16,7 +16,7 @@ from scorers.conversation import Conversation
 from scorers.early_stopping import EarlyStoppingScorer, contribution_range, decided, netsat_range
 from scorers.judges.base import Judge, Judgement
 from scorers.judges.recorded import RecordedJudge
-from scorers.llm_rubric_data import dimension_rubric_set, load_real_conversations, satisfaction_labels, load_split
+from scorers.llm_rubric_data import dimension_rubric_set, load_real_conversations, load_split, satisfaction_labels
 from scorers.questions import Question
 from scorers.rubrics import ConfidenceWindows, Polarity, Rubric, RubricSet, Scale
 from tests.data_paths import LLM_RUBRIC as DATA

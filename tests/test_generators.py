@@ -11,8 +11,8 @@ quality of the text. The one fault a real server cannot produce on demand (a
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 

@@ -22,13 +22,13 @@ import math
 import re
 import threading
 import urllib.request
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from openai.types.chat.chat_completion_token_logprob import TopLogprob
 
 from scorers.conversation import Conversation, render_transcript
-from scorers.judges.base import Answer, Judgement, JudgeAuthError, JudgeModelNotFound, JudgeReplyError, JudgeUnavailable
 from scorers.judges.answer_format import (
     answer_grammar,
     answer_json_schema,
@@ -37,6 +37,7 @@ from scorers.judges.answer_format import (
     read_answer_lines,
     sequence_grammar,
 )
+from scorers.judges.base import Answer, JudgeAuthError, Judgement, JudgeModelNotFound, JudgeReplyError, JudgeUnavailable
 from scorers.judges.openai_http import OpenAIJudge, option_probabilities
 from scorers.judges.prompt import multi_question_prompt, numbered_order, prefix, single_question_prompt
 from scorers.llm_rubric_data import load_real_conversations

@@ -78,7 +78,7 @@ def test_zero_answers_and_empty_cells_are_not_labels(n_options):
     assert zero_q0, "the release has Q0 = 0 rows; the test relies on them"
     for r in zero_q0:
         assert Label(r["text_id"], "Q0", r["annotator_id"], 0) not in labels
-        assert not any(l.text_id == r["text_id"] and l.question == "Q0" and l.judge == r["annotator_id"] for l in labels)
+        assert not any(x.text_id == r["text_id"] and x.question == "Q0" and x.judge == r["annotator_id"] for x in labels)
 
 
 def test_synthetic_labels_without_llm_evaluations_are_dropped_and_counted():

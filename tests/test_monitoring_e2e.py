@@ -29,6 +29,7 @@ import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC
 from pathlib import Path
 
 import pytest
@@ -91,7 +92,7 @@ class PhasedStream:
     burst: frozenset[str]
 
     @classmethod
-    def arrange(cls, p_dsat: dict[str, float]) -> "PhasedStream":
+    def arrange(cls, p_dsat: dict[str, float]) -> PhasedStream:
         ranked = sorted(p_dsat, key=lambda cid: (p_dsat[cid], cid))
         burst, calm_spiky, calm = ranked[-BURST_SIZE:], ranked[:CALM_SPIKY_SIZE], ranked[CALM_SPIKY_SIZE:-BURST_SIZE]
         starts = {}
@@ -285,14 +286,14 @@ def test_every_grafana_managed_alert_query_runs(replayed: Replayed) -> None:
 
 def test_every_sql_panel_runs_on_the_sinks_clickhouse(replayed: Replayed) -> None:
     """Through `ClickHouseStore.query`, the client the service writes with (the sink must stop first: chDB is one-process)."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     for process in replayed.pipeline.processes:
         if process.name == "sink":
             process.terminate()
     burst_id = sorted(replayed.stream.burst)[0]
-    start = datetime.fromtimestamp(replayed.started - 60, timezone.utc)
-    end = datetime.fromtimestamp(time.time() + 60, timezone.utc)
+    start = datetime.fromtimestamp(replayed.started - 60, UTC)
+    end = datetime.fromtimestamp(time.time() + 60, UTC)
     variables = {"product": grafana_macros.ALL, "model_version": grafana_macros.ALL, "conversation_id": burst_id}
     results = {}
     for q in catalog.queries():

@@ -11,9 +11,9 @@ import json
 import random
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from kafka import KafkaAdminClient
@@ -354,7 +354,7 @@ class RecoveringJudgeServer:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
-    def __enter__(self) -> "RecoveringJudgeServer":
+    def __enter__(self) -> RecoveringJudgeServer:
         self.thread.start()
         return self
 

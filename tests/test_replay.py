@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -85,7 +85,7 @@ def test_llm_rubric_replays_all_223_conversations_in_time_order() -> None:
 def test_llm_rubric_times_come_from_the_object_id() -> None:
     """65c5b4b9... : 0x65c5b4b9 = 1707455673 s = 2024-02-09 05:14:33 UTC (6*16^7 + 5*16^6 + ... by hand)."""
     assert 6 * 16**7 + 5 * 16**6 + 12 * 16**5 + 5 * 16**4 + 11 * 16**3 + 4 * 16**2 + 11 * 16 + 9 == 1707455673
-    start = datetime(2024, 2, 9, 5, 14, 33, tzinfo=timezone.utc).timestamp()
+    start = datetime(2024, 2, 9, 5, 14, 33, tzinfo=UTC).timestamp()
     assert start == 1707455673 == object_id_time("65c5b4b9f174b2897703736a")
     conv = by_conversation(list(llm_rubric_events(turn_gap_s=45.0)))["65c5b4b9f174b2897703736a"]
     assert [i.at for i in conv] == [start + 45.0 * k for k in range(len(conv))]
@@ -196,7 +196,7 @@ def test_jsonl_good_and_bad_lines(tmp_path: Path) -> None:
     assert [i.where for i in items] == [f"{path}:{n}" for n in (1, 2, 4, 5, 6)]
     assert [i.error.reason if i.error else None for i in items] == [None, "not_json", "unknown_role", "invalid_utf8", None]
     assert items[0].raw == good_turn and items[0].key == b"c1"  # sent byte for byte, not re-encoded
-    assert items[0].at == datetime(2024, 2, 9, 4, 14, 33, tzinfo=timezone.utc).timestamp()
+    assert items[0].at == datetime(2024, 2, 9, 4, 14, 33, tzinfo=UTC).timestamp()
     assert items[2].raw == bad_role and items[2].key == b"c1" and items[2].event is None
     assert items[1].key is None and items[1].at == items[0].at  # a bad line keeps the previous time
     assert isinstance(items[4].event, EndEvent) and items[4].raw == good_end

@@ -94,7 +94,7 @@ def write_mixed(tmp_path: Path, extra_bad: int = 0) -> MixedFile:
     negative = good[1].replace(b'"turn_index":1', b'"turn_index":-1')
     lines = [good[0], b"this is not json", good[1], b"", robot, good[2], negative]
     bad = [(2, "not_json"), (5, "unknown_role"), (7, "negative_turn_index")]
-    for k in range(extra_bad):
+    for _ in range(extra_bad):
         lines.append(b'{"schema_version":1}')
         bad.append((len(lines), "missing_field"))
     path = tmp_path / "events.jsonl"

@@ -11,7 +11,7 @@ import re
 import struct
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pytest
@@ -32,7 +32,7 @@ from tests.chdb_fixture import chdb_dsn, chdb_store, store_factory  # noqa: F401
 from tests.pipeline import REPO
 from tests.test_store import T0, closed, scored, unscored, utc
 
-NOW = datetime(2024, 2, 10, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2024, 2, 10, 12, 0, tzinfo=UTC)
 DAY = Window(utc(T0 - 3600), utc(T0 + 86400))
 
 
@@ -62,7 +62,7 @@ def fixture_records():
 
 
 @pytest.fixture
-def store(store_factory):  # noqa: F811
+def store(store_factory):
     s = store_factory()
     s.write_scores(fixture_records())
     return s
@@ -74,7 +74,7 @@ def store(store_factory):  # noqa: F811
 def test_durations_count_back_from_now_and_iso_times_are_utc() -> None:
     assert resolve_window("6h", now=NOW) == Window(NOW - timedelta(hours=6), NOW)
     assert resolve_window("2024-02-09", "2024-02-09T12:00:00+02:00", now=NOW) == Window(
-        datetime(2024, 2, 9, tzinfo=timezone.utc), datetime(2024, 2, 9, 10, tzinfo=timezone.utc))
+        datetime(2024, 2, 9, tzinfo=UTC), datetime(2024, 2, 9, 10, tzinfo=UTC))
 
 
 @pytest.mark.parametrize("since, until, message", [
@@ -120,7 +120,7 @@ def test_totals_rates_and_worst_match_the_store(store) -> None:
     assert {d.question_id: d.n for d in data.dimensions} == {"Q1": 3, "Q2": 3}
 
 
-def test_sampled_rows_are_weighted_and_unsampled_ones_count_as_volume_only(store_factory) -> None:  # noqa: F811
+def test_sampled_rows_are_weighted_and_unsampled_ones_count_as_volume_only(store_factory) -> None:
     """Model version a judged at π = 0.25 (each of its rows stands for 4), b fully: rates weight by 1/π."""
     store = store_factory()
     a, b = {"product": "shop", "model_version": "a"}, {"product": "shop", "model_version": "b"}
@@ -180,7 +180,7 @@ def test_an_empty_window_writes_a_page_that_says_so_and_no_stale_images(store, t
     assert not any((tmp_path / name).exists() for name in IMAGES.values())
 
 
-def test_a_store_without_the_database_is_a_clear_error(store_factory) -> None:  # noqa: F811
+def test_a_store_without_the_database_is_a_clear_error(store_factory) -> None:
     with pytest.raises(ReportError, match="nothing has been stored"):
         load_report(store_factory(migrate=False), DAY)
 
@@ -220,7 +220,7 @@ def test_the_command_renders_a_store_written_by_another_process(tmp_path) -> Non
 # --- the real conversations ---------------------------------------------------------------------
 
 REAL_DATA = REPO / "data" / "llm-rubric"
-WEEK_END = datetime(2024, 3, 1, tzinfo=timezone.utc).timestamp()
+WEEK_END = datetime(2024, 3, 1, tzinfo=UTC).timestamp()
 WEEK_START = WEEK_END - 7 * 86400
 LABEL_PIXELS = {"sat": (0x2A, 0x9D, 0x5C), "dsat": (0xD1, 0x49, 0x5B), "uncertain": (0xE9, 0xA2, 0x3B), "unscored": (0x9A, 0xA5, 0xB1)}
 
@@ -287,7 +287,7 @@ def page_totals(text: str) -> dict[str, str]:
     return dict(re.findall(r'data-total="(\w+)">([^<]*)<', text))
 
 
-def test_a_week_of_real_conversations(store_factory, tmp_path) -> None:  # noqa: F811
+def test_a_week_of_real_conversations(store_factory, tmp_path) -> None:
     """Real scored conversations, delivered twice: the page's totals, worst table and images hold up against the records."""
     from matplotlib.image import imread
 

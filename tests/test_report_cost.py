@@ -22,7 +22,7 @@ def spent(record, calls: int, prompt: int, cached: int, completion: int, judge: 
 
 
 @pytest.fixture
-def store(store_factory):  # noqa: F811
+def store(store_factory):
     s = store_factory()
     s.write_scores([
         spent(scored("c1", "sat", 3.0, 0.1, 3.5), 9, 9000, 6000, 9),

@@ -16,19 +16,19 @@ import json
 import numpy as np
 import pytest
 
+from scorers.conversation import Conversation
 from scorers.judges import RecordedJudge, load_answer_table
 from scorers.judges.local import LocalJudge
 from scorers.labelled import LabelledConversation
 from scorers.llm_rubric_data import dimension_rubric_set
-from scorers.conversation import Conversation
 from scorers.rubric_learning import PLOT_FILE, REPORT_FILE, RubricLearner, score_labelled, write_report
 from scorers.rubric_pool import RubricPool, seed_pool
 from scorers.rubric_selection import DEFAULT_ALPHAS, LearningError, separations, training_data_hash
 from scorers.rubrics import RubricSet, evaluate, fit_windows, netsat_matrix
 from scorers.score_cache import ScoreCache, judge_identity
 from scorers.uss_data import llm_rubric_labelled, stratified_split
-from tests.data_paths import LLM_RUBRIC
 from tests import servers
+from tests.data_paths import LLM_RUBRIC
 
 MODEL = "gpt-3.5-turbo-16k"
 PRECISION = 0.75  # Q1-Q8 separate weakly; at 0.9 the training data hold no window on one side

@@ -11,8 +11,8 @@ must be in the store as ``unsampled``.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 

@@ -99,7 +99,7 @@ def test_sampling_fields_survive_the_topics_and_old_records_still_decode(convers
 # --- the worker's decision --------------------------------------------------------------------------
 
 
-def test_a_sample_is_judged_and_the_rest_is_stored_unsampled(judge, rubric_set, calibrator, conversations, store_factory) -> None:  # noqa: F811
+def test_a_sample_is_judged_and_the_rest_is_stored_unsampled(judge, rubric_set, calibrator, conversations, store_factory) -> None:
     metrics = ServiceMetrics()
     sampling = SamplingSettings(default_rate=0.5, salt="test")
     scorer = ConversationScorer(judge, rubric_set, calibrator, fast_retries(sampling=sampling), metrics)

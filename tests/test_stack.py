@@ -72,7 +72,7 @@ def test_kafka_start_is_idempotent_status_reports_it_and_stop_ends_it(tmp_path: 
     stack.stop(cfg)  # stopping a stopped stack is a no-op
 
 
-def test_kafka_python_produces_and_consumes_on_the_broker(kafka_broker: str) -> None:  # noqa: F811
+def test_kafka_python_produces_and_consumes_on_the_broker(kafka_broker: str) -> None:
     topic = f"stack-test-{uuid.uuid4().hex[:8]}"
     admin = KafkaAdminClient(bootstrap_servers=kafka_broker)
     try:
@@ -144,7 +144,7 @@ def test_stale_and_foreign_pid_files_are_cleaned_and_never_signalled(tmp_path: P
         stack.status(cfg)
 
 
-def test_prometheus_scrapes_a_real_exporter(prometheus_factory) -> None:  # noqa: F811
+def test_prometheus_scrapes_a_real_exporter(prometheus_factory) -> None:
     registry = CollectorRegistry()
     Gauge("stack_test_answer", "A value the test reads back through Prometheus.", registry=registry).set(42)
     server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
@@ -163,7 +163,7 @@ def test_prometheus_scrapes_a_real_exporter(prometheus_factory) -> None:  # noqa
         thread.join(timeout=5)
 
 
-def test_alertmanager_accepts_and_lists_an_alert(alertmanager) -> None:  # noqa: F811
+def test_alertmanager_accepts_and_lists_an_alert(alertmanager) -> None:
     url = alertmanager.start()
     status = _get_json(f"{url}/api/v2/status")
     assert "receiver: default" in status["config"]["original"]

@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -30,7 +30,7 @@ TABLES = [
 
 
 def utc(t: float) -> datetime:
-    return datetime.fromtimestamp(t, tz=timezone.utc)
+    return datetime.fromtimestamp(t, tz=UTC)
 
 
 def closed(cid: str, attributes: dict[str, str] | None = None, n_turns: int = 2, closed_at: float = T0 + 60) -> ClosedConversation:
@@ -104,7 +104,7 @@ def final_counts(store: ClickHouseStore) -> dict[str, int]:
 # --- schema -------------------------------------------------------------------------------------
 
 
-def test_migrate_is_idempotent(store_factory) -> None:  # noqa: F811
+def test_migrate_is_idempotent(store_factory) -> None:
     store = store_factory(migrate=False)
     assert store.migrate() == [m[0] for m in MIGRATIONS]
     tables = [r["name"] for r in store.query("SHOW TABLES")]
@@ -122,7 +122,7 @@ def test_migrate_is_idempotent(store_factory) -> None:  # noqa: F811
     )
 
 
-def test_a_database_of_the_first_schema_is_upgraded_and_keeps_its_rows(store_factory, monkeypatch) -> None:  # noqa: F811
+def test_a_database_of_the_first_schema_is_upgraded_and_keeps_its_rows(store_factory, monkeypatch) -> None:
     """A store written before the judge-cost columns: the rows stay, the new columns read as NULL / empty / 0."""
     import stream.store as store_module
 
@@ -141,7 +141,7 @@ def test_a_database_of_the_first_schema_is_upgraded_and_keeps_its_rows(store_fac
     assert row == {"netsat": 3.5, "netsat_lower": None, "netsat_upper": None, "rubrics_unasked": [], "judge_cached_prompt_tokens": 0}
 
 
-def test_a_database_before_sampling_is_upgraded_and_its_rows_count_with_weight_one(store_factory, monkeypatch) -> None:  # noqa: F811
+def test_a_database_before_sampling_is_upgraded_and_its_rows_count_with_weight_one(store_factory, monkeypatch) -> None:
     """A store written by the 0002 schema: its rows stay, read as judged with π = 1, and the summary still counts them."""
     import stream.store as store_module
 
@@ -166,7 +166,7 @@ def test_a_database_before_sampling_is_upgraded_and_its_rows_count_with_weight_o
     assert (v.n, v.n_scored, v.dsat_rate, v.calibrated_dissatisfaction) == (2, 2, 0.5, pytest.approx(0.5))
 
 
-def test_a_second_store_on_the_same_database_sees_the_schema(store_factory) -> None:  # noqa: F811
+def test_a_second_store_on_the_same_database_sees_the_schema(store_factory) -> None:
     first = store_factory()
     second = store_factory(database=first.database, migrate=False)
     assert second.migrate() == []
@@ -176,7 +176,7 @@ def test_a_second_store_on_the_same_database_sees_the_schema(store_factory) -> N
 # --- writes and reads ---------------------------------------------------------------------------
 
 
-def test_write_and_read_back_every_field(store_factory) -> None:  # noqa: F811
+def test_write_and_read_back_every_field(store_factory) -> None:
     store = store_factory()
     conv = ClosedConversation(
         conversation_id="conv-1",
@@ -292,7 +292,7 @@ def test_write_and_read_back_every_field(store_factory) -> None:  # noqa: F811
     ]
 
 
-def test_unscored_record_has_null_scores_and_a_conversation_row(store_factory) -> None:  # noqa: F811
+def test_unscored_record_has_null_scores_and_a_conversation_row(store_factory) -> None:
     store = store_factory()
     assert store.write_scores([unscored("u1", {"product": "p"})]) == {
         "conversations": 1,
@@ -316,7 +316,7 @@ def test_unscored_record_has_null_scores_and_a_conversation_row(store_factory) -
     assert store.count_conversations() == 1
 
 
-def test_duplicate_delivery_leaves_counts_unchanged(store_factory) -> None:  # noqa: F811
+def test_duplicate_delivery_leaves_counts_unchanged(store_factory) -> None:
     store = store_factory()
     dims = tuple(DimensionPrediction(f"Q{i}", (0.5, 0.5), 1.5) for i in range(3))
     hits = (RubricHit("s1", "sat", 5.0), RubricHit("d1", "dsat", -2.5))
@@ -333,7 +333,7 @@ def test_duplicate_delivery_leaves_counts_unchanged(store_factory) -> None:  # n
     assert store.query("SELECT count() AS n FROM latest_scores")[0]["n"] == 6
 
 
-def test_later_scored_record_replaces_unscored(store_factory) -> None:  # noqa: F811
+def test_later_scored_record_replaces_unscored(store_factory) -> None:
     store = store_factory()
     store.write_scores([unscored("c", scored_at=T0 + 100)])
     assert store.query("SELECT status FROM conversation_scores FINAL") == [{"status": "unscored"}]
@@ -344,7 +344,7 @@ def test_later_scored_record_replaces_unscored(store_factory) -> None:  # noqa: 
     assert store.count_conversations() == 1
 
 
-def test_a_later_failed_rescore_does_not_hide_a_score(store_factory) -> None:  # noqa: F811
+def test_a_later_failed_rescore_does_not_hide_a_score(store_factory) -> None:
     """A scored row outranks an unscored one whatever their times, so dimension/rubric rows never dangle."""
     store = store_factory()
     store.write_scores([scored("c", "sat", 6.0, 0.1, 3.5, scored_at=T0 + 100)])
@@ -353,7 +353,7 @@ def test_a_later_failed_rescore_does_not_hide_a_score(store_factory) -> None:  #
     assert store.query("SELECT status FROM latest_scores") == [{"status": "scored"}]
 
 
-def test_count_conversations_per_scorer_version(store_factory) -> None:  # noqa: F811
+def test_count_conversations_per_scorer_version(store_factory) -> None:
     store = store_factory()
     store.write_scores([scored("a", "sat", 1.0, None, None), scored("b", "sat", 1.0, None, None)])
     store.write_scores([scored("a", "sat", 1.0, None, None, scorer_version="v2", scored_at=T0 + 300)])
@@ -401,7 +401,7 @@ def _summary_fixture() -> list[list[ScoreRecord]]:
     return [first, later]
 
 
-def test_summary_matches_hand_computed_numbers(store_factory) -> None:  # noqa: F811
+def test_summary_matches_hand_computed_numbers(store_factory) -> None:
     store = store_factory()
     for batch in _summary_fixture():
         store.write_scores(batch)
@@ -434,7 +434,7 @@ def test_summary_matches_hand_computed_numbers(store_factory) -> None:  # noqa: 
     assert c.dsat_hits == ()
 
 
-def test_summary_for_one_scorer_version_and_another_attribute(store_factory) -> None:  # noqa: F811
+def test_summary_for_one_scorer_version_and_another_attribute(store_factory) -> None:
     store = store_factory()
     for batch in _summary_fixture():
         store.write_scores(batch)
@@ -451,7 +451,7 @@ def test_summary_for_one_scorer_version_and_another_attribute(store_factory) -> 
 # --- feedback -----------------------------------------------------------------------------------
 
 
-def test_feedback_rows_are_written_and_deduplicated(store_factory) -> None:  # noqa: F811
+def test_feedback_rows_are_written_and_deduplicated(store_factory) -> None:
     store = store_factory()
     items = [
         FeedbackRow("c1", 1, "thumbs_down", "wrong answer", T0 + 5, {"product": "chat", "model_version": "m-7"}, T0 + 6),
@@ -473,7 +473,7 @@ def test_feedback_rows_are_written_and_deduplicated(store_factory) -> None:  # n
     assert store.write_feedback([]) == 0
 
 
-def test_bad_feedback_is_refused_naming_the_conversation(store_factory) -> None:  # noqa: F811
+def test_bad_feedback_is_refused_naming_the_conversation(store_factory) -> None:
     store = store_factory()
     with pytest.raises(RejectedRowError, match=r"feedback for conversation 'c9': rating is empty"):
         store.write_feedback([FeedbackRow("c8", 0, "up", "", T0, {}, T0), FeedbackRow("c9", 0, "", "", T0, {}, T0)])
@@ -483,7 +483,7 @@ def test_bad_feedback_is_refused_naming_the_conversation(store_factory) -> None:
 # --- batching and bad input ---------------------------------------------------------------------
 
 
-def test_write_scores_is_one_insert_per_table(store_factory) -> None:  # noqa: F811
+def test_write_scores_is_one_insert_per_table(store_factory) -> None:
     store = store_factory()
     dims = tuple(DimensionPrediction(f"Q{i}", (0.1, 0.2, 0.3, 0.4), 3.0) for i in range(9))
     hits = tuple(RubricHit(f"r{i}", "sat" if i < 4 else "dsat", 5.0 if i < 4 else -5.0) for i in range(8))
@@ -507,7 +507,7 @@ def test_write_scores_is_one_insert_per_table(store_factory) -> None:  # noqa: F
         (scored("bad", "sat", 1.0, 0.1, 3.0, scored_at=float("inf")), r"conversation 'bad': scored_at = inf is not a finite"),
     ],
 )
-def test_bad_score_record_is_refused_before_anything_is_written(store_factory, record: ScoreRecord, message: str) -> None:  # noqa: F811
+def test_bad_score_record_is_refused_before_anything_is_written(store_factory, record: ScoreRecord, message: str) -> None:
     store = store_factory()
     with pytest.raises(RejectedRowError, match=message):
         store.write_scores([scored("good", "sat", 1.0, 0.1, 3.0), record])
@@ -515,7 +515,7 @@ def test_bad_score_record_is_refused_before_anything_is_written(store_factory, r
     assert store.query("SELECT count() AS n FROM conversations") == [{"n": 0}]
 
 
-def test_query_is_read_only(store_factory) -> None:  # noqa: F811
+def test_query_is_read_only(store_factory) -> None:
     store = store_factory()
     for sql in ("DROP TABLE feedback", "INSERT INTO feedback (conversation_id) VALUES ('x')"):
         with pytest.raises(StoreError, match="readonly"):
@@ -523,7 +523,7 @@ def test_query_is_read_only(store_factory) -> None:  # noqa: F811
     assert "feedback" in [r["name"] for r in store.query("SHOW TABLES")]
 
 
-def test_closed_store_refuses_use(store_factory) -> None:  # noqa: F811
+def test_closed_store_refuses_use(store_factory) -> None:
     store = store_factory()
     store.close()
     store.close()  # idempotent
@@ -534,7 +534,7 @@ def test_closed_store_refuses_use(store_factory) -> None:  # noqa: F811
 # --- opening ------------------------------------------------------------------------------------
 
 
-def test_relative_chdb_dir_resolves_against_the_working_directory(chdb_store, monkeypatch) -> None:  # noqa: F811
+def test_relative_chdb_dir_resolves_against_the_working_directory(chdb_store, monkeypatch) -> None:
     session_dir = chdb_store.chdb_path
     monkeypatch.chdir(session_dir.parent)
     with ClickHouseStore(f"chdb://{session_dir.name}", database=chdb_store.database) as store:
@@ -542,7 +542,7 @@ def test_relative_chdb_dir_resolves_against_the_working_directory(chdb_store, mo
         assert store.migrate() == []
 
 
-def test_open_from_settings(chdb_dsn) -> None:  # noqa: F811
+def test_open_from_settings(chdb_dsn) -> None:
     from stream.settings import StoreSettings
 
     with ClickHouseStore.open(StoreSettings(dsn=chdb_dsn, database="from_settings")) as store:
@@ -550,7 +550,7 @@ def test_open_from_settings(chdb_dsn) -> None:  # noqa: F811
         assert store.migrate() == [m[0] for m in MIGRATIONS]
 
 
-def test_second_directory_in_one_process_is_refused(chdb_store, tmp_path: Path) -> None:  # noqa: F811
+def test_second_directory_in_one_process_is_refused(chdb_store, tmp_path: Path) -> None:
     other = tmp_path / "other"
     with pytest.raises(StoreError, match=r"already has the chDB engine open on .*\(one chDB engine per process\)") as e:
         ClickHouseStore(f"chdb://{other}")
@@ -558,7 +558,7 @@ def test_second_directory_in_one_process_is_refused(chdb_store, tmp_path: Path) 
     assert chdb_store.count_conversations() == 0  # the session engine is unharmed
 
 
-def test_second_process_on_the_same_directory_is_refused(chdb_store) -> None:  # noqa: F811
+def test_second_process_on_the_same_directory_is_refused(chdb_store) -> None:
     """A real second Python process tries to open the directory this test process holds."""
     code = (
         "import sys\n"
@@ -611,7 +611,7 @@ def _doc_sql_blocks() -> list[str]:
     return re.findall(r"```sql\n(.*?)```", text, flags=re.DOTALL)
 
 
-def test_every_documented_query_runs_on_the_real_schema(store_factory) -> None:  # noqa: F811
+def test_every_documented_query_runs_on_the_real_schema(store_factory) -> None:
     store = store_factory()
     for batch in _summary_fixture():
         store.write_scores(batch)

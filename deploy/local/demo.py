@@ -24,8 +24,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from deploy.local import processes
-from deploy.local import stack
+from deploy.local import processes, stack
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "data" / "llm-rubric"

@@ -9,8 +9,9 @@ information, LLM-Rubric §3), the covered mass, and provenance.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from scorers.conversation import Conversation
 from scorers.questions import Question

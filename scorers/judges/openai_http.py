@@ -74,15 +74,17 @@ import math
 import random
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import openai
 from openai.types.chat import ChatCompletion
 from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenLogprob, TopLogprob
 
 from scorers.conversation import Conversation, render_transcript
+from scorers.judges.answer_format import ANSWER_FORMATS, AnswerFormat, answer_padding, constraint_fields, read_reply
 from scorers.judges.base import (
     Answer,
     JudgeAuthError,
@@ -93,8 +95,13 @@ from scorers.judges.base import (
     JudgeUnavailable,
     Provenance,
 )
-from scorers.judges.answer_format import ANSWER_FORMATS, AnswerFormat, answer_padding, constraint_fields, read_reply
-from scorers.judges.prompt import MULTI_PROMPT_VERSION, PROMPT_VERSION, multi_question_prompt, numbered_order, single_question_prompt
+from scorers.judges.prompt import (
+    MULTI_PROMPT_VERSION,
+    PROMPT_VERSION,
+    multi_question_prompt,
+    numbered_order,
+    single_question_prompt,
+)
 from scorers.openai_chat import NO_API_KEY, ChatErrors, complete_with_retries, require
 from scorers.questions import Question
 
@@ -207,7 +214,7 @@ class OpenAIJudge:
         """Close the HTTP connection pool."""
         self._client.close()
 
-    def __enter__(self) -> "OpenAIJudge":
+    def __enter__(self) -> OpenAIJudge:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -26,7 +26,8 @@ is recorded with the scores and part of the score cache's judge identity.
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 from scorers.questions import Question
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from scorers.conversation import Conversation
 from scorers.judges.base import Answer, Judgement, JudgeReplyError, Provenance, UnknownConversation
@@ -67,7 +67,7 @@ class RecordedJudge:
         self.model = model
 
     @classmethod
-    def from_tsv(cls, path: str | Path, model: str | None = None) -> "RecordedJudge":
+    def from_tsv(cls, path: str | Path, model: str | None = None) -> RecordedJudge:
         """Load an LLM-Rubric evaluations TSV; ``model`` defaults to the file's stem."""
         path = Path(path)
         return cls(load_answer_table(path), name="recorded", model=model or path.stem)

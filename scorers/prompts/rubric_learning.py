@@ -27,7 +27,7 @@ rubric pools record the versions that produced them.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from scorers.rubrics import Polarity
 

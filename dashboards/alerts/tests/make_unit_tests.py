@@ -20,8 +20,9 @@ from __future__ import annotations
 import itertools
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 OUT = Path(__file__).with_name("convowatch.rules.test.yml")
 SHORT, BASE, DAY, FOR, STALL = 10, 360, 1440, 10, 15  # minutes
