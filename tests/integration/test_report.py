@@ -29,8 +29,8 @@ from stream.report import (
     write_report,
 )
 from tests.chdb_fixture import chdb_dsn, chdb_store, store_factory  # noqa: F401
+from tests.integration.test_store import T0, closed, scored, unscored, utc
 from tests.pipeline import REPO
-from tests.test_store import T0, closed, scored, unscored, utc
 
 NOW = datetime(2024, 2, 10, 12, 0, tzinfo=UTC)
 DAY = Window(utc(T0 - 3600), utc(T0 + 86400))
@@ -205,7 +205,7 @@ def test_the_command_renders_a_store_written_by_another_process(tmp_path) -> Non
     code = (
         "import sys\n"
         "from stream.store import ClickHouseStore\n"
-        "from tests.test_report import fixture_records\n"
+        "from tests.integration.test_report import fixture_records\n"
         "with ClickHouseStore(sys.argv[1]) as s:\n"
         "    s.migrate(); s.write_scores(fixture_records())\n"
     )

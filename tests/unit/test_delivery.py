@@ -4,7 +4,7 @@ The faults it repairs come from Faust's consumer (a record passed over by its fe
 being fetched) and cannot be produced on demand with a real broker, so these tests drive the mix-in on top of a
 stand-in for Faust's consumer: the broker facts it asks for (committed, earliest and end offsets) are set by the
 test. The real pipeline runs it in
-tests/test_pipeline.py, tests/test_faults.py and tests/test_budget_pipeline.py.
+tests/integration/test_pipeline.py, tests/test_faults.py and tests/integration/test_budget_pipeline.py.
 """
 
 from __future__ import annotations

@@ -160,7 +160,7 @@ def test_a_replayed_uss_dialogue_has_its_learning_data_id_and_turns() -> None:
     ],
 )
 def test_malformed_uss_files_are_replay_errors_naming_file_and_line(tmp_path: Path, content: str, message: str) -> None:
-    """The library parser refuses the file (all its cases: tests/test_uss_data.py); replay says the same as a ReplayError."""
+    """The library parser refuses the file (all its cases: tests/unit/test_uss_data.py); replay says the same as a ReplayError."""
     path = tmp_path / "bad.txt"
     path.write_bytes(content.encode("latin-1"))
     with pytest.raises(UssFormatError, match=message) as library:

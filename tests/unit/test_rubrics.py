@@ -39,7 +39,7 @@ from scorers.rubrics import (
 )
 from tests.data_paths import LLM_RUBRIC as DATA
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REAL_TSV = DATA / "gpt-3.5-turbo-16k_real_evaluations_FIXED.tsv"
 PROVENANCE = Provenance(judge="hand", model="hand")
 

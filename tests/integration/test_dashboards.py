@@ -36,9 +36,9 @@ from tests.chdb_fixture import chdb_dsn, chdb_store, store_factory  # noqa: F401
 from tests.data_paths import LLM_RUBRIC
 from tests.grafana_macros import ALL, expand_promql, expand_sql
 from tests.servers import LOCALHOST, Received, Reply, ScriptedServer
-from tests.test_service_metrics import every_series
+from tests.unit.test_service_metrics import every_series
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 UIDS = {"convowatch-overview", "convowatch-quality", "convowatch-rubrics", "convowatch-operations"}
 T0 = 1_707_480_000.0  # 2024-02-09 12:00 UTC
 START = datetime.fromtimestamp(T0 - 3600, tz=UTC)

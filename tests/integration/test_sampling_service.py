@@ -1,6 +1,6 @@
 """Sampling in the service: settings, the worker's decision, records, metrics, store rows and the π = 1 reduction.
 
-Real parts as in tests/test_scoring.py (GPT-3.5's recorded answers on LLM-Rubric's real conversations, a
+Real parts as in tests/unit/test_scoring.py (GPT-3.5's recorded answers on LLM-Rubric's real conversations, a
 calibrator trained on its synthetic data, the real assembler) and the real chDB store.
 """
 
@@ -19,7 +19,7 @@ from stream.sampling import SamplingPolicy, unit_hash
 from stream.scoring import ConversationScorer
 from stream.settings import SamplingRuleSettings, SamplingSettings, SettingsError, load_settings
 from tests.chdb_fixture import chdb_dsn, store_factory  # noqa: F401
-from tests.test_scoring import _assemble_all, calibrator, fast_retries, judge, rubric_set, sample, score, unfitted  # noqa: F401
+from tests.unit.test_scoring import _assemble_all, calibrator, fast_retries, judge, rubric_set, sample, score, unfitted  # noqa: F401
 
 N_CONVERSATIONS = 40
 

@@ -30,7 +30,7 @@ from stream.replay import llm_rubric_events
 from stream.scoring import NO_CALIBRATOR, ConversationScorer, judge_identity, scoring_questions
 from stream.settings import AssemblySettings, ScoringSettings, SettingsError
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "llm-rubric"
+DATA = Path(__file__).resolve().parents[2] / "data" / "llm-rubric"
 REAL_ANSWERS = DATA / "gpt-3.5-turbo-16k_real_evaluations_FIXED.tsv"
 QUESTIONS = DATA / QUESTIONS_FILE
 FAST = dict(h1=16, h2=16, batch_size=32, learning_rate=1e-2, pretrain_epochs=3, finetune_epochs=3)
@@ -185,7 +185,7 @@ def test_scoring_updates_the_metrics(judge, rubric_set, calibrator, conversation
     assert sample(metrics, "convowatch_calibrated_dissatisfaction_probability_squared_total", **attrs) == pytest.approx(
         record.dissatisfaction_probability ** 2)
     assert sample(metrics, "convowatch_netsat_count", **attrs) == 1
-    # no convowatch_netsat_sum: see tests/test_service_metrics.py (negative buckets)
+    # no convowatch_netsat_sum: see tests/unit/test_service_metrics.py (negative buckets)
     assert sample(metrics, "convowatch_netsat_bucket", le="+Inf", **attrs) == 1
     for d in record.dimensions:
         assert sample(metrics, "convowatch_dimension_expected_value_sum", dimension=d.question_id, **attrs) == pytest.approx(d.expected_value)

@@ -16,7 +16,7 @@ from stream.records import ClosedConversation, DimensionPrediction, RubricHit, S
 from stream.store import MIGRATIONS, ClickHouseStore, FeedbackRow, RejectedRowError, StoreError
 from tests.chdb_fixture import chdb_dsn, chdb_store, store_factory  # noqa: F401
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 T0 = 1_707_480_000.0  # 2024-02-09 12:00 UTC
 TABLES = [
     "conversation_scores",

@@ -30,7 +30,7 @@ from tests.infra import (  # noqa: F401  (fixtures; the conftest registers them 
     wait_for,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _config(tmp_path: Path, **overrides: object) -> StackConfig:

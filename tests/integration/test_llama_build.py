@@ -19,7 +19,7 @@ import pytest
 from deploy.llama_build import cmake_args, cmake_options, host_cpu_flags, main
 from tests.servers import LlamaServer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # The "flags" lines (ISA part) of /proc/cpuinfo on the three kinds of host.
 AMD_AVX2_ONLY = (

@@ -21,7 +21,7 @@ from kafka.admin import NewTopic
 from stream.contract import EndEvent, TurnEvent, encode_event
 from tests.infra import free_port
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONTRACT_ERROR = "lines break the event contract"
 CLOSED_PORT_LIMIT_S = 60.0
 

@@ -28,7 +28,7 @@ def convowatch(*args: str | Path, env: dict[str, str] | None = None) -> subproce
     return subprocess.run(
         [sys.executable, "-m", "stream.cli", *map(str, args)],
         capture_output=True, text=True, env=full_env, timeout=600,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
     )
 
 
@@ -136,10 +136,10 @@ def test_config_masks_secrets_and_names_missing_settings(tmp_path):
 def test_rubrics_evaluate_keeps_the_judge_budget(tmp_path, scoring_artifacts):
     """scoring.budget holds the offline commands too: no 2-s window sees more judge requests than the limit.
 
-    The endpoint is a real HTTP server with a stand-in answer (tests/test_pipeline.py): no local model answers fast
+    The endpoint is a real HTTP server with a stand-in answer (tests/integration/test_pipeline.py): no local model answers fast
     enough to fill a window several times in a test."""
+    from tests.integration.test_pipeline import _completion
     from tests.servers import Reply, ScriptedServer
-    from tests.test_pipeline import _completion
 
     rubric_set, _ = scoring_artifacts
     real, labelled = tmp_path / "real.jsonl", tmp_path / "few.jsonl"

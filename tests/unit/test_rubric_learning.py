@@ -5,8 +5,8 @@ judges' mean Q0 (`llm_rubric_labelled`), split 50/50 per class, and the
 recorded GPT-3.5 judge replaying the release's answer distributions. That
 judge only knows the release's questions, so the candidate rubrics are Q1-Q8
 on their own 1-4 scales (`dimension_rubric_set`), all SAT. A Likert
-`RubricPool` is exercised with the packaged Gemma judge (`LocalJudge`) on a few
-conversations: it is weak, but it is a real judge answering real pool rubrics.
+`RubricPool` with the packaged Gemma judge is in
+tests/integration/test_rubric_learning_local_judge.py.
 """
 
 from __future__ import annotations
@@ -18,16 +18,13 @@ import pytest
 
 from scorers.conversation import Conversation
 from scorers.judges import RecordedJudge, load_answer_table
-from scorers.judges.local import LocalJudge
 from scorers.labelled import LabelledConversation
 from scorers.llm_rubric_data import dimension_rubric_set
 from scorers.rubric_learning import PLOT_FILE, REPORT_FILE, RubricLearner, score_labelled, write_report
-from scorers.rubric_pool import RubricPool, seed_pool
 from scorers.rubric_selection import DEFAULT_ALPHAS, LearningError, separations, training_data_hash
-from scorers.rubrics import RubricSet, evaluate, fit_windows, netsat_matrix
+from scorers.rubrics import RubricSet, evaluate, fit_windows
 from scorers.score_cache import ScoreCache, judge_identity
 from scorers.uss_data import llm_rubric_labelled, stratified_split
-from tests import servers
 from tests.data_paths import LLM_RUBRIC
 
 MODEL = "gpt-3.5-turbo-16k"
@@ -212,27 +209,3 @@ def test_bad_settings_are_refused(candidates, split, tmp_path):
     _refuses(RubricLearner(n_sat=0, n_dsat=0), train, "nothing to select", candidates, tmp_path)
     _refuses(RubricLearner(precision=0.3), train, "precision", candidates, tmp_path)
     _refuses(RubricLearner(folds=1), train, "folds", candidates, tmp_path)
-
-
-# ---------------------------------------------------------------------------- a Likert pool with a live judge
-
-
-def test_a_likert_pool_with_the_local_judge(tmp_path, split):
-    """Packaged Gemma 270M (plumbing-grade) rates 3 seed-pool rubrics on the 4 shortest real conversations (pool path)."""
-    train, _ = split
-    short = sorted(train, key=lambda i: sum(len(t.text) for t in i.conversation.turns))
-    items = [i for i in short if i.positive][:2] + [i for i in short if not i.positive][:2]
-    full = seed_pool()
-    sat = [j for j, r in enumerate(full.rubrics) if r.polarity.value == "sat"][:1]
-    dsat = [j for j, r in enumerate(full.rubrics) if r.polarity.value == "dsat"][:2]
-    pool: RubricPool = full.subset(sat + dsat)
-    judge = LocalJudge(cache_dir=servers.cache_dir())
-    with ScoreCache(tmp_path / "scores.sqlite") as cache:
-        learner = RubricLearner(n_sat=1, n_dsat=1, precision=0.9, folds=2).fit(pool, items, judge, cache)
-    rubric_set = learner.rubric_set_
-    assert len(rubric_set.rubrics) == 2 and {r.polarity.value for r in rubric_set.rubrics} == {"sat", "dsat"}
-    assert rubric_set.metadata["pool"]["hash"] == pool.content_hash()
-    assert rubric_set.metadata["rubric_sources"] == {r.id: pool.rubrics[pool.index(r.id)].source for r in rubric_set.rubrics}
-    assert learner.report_.rating.judge_calls > 0 and learner.report_.rating.cache_misses == 4 * 3
-    netsats = netsat_matrix(learner.selected_ratings_, rubric_set.polarities)
-    assert rubric_set.windows == fit_windows(netsats, _labels(items), 0.9)

@@ -19,7 +19,7 @@ from tests.data_paths import LLM_RUBRIC, SHARED_DATA
 
 REAL_ANSWERS = LLM_RUBRIC / "gpt-3.5-turbo-16k_real_evaluations_FIXED.tsv"
 MWOZ = SHARED_DATA / "uss" / "MWOZ.txt"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def convowatch(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

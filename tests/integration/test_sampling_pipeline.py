@@ -18,8 +18,8 @@ import pytest
 
 from stream.sampling import hajek_sampling_variance, unit_hash
 from tests.infra import wait_for
+from tests.integration.test_pipeline import N_REAL, N_REAL_TURNS
 from tests.pipeline import Pipeline
-from tests.test_pipeline import N_REAL, N_REAL_TURNS
 
 SALT = "sampled-replay"
 RATE = 0.5

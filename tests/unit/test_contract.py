@@ -36,7 +36,7 @@ from stream.contract import (
     parse_timestamp,
 )
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "event-contract.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "event-contract.md"
 SCHEMA = load_schema()
 VALIDATOR = Draft202012Validator(SCHEMA)
 BIG = 1 << 40  # size limits off: the schema cannot express them

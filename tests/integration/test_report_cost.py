@@ -10,7 +10,7 @@ import pytest
 from stream.report import PAGE, Window, load_report, write_report
 from stream.settings import PriceSettings
 from tests.chdb_fixture import chdb_dsn, chdb_store, store_factory  # noqa: F401
-from tests.test_store import T0, scored, unscored, utc
+from tests.integration.test_store import T0, scored, unscored, utc
 
 DAY = Window(utc(T0 - 3600), utc(T0 + 86400))
 PRICE = PriceSettings(prompt_per_million=2.0, cached_prompt_per_million=0.5, completion_per_million=8.0, currency="EUR")

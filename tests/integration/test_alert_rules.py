@@ -42,12 +42,12 @@ from stream.metrics import UNSAMPLED, ServiceMetrics, metric_names
 from tests.chdb_fixture import chdb_dsn, chdb_store, store_factory  # noqa: F401
 from tests.infra import AlertmanagerFactory, alertmanager, wait_for  # noqa: F401
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / alert_files.RULES
 UNIT_TESTS = sorted((REPO / "dashboards" / "alerts" / "tests").glob("*.yml"))
 ALERTMANAGER = REPO / "deploy" / "production" / "alertmanager.yml"
 RUNBOOKS = REPO / "docs" / "runbooks.md"
-# Windows an end-to-end test can wait for (as in tests/test_monitoring_e2e.py).
+# Windows an end-to-end test can wait for (as in tests/integration/test_monitoring_e2e.py).
 COMPRESSED = AlertWindows(short="20s", baseline="2m", for_="5s", min_conversations=10, min_lift=0.02, yesterday="1m", stall_for="30s")
 METRIC = re.compile(r"\bconvowatch_[a-z0-9_]+")
 RECORDED = re.compile(r"\bconvowatch:[a-z0-9_:]+")

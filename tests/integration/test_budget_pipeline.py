@@ -11,11 +11,11 @@ from the committed offset, fetching it again if Faust passed over a record or
 the partition stalled (`stream.delivery.GuardedDelivery`), so the waiting
 conversation and the ones buffered behind it are scored exactly once.
 
-The judge is the stand-in OpenAI-compatible server of tests/test_pipeline.py
+The judge is the stand-in OpenAI-compatible server of tests/integration/test_pipeline.py
 (real HTTP, the real client counting one call per question; fixed answers and
 usage, because no local model answers fast enough: see `RecoveringJudgeServer`).
 The recorded judge cannot be used: it reports no calls and no tokens, so a
-budget never holds it back (tests/test_budget.py shows that too).
+budget never holds it back (tests/unit/test_budget.py shows that too).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from stream.cost import judge_cost
 from stream.records import ScoreRecord
 from stream.settings import PriceSettings
 from tests.infra import free_port, wait_for
+from tests.integration.test_pipeline import N_QUESTIONS, RecoveringJudgeServer, _few_conversations, _judge_env, pipeline  # noqa: F401
 from tests.pipeline import Pipeline, Process
-from tests.test_pipeline import N_QUESTIONS, RecoveringJudgeServer, _few_conversations, _judge_env, pipeline  # noqa: F401
 
 N_CONVERSATIONS = 8
 MINUTE_S = 20  # the budget's "minute": long enough to outlast max_poll_interval (15 s in TANSU_SETTINGS)
