@@ -240,10 +240,10 @@ def hyperparameters(ctx: BenchContext) -> None:
     grids = QUICK_GRIDS if ctx.args.quick else FULL_GRIDS
     repeats = QUICK_REPEATS if ctx.args.quick else FULL_REPEATS
     out: dict[str, Any] = {"fixed": BASE_PARAMS, "folds": CV_FOLDS, "repeats": repeats, "criterion": CV_CRITERION}
-    for name, extra in (("llm_rubric", {}), ("calibrated_q0_only", {"input_questions": [MAIN_QUESTION]})):
+    for name, input_questions in (("llm_rubric", None), ("calibrated_q0_only", [MAIN_QUESTION])):
         grid = grids[name]
         t0 = time.perf_counter()
-        base = CalibrationNetwork(**BASE_PARAMS, **extra, seed=0)
+        base = CalibrationNetwork(**BASE_PARAMS, input_questions=input_questions, seed=0)
 
         def on_candidate(i: int, n: int, params: dict[str, Any], scores: dict[str, float], name: str = name) -> None:
             if (i + 1) % PROGRESS_EVERY == 0 or i + 1 == n:
@@ -310,15 +310,16 @@ def synthetic_cv(ctx: BenchContext) -> None:
     # Baselines on the same kind of folds (training statistics from the training folds).
     base_runs: dict[str, list[dict[str, float]]] = {}
     for s in ctx.seeds:
-        ys, preds = [], {}
+        ys: list[np.ndarray] = []
+        preds: dict[str, list[np.ndarray]] = {}
         for train_ids, test_ids in conversation_folds(ctx.synth.text_ids, CV_FOLDS, s):
             test = ctx.synth.subset(test_ids)
             ys.append(np.array([lab.answer for lab in test.labels_for(MAIN_QUESTION)]))
             for k, v in baseline_predictions(ctx.synth.subset(train_ids), test, MAIN_QUESTION, s).items():
                 preds.setdefault(k, []).append(v)
         y = np.concatenate(ys)
-        for k, parts in preds.items():
-            base_runs.setdefault(k, []).append(score(y, np.concatenate(parts, axis=-1)))
+        for k, folds in preds.items():
+            base_runs.setdefault(k, []).append(score(y, np.concatenate(folds, axis=-1)))
     for k, runs in base_runs.items():
         out[k] = summarise(runs)
     # The constant's value differs between folds, so pooled correlations would only measure that: undefined.

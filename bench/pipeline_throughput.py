@@ -67,6 +67,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from a checkout
@@ -230,6 +231,7 @@ def workload(phase: str, n: int, turns: int, seed: int, real_ids: list[str], eve
     ids: dict[str, str] = {}
     items = []
     for item in synthetic_events(n, turns, seed=seed, event_interval_s=event_interval_s):
+        assert item.event is not None  # synthetic events are valid events
         old = item.event.conversation_id
         new = renamed.get(old)
         if new is None:
@@ -458,9 +460,10 @@ def throughput(pipeline: Pipeline, work: Workload, timeout: float) -> dict:
         time.sleep(POLL_S)
     wait_until(lambda: sink.metric("convowatch_sink_rows_total", table="conversation_scores") >= work.conversations, 300,
                "the sink to store every conversation")
-    cpu = {s.name: cpu_seconds(s) for s in (worker, sink)}
+    lifetime_cpu = {s.name: cpu_seconds(s) for s in (worker, sink)}
     pipeline.stop_all()
     store_check(pipeline, work.ids)
+    assert t_first is not None and cpu_first is not None and cpu_scored is not None  # the first event precedes the last score
     seconds = t_scored - t_first
     events_seconds = (t_events or t_scored) - t_first
     return {
@@ -472,7 +475,7 @@ def throughput(pipeline: Pipeline, work: Workload, timeout: float) -> dict:
         "all_events_per_s": round(total / seconds, 1),
         "assembly_only_events_per_s": round(total / events_seconds, 1),
         "conversations_per_s": round(work.conversations / seconds, 1),
-        "cpu_seconds_process_lifetime": cpu,
+        "cpu_seconds_process_lifetime": lifetime_cpu,
         "worker_cpu_seconds_first_event_to_all_scored": round(cpu_scored - cpu_first, 2),
         "worker_cpu_utilisation": round((cpu_scored - cpu_first) / seconds, 3),  # 1.0 = one core busy all the time
         "turn_events_per_worker_cpu_second": round(work.turn_events / max(cpu_scored - cpu_first, 1e-9), 1),
@@ -641,7 +644,7 @@ def run(args: argparse.Namespace, root: Path) -> dict:
 def report(args: argparse.Namespace, results: dict, wall_s: float) -> dict:
     tp, lat, raw = results["throughput"], results["latency"], results["raw_consume"]
     p99 = lat["end_to_stored_s"]["p99"]
-    out = {
+    out: dict[str, Any] = {
         "benchmark": "pipeline_throughput",
         "command": "cd " + shlex.quote(str(ROOT)) + " && .venv/bin/python bench/" + Path(__file__).name + " " + " ".join(
             shlex.quote(a) for a in sys.argv[1:]),

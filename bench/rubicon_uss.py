@@ -228,7 +228,7 @@ def load_data(corpora: Sequence[str], n_per_class: int, middle_per_corpus: int, 
         tr, te = stratified_split(labelled, test_fraction=0.5, n_per_class=n_per_class, seed=seed)
         train += tr
         test += te
-        picks = rng.choice(len(mid), min(middle_per_corpus, len(mid)), replace=False) if middle_per_corpus else []
+        picks: np.ndarray | list[int] = rng.choice(len(mid), min(middle_per_corpus, len(mid)), replace=False) if middle_per_corpus else []
         for i in sorted(int(i) for i in picks):
             middle.append(LabelledConversation(mid[i].conversation, True))
             middle_means.append(mid[i].mean_overall)
@@ -462,10 +462,10 @@ def generated_pool(args: argparse.Namespace, base_url: str, data: Data, bench: B
         )
     except (GeneratorError, RubricGenerationError) as e:
         log(f"generation failed: {e}")
-        report = getattr(e, "report", None)
+        partial_report = getattr(e, "report", None)  # how far generation got, when the error carries it
         bench.results["generation"] = {
             "error": str(e), "prompt_versions": dict(PROMPT_VERSIONS), "wall_s": time.perf_counter() - started,
-            "conversations": len(subset), **({"report": report.to_dict()} if report is not None else {}),
+            "conversations": len(subset), **({"report": partial_report.to_dict()} if partial_report is not None else {}),
         }
         failed.write_text(json.dumps(bench.results["generation"], indent=2, default=str) + "\n", encoding="utf-8")
         return None

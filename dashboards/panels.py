@@ -21,6 +21,7 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models.dashboard import (
     DashboardCursorSync,
+    DashboardLinkType,
     DataSourceRef,
     DynamicConfigValue,
     VariableOption,
@@ -55,7 +56,7 @@ def new_dashboard(uid: str, title: str, description: str, time_from: str = DEFAU
         .timezone("utc")
         .tooltip(DashboardCursorSync.CROSSHAIR)
         .editable()
-        .link(dash.DashboardLink("convowatch").type("dashboards").tags(["convowatch"]).as_dropdown(True)
+        .link(dash.DashboardLink("convowatch").type(DashboardLinkType.DASHBOARDS).tags(["convowatch"]).as_dropdown(True)
               .include_vars(True).keep_time(True))
         .annotation(
             dash.AnnotationQuery().name("Annotations & Alerts").built_in(1).type("dashboard").enable(True).hide(True)

@@ -138,6 +138,8 @@ ProgressCallback = Callable[[TrainingProgress], None]
 class _Network(nn.Module):
     """One calibration network; judge index -1 means "unknown judge": shared weights only."""
 
+    option_mask: torch.Tensor  # a buffer (register_buffer in __init__)
+
     def __init__(self, input_size: int, h1: int, h2: int, n_judges: int, option_counts: Sequence[int]) -> None:
         super().__init__()
         n_questions, k_max = len(option_counts), max(option_counts)
@@ -480,6 +482,7 @@ class CalibrationNetwork:
             report(epoch, train_loss, val_loss)
             if valid is None:
                 continue
+            assert val_loss is not None  # computed above whenever there is a validation set
             if val_loss < best_loss - EARLY_STOPPING_MIN_DELTA:
                 best_loss, since_best = val_loss, 0
                 best_state = {k: v.detach().clone() for k, v in net.state_dict().items()}
@@ -834,7 +837,7 @@ NAMED_GRIDS: dict[str, dict[str, list[Any]]] = {"paper": PAPER_GRID, "small": SM
 def parameter_grid(grid: Grid) -> list[dict[str, Any]]:
     """All combinations of a ``{name: [values]}`` grid (or of each grid in a list), in a stable order."""
     grids = [grid] if isinstance(grid, Mapping) else list(grid)
-    out = []
+    out: list[dict[str, Any]] = []
     for g in grids:
         names = list(g)
         out.extend(dict(zip(names, combo)) for combo in itertools.product(*(g[n] for n in names)))

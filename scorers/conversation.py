@@ -19,7 +19,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 Role = Literal["user", "assistant", "system", "tool"]
 ROLES: tuple[str, ...] = ("user", "assistant", "system", "tool")
@@ -34,6 +34,13 @@ class ConversationError(ValueError):
     """A conversation that cannot be built or rendered (bad role, empty, ...)."""
 
 
+def as_role(value: object) -> Role:
+    """``value`` as a `Role`; `ConversationError` if it is not one of `ROLES`."""
+    if value not in ROLES:
+        raise ConversationError(f"unknown role {value!r}; expected one of {ROLES}")
+    return cast(Role, value)
+
+
 @dataclass(frozen=True)
 class Turn:
     """One message in a conversation."""
@@ -43,8 +50,7 @@ class Turn:
     timestamp: datetime | None = None
 
     def __post_init__(self) -> None:
-        if self.role not in ROLES:
-            raise ConversationError(f"unknown role {self.role!r}; expected one of {ROLES}")
+        as_role(self.role)
         if not isinstance(self.text, str):
             raise ConversationError(f"turn text must be a string, got {type(self.text).__name__}")
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scorers.conversation import Conversation, ConversationError, Turn
+from scorers.conversation import Conversation, ConversationError, Turn, as_role
 
 _LABELS = {"positive": True, "negative": False, True: True, False: False}
 
@@ -57,7 +57,7 @@ def _parse_line(obj: Any, where: str) -> LabelledConversation:
         if not isinstance(t, dict) or not isinstance(t.get("text"), str):
             raise LabelledDataError(f"{where}: turns[{i}] needs 'role' and a string 'text'")
         try:
-            turns.append(Turn(role=t.get("role"), text=t["text"]))
+            turns.append(Turn(role=as_role(t.get("role")), text=t["text"]))
         except ConversationError as e:
             raise LabelledDataError(f"{where}: turns[{i}]: {e}") from e
     return LabelledConversation(Conversation(cid, tuple(turns), attributes), positive)

@@ -185,8 +185,8 @@ def load_features(
         raise RubricDataError(str(e)) from e
     optional = set(optional_questions)
     by_text: dict[str, dict[str, tuple[float, ...]]] = {}
-    for (tid, qid), probs in table.items():
-        by_text.setdefault(tid, {})[qid] = probs
+    for (tid, qid), answer in table.items():
+        by_text.setdefault(tid, {})[qid] = answer
     out: dict[str, np.ndarray] = {}
     for tid, answers in by_text.items():
         parts: list[np.ndarray] = []

@@ -311,7 +311,8 @@ class RubricLearner:
         ratings = rate(judge, candidates.rubrics, conversations, cache, batch_questions=self.batch_questions, progress=on_rating)
         matrix = ratings.matrix
 
-        alpha, cv = 0.0, ()
+        alpha = 0.0
+        cv: tuple[CvRow, ...] = ()
         if self._cross_validates:
             alpha, cv = select_alpha(matrix, y, polarities, self.alphas, self.folds, self.seed, self.n_sat, self.n_dsat)
             if progress:

@@ -311,7 +311,7 @@ def merge(*pools: RubricPool, metadata: Mapping[str, Any] | None = None) -> Rubr
                 )
             by_text[text_key(r.text)] = by_id[r.id] = r
             kept.append(r)
-    meta = dict(metadata) if metadata is not None else {"merged_from": [dict(p.metadata) for p in pools]}
+    meta: dict[str, Any] = dict(metadata) if metadata is not None else {"merged_from": [dict(p.metadata) for p in pools]}
     meta["dropped_duplicates"] = dropped
     return RubricPool(tuple(kept), versions, meta)
 

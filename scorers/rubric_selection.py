@@ -469,7 +469,7 @@ def ucb_select(
             sums[a] += reward
             seen[rows, j] = True
             if chosen:
-                seen[np.ix_(rows, chosen)] = True
+                seen[np.ix_(rows, np.asarray(chosen))] = True
             looked_at += len(rows)
         means = np.where(pulls > 0, sums / np.maximum(pulls, 1), -math.inf)
         best = arms[int(np.argmax(means))]

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scorers.conversation import Conversation, Turn
+from scorers.conversation import Conversation, Role, Turn
 from scorers.labelled import LabelledConversation, LabelledDataError
 from scorers.llm_rubric_data import (
     NEGATIVE_MAX_MEAN_Q0,
@@ -38,7 +38,7 @@ from scorers.llm_rubric_data import (
     satisfaction_labels,
 )
 
-USS_ROLES = {"USER": "user", "SYSTEM": "assistant"}
+USS_ROLES: dict[str, Role] = {"USER": "user", "SYSTEM": "assistant"}
 OVERALL = "OVERALL"
 RATING_MIN, RATING_MAX = 1, 5
 NEGATIVE_BELOW = 3.0

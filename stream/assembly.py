@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 from stream.contract import NEGATIVE_RATINGS, EndEvent, Event, FeedbackEvent, TurnEvent
 from stream.records import ClosedConversation, TurnRecord
@@ -67,7 +67,7 @@ def _merge(current: dict[str, str], incoming: dict[str, str], newer: bool) -> di
     return {**current, **incoming} if newer else {**incoming, **current}
 
 
-def is_closed(state: State | None) -> bool:
+def is_closed(state: State | None) -> TypeGuard[State]:
     return state is not None and state.get("closed_at") is not None
 
 

@@ -432,6 +432,12 @@ def sink_cmd(obj: _Context) -> None:
     run_sink(obj.settings)
 
 
+def _replay_path(source: str, path: Path | None) -> Path:
+    if path is None:
+        raise click.UsageError(f"replay {source} needs a PATH")
+    return path
+
+
 @cli.command("replay")
 @click.argument("source", type=click.Choice(["jsonl", "llm-rubric", "uss", "synthetic"]))
 @click.argument("path", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path))
@@ -458,19 +464,17 @@ def replay_cmd(obj: _Context, source: str, path: Path | None, speed: float, skip
     from stream.publisher import invalid_items, publish
 
     a = obj.settings.assembly
-    if source in ("jsonl", "uss") and path is None:
-        raise click.UsageError(f"replay {source} needs a PATH")
     if source == "jsonl":
-        items = list(replay.jsonl_events(path, max_text_bytes=a.max_text_bytes, max_event_bytes=a.max_event_bytes))
+        items = list(replay.jsonl_events(_replay_path(source, path), max_text_bytes=a.max_text_bytes, max_event_bytes=a.max_event_bytes))
         bad = invalid_items(items)
         if bad and not skip_invalid:
-            shown = "; ".join(f"{i.where}: {i.error.reason}" for i in bad[:5])
+            shown = "; ".join(f"{i.where}: {i.error.reason}" for i in bad[:5] if i.error is not None)
             _fail(f"{len(bad)} of {len(items)} lines break the event contract ({shown}{' ...' if len(bad) > 5 else ''}); "
                   "fix them or pass --skip-invalid")
     elif source == "llm-rubric":
         items = list(replay.llm_rubric_events(path or replay.LLM_RUBRIC_REAL_DATA, turn_gap_s=turn_gap))
     elif source == "uss":
-        items = list(replay.uss_events(path, turn_gap_s=turn_gap))
+        items = list(replay.uss_events(_replay_path(source, path), turn_gap_s=turn_gap))
     else:
         items = list(replay.synthetic_events(conversations, turns, seed))
     ensure_topics(obj.settings.kafka)

@@ -24,7 +24,7 @@ import base64
 import binascii
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -186,11 +186,10 @@ def _string(kind: str, name: str, v: object) -> str:
 
 def _integer(kind: str, name: str, v: object) -> int:
     """A JSON integer: an int, or a float with no fractional part (JSON does not tell them apart); never a boolean."""
-    t = type(v)
-    if t is int:
-        return v  # type: ignore[return-value]
-    if t is float and v.is_integer():  # type: ignore[union-attr]
-        return int(v)  # type: ignore[arg-type]
+    if type(v) is int:
+        return v
+    if type(v) is float and v.is_integer():
+        return int(v)
     raise _wrong_type(kind, name, "an integer", v)
 
 
@@ -267,9 +266,9 @@ def _timestamp(kind: str, v: object) -> float:
 def _attributes(kind: str, v: object) -> dict[str, str]:
     if type(v) is not dict:
         raise _wrong_type(kind, "attributes", "an object of strings", v)
-    if len(v) > MAX_ATTRIBUTES:  # type: ignore[arg-type]
-        raise InvalidEvent("invalid_value", f"{kind} event: attributes has {len(v)} keys, at most {MAX_ATTRIBUTES} allowed")  # type: ignore[arg-type]
-    for k, val in v.items():  # type: ignore[union-attr]
+    if len(v) > MAX_ATTRIBUTES:
+        raise InvalidEvent("invalid_value", f"{kind} event: attributes has {len(v)} keys, at most {MAX_ATTRIBUTES} allowed")
+    for k, val in v.items():
         if not k or len(k) > MAX_ATTRIBUTE_KEY_CHARS:
             raise InvalidEvent("invalid_value", f"{kind} event: attribute name {k[:80]!r} must be 1..{MAX_ATTRIBUTE_KEY_CHARS} characters")
         if type(val) is not str:
@@ -278,7 +277,7 @@ def _attributes(kind: str, v: object) -> dict[str, str]:
             raise InvalidEvent(
                 "invalid_value", f"{kind} event: attributes[{k!r}] has {len(val)} characters, at most {MAX_ATTRIBUTE_VALUE_CHARS} allowed"
             )
-    return v  # type: ignore[return-value]
+    return v
 
 
 def _utf8_size(kind: str, name: str, s: str) -> int:
@@ -328,7 +327,7 @@ def _parse_feedback(obj: dict[str, Any], max_text_bytes: int) -> FeedbackEvent:
     return FeedbackEvent(cid, index, rating, ts, comment, attrs)
 
 
-_PARSERS = {"turn": _parse_turn, "end": _parse_end, "feedback": _parse_feedback}
+_PARSERS: dict[str, Callable[[dict[str, Any], int], Event]] = {"turn": _parse_turn, "end": _parse_end, "feedback": _parse_feedback}
 
 
 def _strings(event: Event) -> list[tuple[str, str]]:

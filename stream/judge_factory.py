@@ -18,8 +18,8 @@ def judge_from_settings(settings: JudgeSettings, cache_dir) -> Judge:
     if settings.backend == "openai":
         from scorers.judges.openai_http import OpenAIJudge
 
-        missing = [name for name in ("base_url", "model") if getattr(settings, name) is None]
-        if missing:
+        if settings.base_url is None or settings.model is None:
+            missing = [name for name in ("base_url", "model") if getattr(settings, name) is None]
             raise SettingsError(
                 "judge.backend=openai needs " + ", ".join(f"judge.{m} (CONVOWATCH_JUDGE__{m.upper()})" for m in missing)
             )

@@ -86,18 +86,23 @@ def _generator(settings: Settings, base_url: str | None, model: str | None, seed
     from scorers.generators import LocalGenerator, OpenAIGenerator
 
     j = settings.judge
-    retry = {"max_retries": j.max_retries, "backoff_initial_s": j.backoff_initial_s, "backoff_max_s": j.backoff_max_s}
     if (base_url is None) != (model is None):
         raise click.UsageError("--generator-base-url and --generator-model go together")
-    if base_url is not None:
+    if base_url is not None and model is not None:
         # The judge's API key is only sent to the judge's own endpoint.
         key = j.api_key.get_secret_value() if j.api_key and base_url == j.base_url else None
-        return OpenAIGenerator(base_url=base_url, model=model, api_key=key, seed=seed, **retry)
+        return OpenAIGenerator(
+            base_url=base_url, model=model, api_key=key, seed=seed,
+            max_retries=j.max_retries, backoff_initial_s=j.backoff_initial_s, backoff_max_s=j.backoff_max_s,
+        )
     if j.backend == "openai":
         if j.base_url is None or j.model is None:
             raise SettingsError("a generated pool needs a generator: --generator-base-url/--generator-model, or judge.base_url and judge.model")
         key = j.api_key.get_secret_value() if j.api_key else None
-        return OpenAIGenerator(base_url=j.base_url, model=j.model, api_key=key, seed=seed, **retry)
+        return OpenAIGenerator(
+            base_url=j.base_url, model=j.model, api_key=key, seed=seed,
+            max_retries=j.max_retries, backoff_initial_s=j.backoff_initial_s, backoff_max_s=j.backoff_max_s,
+        )
     if j.backend == "local":
         return LocalGenerator(j.local_model, cache_dir=settings.cache_dir, seed=seed)
     raise SettingsError(

@@ -223,8 +223,8 @@ class ServiceMetrics:
         current = {(topic, str(partition)) for topic, partition in lags}
         for topic, partition in self._lag_partitions - current:
             self.consumer_lag.remove(topic, partition)
-        for (topic, partition), lag in lags.items():
-            self.consumer_lag.labels(topic, str(partition)).set(max(0, lag))
+        for (topic, number), lag in lags.items():
+            self.consumer_lag.labels(topic, str(number)).set(max(0, lag))
         self._lag_partitions = current
 
     def serve(self, host: str, port: int) -> int:

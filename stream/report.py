@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from scorers.questions import load_questions
 from stream.records import RubricHit
@@ -303,7 +303,8 @@ class Counts:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Counts:
-        return cls(**{f.name: (int if f.type == "int" else float)(row[f.name]) for f in fields(cls)})
+        values: dict[str, Any] = {f.name: (int if f.type == "int" else float)(row[f.name]) for f in fields(cls)}
+        return cls(**values)
 
     def __add__(self, other: Counts) -> Counts:
         return Counts(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
@@ -489,6 +490,18 @@ def question_names(path: str | Path) -> dict[str, str]:
     return {qid: str(raw[qid].get("name") or "") for qid in questions}
 
 
+class _ReportBase(TypedDict):
+    """The `ReportData` fields that do not depend on what the store holds."""
+
+    window: Window
+    product: str | None
+    model_version: str | None
+    source: str
+    generated_at: datetime
+    dimension_names: Mapping[str, str]
+    price: PriceSettings | None
+
+
 def load_report(
     store: ClickHouseStore,
     window: Window,
@@ -513,7 +526,7 @@ def load_report(
         "model_versions": [] if model_version is None else [model_version],
     }
     extent = store.query(EXTENT_SQL, scope)[0]
-    base = dict(
+    base = _ReportBase(
         window=window, product=product, model_version=model_version, source=f"{store.dsn} (database {store.database})",
         generated_at=datetime.now(_UTC), dimension_names=dict(dimension_names or {}), price=price,
     )  # fmt: skip

@@ -138,6 +138,7 @@ class ConversationScorer:
         judgement = rubric_score.judgement
         polarity = {r.id: r.polarity.value for r in self.rubric_set.rubrics}
         dimensions: list[DimensionPrediction] = []
+        main_probs: tuple[float, ...]
         main_id, main_probs, main_ev, p_dsat = "", (), None, None
         if self.calibrator is not None:
             trusted = self.settings.trusted_judges or None

@@ -98,6 +98,7 @@ from scorers.judges.base import (
 from scorers.judges.prompt import (
     MULTI_PROMPT_VERSION,
     PROMPT_VERSION,
+    ReplyForm,
     multi_question_prompt,
     numbered_order,
     single_question_prompt,
@@ -122,6 +123,7 @@ _ERRORS = ChatErrors(
     rejected=JudgeError,
     reply=JudgeReplyError,
 )
+_REPLY_FORMS: dict[AnswerFormat, ReplyForm] = {"json_schema": "json", "sequence": "sequence"}  # the others: "lines"
 _Reading = tuple[tuple[Answer, ...], tuple[Question, ...]]  # answers read, questions to ask again alone
 
 
@@ -278,7 +280,7 @@ class OpenAIJudge:
         else:
             # Batches of one judge always use the multi-question prompt, even a short last batch,
             # so a question's prompt format depends on the configuration only.
-            reply = {"json_schema": "json", "sequence": "sequence"}.get(self.answer_format, "lines")
+            reply = _REPLY_FORMS.get(self.answer_format, "lines")
             batch = numbered_order(batch)  # the prompt, the constraint and the reading all number them this way
             prompt = multi_question_prompt(transcript, batch, reply)
             max_tokens = TOKENS_PER_ANSWER * len(batch) + MULTI_EXTRA_TOKENS

@@ -20,7 +20,8 @@ from __future__ import annotations
 import itertools
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -136,7 +137,7 @@ M1 = 1500
 TODAY = [(1461, 1500)]
 
 
-def _bursty(conversations: Increments, p: tuple[float, float], p2: tuple[float, float], bursts: list[tuple[int, int]],
+def _bursty(conversations: Sequence[float], p: tuple[float, float], p2: tuple[float, float], bursts: list[tuple[int, int]],
             pi: float = 1.0) -> dict[str, Any]:
     """Per minute, for ``conversations`` closing of which a share ``pi`` is judged (weight 1/pi each): the weight
     (= conversations), the weighted sums of P(dsat) and P(dsat)^2, and the sampling-variance sums
@@ -195,6 +196,11 @@ def above_yesterday(name: str, t: int) -> tuple[bool, dict[str, float]]:
     var = max(window(s["sq"], t, SHORT, DAY) / ny - py ** 2, 0)
     threshold = py + max(LIFT, Z * math.sqrt(var * (1 / n + 1 / ny) + sampling_variance(s, t) + sampling_variance(s, t, DAY)))
     return p > threshold and n >= MIN_CONVERSATIONS and ny >= MIN_CONVERSATIONS, {"P": p, "N": n, "B": py, "Y": ny}
+
+
+def _fires(condition: Callable[[str, int], tuple[bool, dict[str, float]]], name: str, t: int) -> bool:
+    """Whether ``condition`` holds for ``name`` at minute ``t``; bound with partial for states and state_at in loops."""
+    return condition(name, t)[0]
 
 
 def _state(kind: Callable[[str, int], tuple[bool, dict[str, float]]], name: str, t: int) -> str:
@@ -269,7 +275,7 @@ def dissatisfaction_tests() -> str:
     assert _state(spike, "blip", 1466) == "pending" and _state(spike, "blip", 1475) == "inactive"
     for name in ("small", "calm", "blip", "edge", "noisy", "sampled"):
         for kind in (spike, above_yesterday):
-            assert "firing" not in states(lambda u, k=kind, n=name: k(n, u)[0], DAY + 20, M1).values(), (name, kind.__name__)
+            assert "firing" not in states(partial(_fires, kind, name), DAY + 20, M1).values(), (name, kind.__name__)
     small, sampled = PRODUCTS["small"], PRODUCTS["sampled"]
     # sampled and full differ only in their sampling: the same rate and n, but only sampled's threshold is widened
     assert math.isclose(spike("sampled", 1490)[1]["P"], spike("full", 1490)[1]["P"])
@@ -419,14 +425,14 @@ def uncertain_and_judge_tests() -> str:
     out.append("    alert_rule_test:\n")
     assert not any(uncertain(n, 360)[0] for n in SCORED)
     out.append(alert_test(360, "ConvowatchUncertainSurge", [], "before the surge"))
-    states = {n: state_at(lambda u, n=n: uncertain(n, u)[0], 390, 360) for n in SCORED}
+    states = {n: state_at(partial(_fires, uncertain, n), 390, 360) for n in SCORED}
     assert [n for n, s in states.items() if s == "firing"] == ["shop", "dense"], states
     assert math.isclose(uncertain("dense", 390)[1]["P"], uncertain("sampled", 390)[1]["P"])
     out.append(alert_test(390, "ConvowatchUncertainSurge", [_uncertain_alert(n, 390) for n in ("shop", "dense")],
                           "shop and dense fire; small (n < 50), calm and sampled (sampling error) do not"))
     for t, expected, comment in ((360, ["openai:down"], "before flaky fails: only the judge that never succeeds"),
                                  (390, ["openai:flaky", "openai:down"], "flaky and down fire; rare (10 attempts < 20) and healthy do not")):
-        states = {n: state_at(lambda u, n=n: judge(JUDGES, n, u)[0], t, SHORT + 1) for n in JUDGES}
+        states = {n: state_at(partial(_fires, partial(judge, JUDGES), n), t, SHORT + 1) for n in JUDGES}
         firing = [n for n, s in states.items() if s == "firing"]
         assert firing == expected, states
         out.append(alert_test(t, "ConvowatchJudgeErrors", [_judge_alert(n, t) for n in firing], comment))
@@ -441,7 +447,7 @@ def quiet_judge_tests() -> str:
     ])]
     out += _judge_series(QUIET_JUDGES)
     for n in QUIET_JUDGES:
-        assert state_at(lambda u, n=n: judge(QUIET_JUDGES, n, u)[0], 100, SHORT + 1) == "inactive", n
+        assert state_at(partial(_fires, partial(judge, QUIET_JUDGES), n), 100, SHORT + 1) == "inactive", n
     out += ["    alert_rule_test:\n", alert_test(100, "ConvowatchJudgeErrors", [], "none of them")]
     return "".join(out)
 
@@ -552,6 +558,10 @@ def budget_share(limit: str, t: int) -> float:
     return max(window(w, t, SHORT) / (SHORT * 60) for (lim, _), w in BUDGET_WAITS.items() if lim == limit)
 
 
+def _budget_held(limit: str, t: int) -> bool:
+    return budget_share(limit, t) > BUDGET_WAIT_SHARE
+
+
 def budget_tests() -> str:
     out = [header("judge budget exhausted: a worker waits for the budget more than half the time", [
         "Seconds each worker's scoring waited for a budget limit, per minute:",
@@ -567,7 +577,7 @@ def budget_tests() -> str:
                                  (40, [], "tokens_per_day above 50 % since minute 37, tokens_per_minute since 36: pending"),
                                  (60, ["tokens_per_day"], "tokens_per_day fires; tokens_per_minute's burst ended, calls_per_minute stays at 33 %"),
                                  (M3, ["tokens_per_day"], "still firing")):
-        firing = [lim for lim in limits if state_at(lambda u, lim=lim: budget_share(lim, u) > BUDGET_WAIT_SHARE, t, SHORT) == "firing"]
+        firing = [lim for lim in limits if state_at(partial(_budget_held, lim), t, SHORT) == "firing"]
         assert firing == expected, (t, firing)
         out.append(alert_test(t, "ConvowatchJudgeBudgetExhausted", [{
             "labels": {"severity": "ticket", "limit": lim}, "summary": f"Judge budget {lim} is holding scoring back",
