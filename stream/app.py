@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
@@ -88,13 +88,18 @@ class WorkerApp(faust.App):
     guarded_topics: frozenset[str] = frozenset()  # topics delivered by `GuardedDelivery`
     on_refetch: Callable[[str, str], None] | None = None  # (topic, reason) of each refetch, for the metric
 
+    @property
+    def guarded_consumer(self) -> GuardedDelivery:
+        """The consumer, a `GuardedDelivery` (see `_new_transport`); Faust types it as its own ``ConsumerT``."""
+        return cast(GuardedDelivery, self.consumer)
+
     def in_order(self, stream: faust.StreamT) -> AsyncIterator[EventT]:
         """The events of ``stream`` its agent should process now, in offset order per partition (`GuardedDelivery`)."""
-        return in_order(self.consumer, stream)
+        return in_order(self.guarded_consumer, stream)
 
     def finished(self, event: EventT) -> None:
         """The agent is done with ``event``: Faust's ack of it may now commit its offset."""
-        self.consumer.finished(event.message)
+        self.guarded_consumer.finished(event.message)
 
     def on_rebalance_start(self) -> None:
         """Faust calls this first thing in a rebalance (from its consumer thread). Faust then waits for the event each
@@ -157,11 +162,15 @@ def create_app(settings: Settings, scorer: ConversationScorer, metrics: ServiceM
     app.guarded_topics = frozenset({k.events_topic, k.closed_topic})
     app.on_refetch = lambda topic, reason: metrics.partition_refetches.labels(topic, reason).inc()
     app.budget = scorer.budget
-    raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
-    events_topic = app.topic(k.events_topic, partitions=k.partitions, **raw)
-    closed_topic = app.topic(k.closed_topic, partitions=k.partitions, **raw)
-    scores_topic = app.topic(k.scores_topic, partitions=k.partitions, **raw)
-    dead_letter_topic = app.topic(k.dead_letter_topic, partitions=k.partitions, **raw)
+
+    def raw_topic(name: str) -> faust.TopicT:
+        """A topic of raw bytes (keys and values) with ``kafka.partitions`` partitions."""
+        return app.topic(name, partitions=k.partitions, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+
+    events_topic = raw_topic(k.events_topic)
+    closed_topic = raw_topic(k.closed_topic)
+    scores_topic = raw_topic(k.scores_topic)
+    dead_letter_topic = raw_topic(k.dead_letter_topic)
     table = app.Table(TABLE_NAME, default=None, partitions=k.partitions,
                       schema=faust.Schema(key_type=str, key_serializer="raw", value_serializer="json"))
     assembler = ConversationAssembler(settings.assembly)
@@ -209,7 +218,7 @@ def create_app(settings: Settings, scorer: ConversationScorer, metrics: ServiceM
 
     @app.timer(interval=k.refetch_idle_s / 2, name="refetch_stalled")
     async def refetch_stalled() -> None:
-        await app.consumer.refetch_stalled(k.refetch_idle_s)
+        await app.guarded_consumer.refetch_stalled(k.refetch_idle_s)
 
     requested: dict[str, float] = {}
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from scorers.conversation import Conversation, Turn
+from scorers.conversation import Conversation, Turn, as_role
 
 RECORD_VERSION = 1
 
@@ -57,7 +57,7 @@ class ClosedConversation:
         return Conversation(
             id=self.conversation_id,
             turns=tuple(
-                Turn(role=t.role, text=t.text, timestamp=datetime.fromtimestamp(t.timestamp, tz=UTC)) for t in self.turns
+                Turn(role=as_role(t.role), text=t.text, timestamp=datetime.fromtimestamp(t.timestamp, tz=UTC)) for t in self.turns
             ),
             attributes=self.attributes,
         )
@@ -97,7 +97,7 @@ class ClosedConversation:
             raise RecordError(f"not a closed-conversation record: {e!r}") from e
 
     @classmethod
-    def from_json(cls, raw: bytes) -> ClosedConversation:
+    def from_json(cls, raw: bytes | None) -> ClosedConversation:
         return cls.from_dict(_load(raw))
 
 
@@ -166,7 +166,7 @@ class ScoreRecord:
         return _dump({"record_version": RECORD_VERSION, **d})
 
     @classmethod
-    def from_json(cls, raw: bytes) -> ScoreRecord:
+    def from_json(cls, raw: bytes | None) -> ScoreRecord:
         d = _load(raw)
         try:
             return cls(
@@ -216,7 +216,9 @@ def _dump(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
-def _load(raw: bytes) -> dict[str, Any]:
+def _load(raw: bytes | None) -> dict[str, Any]:
+    if raw is None:  # a Kafka record with a null value (a tombstone)
+        raise RecordError("the record has no value (null)")
     try:
         d = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
