@@ -12,13 +12,14 @@ import copy
 import json
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scorers.conversation import ROLES
 from stream.assembly import ConversationAssembler, State, Step, is_closed
 from stream.contract import EndEvent, Event, FeedbackEvent, TurnEvent
-from stream.records import ClosedConversation
+from stream.records import ClosedConversation, RecordError, ScoreRecord
 from stream.settings import AssemblySettings
 
 CID = "conv-1"
@@ -321,3 +322,11 @@ def test_any_arrival_order_with_redeliveries_closes_the_same_conversation(case: 
     # every redelivery after the close is still recognised
     for t in turns:
         assert apply_checked(a, state, t, NOW).outcome == "duplicate"
+
+
+@pytest.mark.parametrize("record_class", [ClosedConversation, ScoreRecord])
+@pytest.mark.parametrize("raw", [None, b"not json", b"[1, 2]", b'{"record_version": 999}'])
+def test_records_without_a_valid_value_raise_record_error(record_class, raw) -> None:
+    """A tombstone (null value), non-JSON or a foreign version is a RecordError, which the worker and sink dead-letter."""
+    with pytest.raises(RecordError):
+        record_class.from_json(raw)
