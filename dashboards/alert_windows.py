@@ -29,7 +29,9 @@ def duration_seconds(text: str) -> float:
     """Seconds in a Prometheus duration string (``"10m"`` -> 600.0); ValueError if it is not one."""
     match = _DURATION.fullmatch(text) if isinstance(text, str) and text else None
     if match is None:
-        raise ValueError(f"{text!r} is not a Prometheus duration (integers with units y w d h m s ms, largest first: 30s, 10m, 1h30m, 1d)")
+        raise ValueError(
+            f"{text!r} is not a Prometheus duration (integers with units y w d h m s ms, largest first: 30s, 10m, 1h30m, 1d)"
+        )
     return sum(int(n) * _UNIT_S[u] for n, u in zip(match.groups(), _UNIT_S) if n is not None)
 
 
@@ -119,7 +121,9 @@ class AlertWindows:
             raise AlertWindowsError(f"AlertWindows.z: {self.z!r} must be > 0 (standard errors above the baseline)")
         for name in ("min_lift", "uncertain_min_lift"):
             if not 0 <= getattr(self, name) < 1:
-                raise AlertWindowsError(f"AlertWindows.{name}: {getattr(self, name)!r} must be in [0, 1) (a difference of two shares)")
+                raise AlertWindowsError(
+                    f"AlertWindows.{name}: {getattr(self, name)!r} must be in [0, 1) (a difference of two shares)"
+                )
         for name in ("judge_error_ratio", "dead_letter_ratio", "budget_wait_share"):
             if not 0 < getattr(self, name) < 1:
                 raise AlertWindowsError(f"AlertWindows.{name}: {getattr(self, name)!r} must be in (0, 1) (a share)")

@@ -105,7 +105,9 @@ def queries() -> list[Query]:
             if variable.get("type") == "query":
                 query = variable["query"]
                 text = query if isinstance(query, str) else query.get("query", "")
-                out.append(Query(uid, f"variable {variable['name']}", _kind(uid, variable.get("datasource")), text, variable["name"]))
+                out.append(
+                    Query(uid, f"variable {variable['name']}", _kind(uid, variable.get("datasource")), text, variable["name"])
+                )
         for panel in flat_panels(model.get("panels", [])):
             for target in panel.get("targets", []):
                 kind = _kind(uid, target.get("datasource") or panel.get("datasource"))
@@ -126,5 +128,7 @@ def flat_panels(panels: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _kind(dashboard_uid: str, datasource: dict[str, Any] | None) -> Kind:
     uid = (datasource or {}).get("uid")
     if uid not in KIND_BY_UID:
-        raise CatalogError(f"dashboard {dashboard_uid!r}: a query uses datasource {datasource!r}, not one of {sorted(KIND_BY_UID)}")
+        raise CatalogError(
+            f"dashboard {dashboard_uid!r}: a query uses datasource {datasource!r}, not one of {sorted(KIND_BY_UID)}"
+        )
     return KIND_BY_UID[uid]

@@ -33,8 +33,14 @@ _FORMAT: dict[str, int] = {"timeseries": 0, "table": 1}  # Grafana's data format
 class Query(cogvariants.Dataquery):
     """One raw-SQL query of the ClickHouse plugin."""
 
-    def __init__(self, raw_sql: str = "", ref_id: str = "", query_type: QueryType = "table",
-                 datasource: DataSourceRef | None = None, hide: bool | None = None) -> None:
+    def __init__(
+        self,
+        raw_sql: str = "",
+        ref_id: str = "",
+        query_type: QueryType = "table",
+        datasource: DataSourceRef | None = None,
+        hide: bool | None = None,
+    ) -> None:
         self.raw_sql = raw_sql
         self.ref_id = ref_id
         self.query_type = query_type

@@ -42,8 +42,18 @@ GROUP = "convowatch"
 CONDITION = "C"
 EXPRESSION_UID = "__expr__"  # Grafana's pseudo-datasource for server-side expressions
 _PLACEHOLDER = re.compile(r"\{(\w+):([^{}]+)\}")
-_PROVISIONED_RULE_KEYS = ("uid", "title", "condition", "data", "noDataState", "execErrState", "for", "annotations", "labels",
-                          "isPaused")
+_PROVISIONED_RULE_KEYS = (
+    "uid",
+    "title",
+    "condition",
+    "data",
+    "noDataState",
+    "execErrState",
+    "for",
+    "annotations",
+    "labels",
+    "isPaused",
+)
 
 
 def _condition(spec: AlertSpec) -> str:
@@ -65,7 +75,9 @@ def _rule(spec: AlertSpec, w: AlertWindows, runbooks: str) -> alerting.Rule:
         .condition(CONDITION)
         .for_val(w.for_)
         .labels({"severity": spec.severity})
-        .annotations({"summary": spec.summary, "description": _description(spec), "runbook_url": runbook_url(spec.name, runbooks)})
+        .annotations(
+            {"summary": spec.summary, "description": _description(spec), "runbook_url": runbook_url(spec.name, runbooks)}
+        )
         .no_data_state("OK")
         .exec_err_state("Error")
         .is_paused(False)
@@ -73,7 +85,12 @@ def _rule(spec: AlertSpec, w: AlertWindows, runbooks: str) -> alerting.Rule:
     for ref, promql in spec.queries.items():
         model = prometheus.Dataquery().expr(unwrap(promql)).instant().ref_id(ref).datasource(datasources.prometheus())
         rule.with_query(alerting.Query(ref).datasource_uid(datasources.PROMETHEUS_UID).model(model).relative_time_range(preview))
-    math = expr.TypeMath().expression(_condition(spec)).ref_id(CONDITION).datasource(DataSourceRef(type_val=EXPRESSION_UID, uid=EXPRESSION_UID))
+    math = (
+        expr.TypeMath()
+        .expression(_condition(spec))
+        .ref_id(CONDITION)
+        .datasource(DataSourceRef(type_val=EXPRESSION_UID, uid=EXPRESSION_UID))
+    )
     return rule.with_query(alerting.Query(CONDITION).datasource_uid(EXPRESSION_UID).model(math))
 
 
@@ -94,7 +111,9 @@ def grafana_rule_groups(windows: AlertWindows = AlertWindows(), runbooks: str = 
     rules = [{key: r[key] for key in _PROVISIONED_RULE_KEYS if key in r} for r in built["rules"]]
     return {
         "apiVersion": 1,
-        "groups": [{"orgId": ORG_ID, "name": built["title"], "folder": FOLDER, "interval": windows.grafana_interval, "rules": rules}],
+        "groups": [
+            {"orgId": ORG_ID, "name": built["title"], "folder": FOLDER, "interval": windows.grafana_interval, "rules": rules}
+        ],
     }
 
 

@@ -28,31 +28,54 @@ DSAT_LEGEND, UPPER, LOWER = "calibrated P(dsat)", "upper 95%", "lower 95%"
 def dashboard() -> dict[str, Any]:
     """The Overview dashboard's JSON model."""
     board = p.new_dashboard(
-        UID, TITLE,
+        UID,
+        TITLE,
         "Conversation volume, label shares, the calibrated dissatisfaction rate with its 95% band, yield, "
         "and breakdowns by model version and product.",
     )
     board = p.with_attribute_variables(board, promql.SCORED)
-    board = p.with_rows(board, [
-        ("Over the selected range", _headline()),
-        ("Over time", _over_time()),
-        ("By model version and product", _breakdowns()),
-    ])
+    board = p.with_rows(
+        board,
+        [
+            ("Over the selected range", _headline()),
+            ("Over time", _over_time()),
+            ("By model version and product", _breakdowns()),
+        ],
+    )
     return p.finish(board)
 
 
 def _headline() -> list:
     return [
-        p.single_stat("Conversations", "Conversations closed and processed in the range (scored, stored unscored or unsampled).",
-                      p.promql_instant(promql.increase(promql.SAMPLED, RANGE, M), "conversations"), "short", decimals=0),
-        p.single_stat("Calibrated dissatisfaction rate",
-                      "Mean calibrated P(user dissatisfied) over the range: the estimated share of dissatisfied "
-                      "conversations (not the share of dsat labels).",
-                      p.promql_instant(promql.calibrated_dsat_rate(RANGE, M), DSAT_LEGEND), "percentunit", decimals=1),
-        p.single_stat("Yield", "Share of scored conversations the rubric set labelled (sat or dsat, not uncertain).",
-                      p.promql_instant(promql.yield_share(RANGE, M), "yield"), "percentunit", decimals=1),
-        p.single_stat("Dissatisfied-label share", "Share of scored conversations labelled dsat by the rubric set.",
-                      p.promql_instant(promql.label_share("dsat", RANGE, M), "dsat"), "percentunit", decimals=1),
+        p.single_stat(
+            "Conversations",
+            "Conversations closed and processed in the range (scored, stored unscored or unsampled).",
+            p.promql_instant(promql.increase(promql.SAMPLED, RANGE, M), "conversations"),
+            "short",
+            decimals=0,
+        ),
+        p.single_stat(
+            "Calibrated dissatisfaction rate",
+            "Mean calibrated P(user dissatisfied) over the range: the estimated share of dissatisfied "
+            "conversations (not the share of dsat labels).",
+            p.promql_instant(promql.calibrated_dsat_rate(RANGE, M), DSAT_LEGEND),
+            "percentunit",
+            decimals=1,
+        ),
+        p.single_stat(
+            "Yield",
+            "Share of scored conversations the rubric set labelled (sat or dsat, not uncertain).",
+            p.promql_instant(promql.yield_share(RANGE, M), "yield"),
+            "percentunit",
+            decimals=1,
+        ),
+        p.single_stat(
+            "Dissatisfied-label share",
+            "Share of scored conversations labelled dsat by the rubric set.",
+            p.promql_instant(promql.label_share("dsat", RANGE, M), "dsat"),
+            "percentunit",
+            decimals=1,
+        ),
     ]
 
 
@@ -67,20 +90,28 @@ def _over_time() -> list:
             p.promql(promql.calibrated_dsat_band(W, M, upper=True), UPPER),
             p.promql(promql.calibrated_dsat_band(W, M, upper=False), LOWER),
         ],
-        "percentunit", min_value=0, max_value=1,
+        "percentunit",
+        min_value=0,
+        max_value=1,
     ).interval("1m")
     return [
         p.time_series(
             "Conversation volume",
             "Conversations per second: scored (any label), stored unscored (judge failed) and unsampled (not judged).",
-            [p.promql(promql.rate(promql.SCORED, W, M), "scored"), p.promql(promql.rate(promql.UNSCORED, W, M), "unscored"),
-             p.promql(promql.rate(promql.SAMPLED, W, f'decision="unsampled", {M}'), "unsampled")],
+            [
+                p.promql(promql.rate(promql.SCORED, W, M), "scored"),
+                p.promql(promql.rate(promql.UNSCORED, W, M), "unscored"),
+                p.promql(promql.rate(promql.SAMPLED, W, f'decision="unsampled", {M}'), "unsampled"),
+            ],
             "cps",
         ),
         p.time_series(
-            "Label shares", "Shares of scored conversations labelled sat, dsat and uncertain by the rubric set's windows.",
+            "Label shares",
+            "Shares of scored conversations labelled sat, dsat and uncertain by the rubric set's windows.",
             [p.promql(promql.label_share(label, W, M), label) for label in ("sat", "dsat", "uncertain")],
-            "percentunit", min_value=0, max_value=1,
+            "percentunit",
+            min_value=0,
+            max_value=1,
         ),
         p.confidence_band(rate_panel, UPPER, LOWER),
         p.time_series(
@@ -88,7 +119,9 @@ def _over_time() -> list:
             "Share of scored conversations outside the abstention zone. A falling yield means the judge separates "
             "conversations less well (drift).",
             [p.promql(promql.yield_share(W, M), "yield")],
-            "percentunit", min_value=0, max_value=1,
+            "percentunit",
+            min_value=0,
+            max_value=1,
         ),
     ]
 
@@ -96,31 +129,47 @@ def _over_time() -> list:
 def _breakdowns() -> list:
     return [
         p.time_series(
-            "Calibrated dissatisfaction rate by model version", "Mean calibrated P(dissatisfied) per model version.",
+            "Calibrated dissatisfaction rate by model version",
+            "Mean calibrated P(dissatisfied) per model version.",
             [p.promql(promql.calibrated_dsat_rate(W, M, by="model_version"), "{{model_version}}")],
-            "percentunit", min_value=0, max_value=1,
+            "percentunit",
+            min_value=0,
+            max_value=1,
         ).interval("1m"),
         p.time_series(
-            "Calibrated dissatisfaction rate by product", "Mean calibrated P(dissatisfied) per product.",
+            "Calibrated dissatisfaction rate by product",
+            "Mean calibrated P(dissatisfied) per product.",
             [p.promql(promql.calibrated_dsat_rate(W, M, by="product"), "{{product}}")],
-            "percentunit", min_value=0, max_value=1,
+            "percentunit",
+            min_value=0,
+            max_value=1,
         ).interval("1m"),
         p.time_series(
-            "Volume by model version", "Conversations per second per model version (judged or not).",
-            [p.promql(promql.rate(promql.SAMPLED, W, M, by="model_version"), "{{model_version}}")], "cps",
+            "Volume by model version",
+            "Conversations per second per model version (judged or not).",
+            [p.promql(promql.rate(promql.SAMPLED, W, M, by="model_version"), "{{model_version}}")],
+            "cps",
         ),
         p.time_series(
-            "Volume by product", "Conversations per second per product (judged or not).",
-            [p.promql(promql.rate(promql.SAMPLED, W, M, by="product"), "{{product}}")], "cps",
+            "Volume by product",
+            "Conversations per second per product (judged or not).",
+            [p.promql(promql.rate(promql.SAMPLED, W, M, by="product"), "{{product}}")],
+            "cps",
         ),
         p.time_series(
-            "Yield by model version", "Share of scored conversations labelled (not uncertain), per model version.",
+            "Yield by model version",
+            "Share of scored conversations labelled (not uncertain), per model version.",
             [p.promql(promql.yield_share(W, M, by="model_version"), "{{model_version}}")],
-            "percentunit", min_value=0, max_value=1,
+            "percentunit",
+            min_value=0,
+            max_value=1,
         ),
         p.time_series(
-            "Dissatisfied-label share by model version", "Share of scored conversations labelled dsat, per model version.",
+            "Dissatisfied-label share by model version",
+            "Share of scored conversations labelled dsat, per model version.",
             [p.promql(promql.label_share("dsat", W, M, by="model_version"), "{{model_version}}")],
-            "percentunit", min_value=0, max_value=1,
+            "percentunit",
+            min_value=0,
+            max_value=1,
         ),
     ]

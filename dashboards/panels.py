@@ -56,11 +56,23 @@ def new_dashboard(uid: str, title: str, description: str, time_from: str = DEFAU
         .timezone("utc")
         .tooltip(DashboardCursorSync.CROSSHAIR)
         .editable()
-        .link(dash.DashboardLink("convowatch").type(DashboardLinkType.DASHBOARDS).tags(["convowatch"]).as_dropdown(True)
-              .include_vars(True).keep_time(True))
+        .link(
+            dash.DashboardLink("convowatch")
+            .type(DashboardLinkType.DASHBOARDS)
+            .tags(["convowatch"])
+            .as_dropdown(True)
+            .include_vars(True)
+            .keep_time(True)
+        )
         .annotation(
-            dash.AnnotationQuery().name("Annotations & Alerts").built_in(1).type("dashboard").enable(True).hide(True)
-            .icon_color("rgba(0, 211, 255, 1)").datasource(DataSourceRef(type_val="grafana", uid="-- Grafana --"))
+            dash.AnnotationQuery()
+            .name("Annotations & Alerts")
+            .built_in(1)
+            .type("dashboard")
+            .enable(True)
+            .hide(True)
+            .icon_color("rgba(0, 211, 255, 1)")
+            .datasource(DataSourceRef(type_val="grafana", uid="-- Grafana --"))
         )
     )
 
@@ -124,18 +136,41 @@ def with_ref_ids(targets: Sequence[AnyTarget]) -> list[AnyTarget]:
 
 
 def _legend() -> common_builders.VizLegendOptions:
-    return (common_builders.VizLegendOptions().show_legend(True).display_mode(common.LegendDisplayMode.LIST)
-            .placement(common.LegendPlacement.BOTTOM).calcs([]))
+    return (
+        common_builders.VizLegendOptions()
+        .show_legend(True)
+        .display_mode(common.LegendDisplayMode.LIST)
+        .placement(common.LegendPlacement.BOTTOM)
+        .calcs([])
+    )
 
 
-def time_series(title: str, description: str, targets: Sequence[AnyTarget], unit: str, *, span: int = 12, height: int = 8,
-                min_value: float | None = None, max_value: float | None = None,
-                datasource: str = datasources.PROMETHEUS_UID) -> timeseries.Panel:
+def time_series(
+    title: str,
+    description: str,
+    targets: Sequence[AnyTarget],
+    unit: str,
+    *,
+    span: int = 12,
+    height: int = 8,
+    min_value: float | None = None,
+    max_value: float | None = None,
+    datasource: str = datasources.PROMETHEUS_UID,
+) -> timeseries.Panel:
     """A time-series panel of one or more targets."""
     panel = (
-        timeseries.Panel().title(title).description(description).datasource(_ref(datasource))
-        .targets(with_ref_ids(targets)).unit(unit).span(span).height(height).legend(_legend())
-        .line_width(1).fill_opacity(10).show_points(common.VisibilityMode.NEVER)
+        timeseries.Panel()
+        .title(title)
+        .description(description)
+        .datasource(_ref(datasource))
+        .targets(with_ref_ids(targets))
+        .unit(unit)
+        .span(span)
+        .height(height)
+        .legend(_legend())
+        .line_width(1)
+        .fill_opacity(10)
+        .show_points(common.VisibilityMode.NEVER)
     )
     if min_value is not None:
         panel = panel.min(min_value)
@@ -150,56 +185,108 @@ def confidence_band(panel: timeseries.Panel, upper: str, lower: str) -> timeseri
         DynamicConfigValue(id_val="custom.lineStyle", value={"fill": "dash", "dash": [4, 4]}),
         DynamicConfigValue(id_val="custom.lineWidth", value=0),
     ]
-    return (
-        panel.override_by_name(upper, [DynamicConfigValue(id_val="custom.fillBelowTo", value=lower), *edge])
-        .override_by_name(lower, [DynamicConfigValue(id_val="custom.fillOpacity", value=0), *edge])
+    return panel.override_by_name(upper, [DynamicConfigValue(id_val="custom.fillBelowTo", value=lower), *edge]).override_by_name(
+        lower, [DynamicConfigValue(id_val="custom.fillOpacity", value=0), *edge]
     )
 
 
-def single_stat(title: str, description: str, target: AnyTarget, unit: str, *, span: int = 6, height: int = 4,
-                decimals: int | None = None) -> stat.Panel:
+def single_stat(
+    title: str, description: str, target: AnyTarget, unit: str, *, span: int = 6, height: int = 4, decimals: int | None = None
+) -> stat.Panel:
     """One number: the last value of one (instant) target."""
     panel = (
-        stat.Panel().title(title).description(description).datasource(_ref(datasources.PROMETHEUS_UID))
-        .targets(with_ref_ids([target])).unit(unit).span(span).height(height)
+        stat.Panel()
+        .title(title)
+        .description(description)
+        .datasource(_ref(datasources.PROMETHEUS_UID))
+        .targets(with_ref_ids([target]))
+        .unit(unit)
+        .span(span)
+        .height(height)
         .reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
-        .graph_mode(common.BigValueGraphMode.NONE).color_mode(common.BigValueColorMode.VALUE)
+        .graph_mode(common.BigValueGraphMode.NONE)
+        .color_mode(common.BigValueColorMode.VALUE)
     )
     return panel.decimals(decimals) if decimals is not None else panel
 
 
-def bucket_heatmap(title: str, description: str, target: AnyTarget, unit: str, *, span: int = 12, height: int = 8) -> heatmap.Panel:
+def bucket_heatmap(
+    title: str, description: str, target: AnyTarget, unit: str, *, span: int = 12, height: int = 8
+) -> heatmap.Panel:
     """Histogram buckets over time (Prometheus heatmap format): colour = rate into each bucket."""
     return (
-        heatmap.Panel().title(title).description(description).datasource(_ref(datasources.PROMETHEUS_UID))
-        .targets(with_ref_ids([target])).unit(unit).span(span).height(height)
+        heatmap.Panel()
+        .title(title)
+        .description(description)
+        .datasource(_ref(datasources.PROMETHEUS_UID))
+        .targets(with_ref_ids([target]))
+        .unit(unit)
+        .span(span)
+        .height(height)
         .calculate(False)
         .rows_frame(heatmap.RowsHeatmapOptions().layout(common.HeatmapCellLayout.LE).value("conversations/s"))
-        .color(heatmap.HeatmapColorOptions().mode(HeatmapColorMode.SCHEME).scheme("Oranges").fill("dark-orange")
-               .scale(HeatmapColorScale.EXPONENTIAL).exponent(0.5).steps(64).reverse(False))
+        .color(
+            heatmap.HeatmapColorOptions()
+            .mode(HeatmapColorMode.SCHEME)
+            .scheme("Oranges")
+            .fill("dark-orange")
+            .scale(HeatmapColorScale.EXPONENTIAL)
+            .exponent(0.5)
+            .steps(64)
+            .reverse(False)
+        )
         .cell_gap(1)
         .y_axis(heatmap.YAxisConfig().unit(unit))
     )
 
 
-def bucket_bars(title: str, description: str, target: AnyTarget, *, span: int = 12, height: int = 8,
-                datasource: str = datasources.PROMETHEUS_UID) -> bargauge.Panel:
+def bucket_bars(
+    title: str,
+    description: str,
+    target: AnyTarget,
+    *,
+    span: int = 12,
+    height: int = 8,
+    datasource: str = datasources.PROMETHEUS_UID,
+) -> bargauge.Panel:
     """One bar per bucket or category (e.g. conversations per histogram bucket over the range)."""
     return (
-        bargauge.Panel().title(title).description(description).datasource(_ref(datasource))
-        .targets(with_ref_ids([target])).unit("short").span(span).height(height)
-        .orientation(common.VizOrientation.HORIZONTAL).display_mode(common.BarGaugeDisplayMode.GRADIENT)
+        bargauge.Panel()
+        .title(title)
+        .description(description)
+        .datasource(_ref(datasource))
+        .targets(with_ref_ids([target]))
+        .unit("short")
+        .span(span)
+        .height(height)
+        .orientation(common.VizOrientation.HORIZONTAL)
+        .display_mode(common.BarGaugeDisplayMode.GRADIENT)
         .reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
-        .show_unfilled(True).min(0)
+        .show_unfilled(True)
+        .min(0)
     )
 
 
-def table_panel(title: str, description: str, targets: Sequence[AnyTarget], *, span: int = 24, height: int = 10,
-                datasource: str = datasources.CLICKHOUSE_UID) -> table.Panel:
+def table_panel(
+    title: str,
+    description: str,
+    targets: Sequence[AnyTarget],
+    *,
+    span: int = 24,
+    height: int = 10,
+    datasource: str = datasources.CLICKHOUSE_UID,
+) -> table.Panel:
     """A table of query rows."""
     return (
-        table.Panel().title(title).description(description).datasource(_ref(datasource))
-        .targets(with_ref_ids(targets)).span(span).height(height).show_header(True).cell_height(common.TableCellHeight.SM)
+        table.Panel()
+        .title(title)
+        .description(description)
+        .datasource(_ref(datasource))
+        .targets(with_ref_ids(targets))
+        .span(span)
+        .height(height)
+        .show_header(True)
+        .cell_height(common.TableCellHeight.SM)
     )
 
 
@@ -219,10 +306,15 @@ def _ref(uid: str) -> DataSourceRef:
 def prometheus_label_variable(name: str, label: str, metric_selector: str) -> dash.QueryVariable:
     """A multi-value variable over a label's values (``label_values``); All = any value."""
     return (
-        dash.QueryVariable(name).label(label).datasource(datasources.prometheus())
+        dash.QueryVariable(name)
+        .label(label)
+        .datasource(datasources.prometheus())
         .query(f"label_values({metric_selector}, {name})")
-        .multi(True).include_all(True).all_value(PROMETHEUS_ALL)
-        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED).sort(VariableSort.ALPHABETICAL_CASE_INSENSITIVE_ASC)
+        .multi(True)
+        .include_all(True)
+        .all_value(PROMETHEUS_ALL)
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(VariableSort.ALPHABETICAL_CASE_INSENSITIVE_ASC)
         .current(_all_option())
     )
 
@@ -230,9 +322,14 @@ def prometheus_label_variable(name: str, label: str, metric_selector: str) -> da
 def clickhouse_variable(name: str, label: str, sql: str) -> dash.QueryVariable:
     """A multi-value variable whose options are the rows of ``sql``; All = ``$__all`` (see ``$__conditionalAll``)."""
     return (
-        dash.QueryVariable(name).label(label).datasource(datasources.clickhouse()).query(sql)
-        .multi(True).include_all(True)
-        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED).sort(VariableSort.ALPHABETICAL_CASE_INSENSITIVE_ASC)
+        dash.QueryVariable(name)
+        .label(label)
+        .datasource(datasources.clickhouse())
+        .query(sql)
+        .multi(True)
+        .include_all(True)
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(VariableSort.ALPHABETICAL_CASE_INSENSITIVE_ASC)
         .current(_all_option())
     )
 

@@ -91,19 +91,24 @@ def calibrated_dsat_variance(window: str, matchers: str = "", by: str = "", offs
 
 def calibrated_dsat_sampling_variance(window: str, matchers: str = "", by: str = "", offset: str = "") -> str:
     """Sampling variance of the calibrated rate R over ``window``: (S2 - 2R·S1 + R²·S0) / (Σw)², S_k = Σ (1-π)/π² · P^k."""
+
     def inc(metric: str) -> str:
         return increase(metric, window, matchers, by, offset)
 
     r = f"({calibrated_dsat_rate(window, matchers, by, offset)})"
-    spread = (f"{inc(CALIBRATED_DSAT_SQUARED_SAMPLING_VARIANCE)} - 2 * {r} * {inc(CALIBRATED_DSAT_SAMPLING_VARIANCE)}"
-              f" + {r} ^ 2 * {inc(CALIBRATED_SAMPLING_VARIANCE)}")
+    spread = (
+        f"{inc(CALIBRATED_DSAT_SQUARED_SAMPLING_VARIANCE)} - 2 * {r} * {inc(CALIBRATED_DSAT_SAMPLING_VARIANCE)}"
+        f" + {r} ^ 2 * {inc(CALIBRATED_SAMPLING_VARIANCE)}"
+    )
     return f"clamp_min({spread}, 0) / {inc(CALIBRATED_WEIGHT)} ^ 2"
 
 
 def calibrated_dsat_stderr(window: str, matchers: str = "", by: str = "") -> str:
     """Standard error of the calibrated dissatisfaction rate over ``window``: sqrt(var(P) / n + sampling variance)."""
-    return (f"sqrt(({calibrated_dsat_variance(window, matchers, by)}) / {calibrated_conversations(window, matchers, by)}"
-            f" + {calibrated_dsat_sampling_variance(window, matchers, by)})")
+    return (
+        f"sqrt(({calibrated_dsat_variance(window, matchers, by)}) / {calibrated_conversations(window, matchers, by)}"
+        f" + {calibrated_dsat_sampling_variance(window, matchers, by)})"
+    )
 
 
 def calibrated_dsat_band(window: str, matchers: str = "", by: str = "", z: float = 1.96, upper: bool = True) -> str:

@@ -51,8 +51,13 @@ class Pushed:
     url: str
 
 
-def push(url: str, token: str | None, dashboards: Mapping[str, Mapping[str, Any]], folder: str = DEFAULT_FOLDER,
-         timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Pushed]:
+def push(
+    url: str,
+    token: str | None,
+    dashboards: Mapping[str, Mapping[str, Any]],
+    folder: str = DEFAULT_FOLDER,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> list[Pushed]:
     """Save every dashboard (uid -> JSON model) into ``folder`` of the Grafana at ``url``, overwriting by uid.
 
     ``token`` is a Grafana service-account token (sent as a Bearer header);
@@ -74,7 +79,9 @@ def push(url: str, token: str | None, dashboards: Mapping[str, Mapping[str, Any]
         payload = {"dashboard": {**model, "id": None}, "folderUid": folder_uid, "overwrite": True, "message": COMMIT_MESSAGE}
         with _errors(where, f"saving dashboard {uid!r}", token, timeout_s):
             answer = api.dashboard.update_dashboard(payload)
-        pushed.append(Pushed(uid=str(answer.get("uid", uid)), version=int(answer.get("version", 0)), url=str(answer.get("url", ""))))
+        pushed.append(
+            Pushed(uid=str(answer.get("uid", uid)), version=int(answer.get("version", 0)), url=str(answer.get("url", "")))
+        )
     return pushed
 
 
@@ -85,7 +92,9 @@ def check_version(api: GrafanaApi, where: str, timeout_s: float = DEFAULT_TIMEOU
     version = str(health.get("version", "")) if isinstance(health, dict) else ""
     match = _VERSION.match(version)
     if not match:
-        raise PushError(f"{where}/api/health did not report a Grafana version (answer: {str(health)[:200]!r}); is this a Grafana server?")
+        raise PushError(
+            f"{where}/api/health did not report a Grafana version (answer: {str(health)[:200]!r}); is this a Grafana server?"
+        )
     if int(match.group(1)) < MIN_GRAFANA_MAJOR:
         raise PushError(
             f"Grafana at {where} is version {version}; convowatch's dashboards need Grafana {MIN_GRAFANA_MAJOR} or newer "
@@ -94,8 +103,7 @@ def check_version(api: GrafanaApi, where: str, timeout_s: float = DEFAULT_TIMEOU
     return version
 
 
-def ensure_folder(api: GrafanaApi, where: str, title: str, token: str | None = None,
-                  timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
+def ensure_folder(api: GrafanaApi, where: str, title: str, token: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
     """The uid of the folder titled ``title`` (uid derived from the title), created when missing."""
     uid = folder_uid(title)
     try:

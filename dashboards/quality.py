@@ -35,33 +35,35 @@ DIMENSION_BUCKET = promql.DIMENSION + "_bucket"
 def dashboard() -> dict[str, Any]:
     """The Quality dimensions dashboard's JSON model."""
     board = p.new_dashboard(
-        UID, TITLE,
+        UID,
+        TITLE,
         "Calibrated quality dimensions (expected human answer per question) over time: mean and quantiles by model "
         "version, and their distributions; NetSAT quantiles and distribution.",
     )
     board = p.with_attribute_variables(board, promql.SCORED)
-    board = board.with_variable(
-        p.prometheus_label_variable("dimension", "Dimension", f"{promql.DIMENSION}_count{{{M}}}")
-    )
+    board = board.with_variable(p.prometheus_label_variable("dimension", "Dimension", f"{promql.DIMENSION}_count{{{M}}}"))
     all_dimensions = p.time_series(
         "Mean calibrated answer by dimension",
         "Mean of the calibrated expected answer (1..K scale, higher = better) of the conversations scored in each window.",
         [p.promql(promql.histogram_mean(promql.DIMENSION, W, M_DIM, by="dimension"), "{{dimension}}")],
-        "none", span=24,
+        "none",
+        span=24,
     )
-    board = p.with_rows(board, [
-        ("All dimensions", [all_dimensions]),
-        ("NetSAT", _netsat()),
-        # A repeated row: Grafana copies it and the panels under it once per selected dimension.
-        (p.row("Dimension $dimension").repeat("dimension"), _dimension()),
-    ])
+    board = p.with_rows(
+        board,
+        [
+            ("All dimensions", [all_dimensions]),
+            ("NetSAT", _netsat()),
+            # A repeated row: Grafana copies it and the panels under it once per selected dimension.
+            (p.row("Dimension $dimension").repeat("dimension"), _dimension()),
+        ],
+    )
     return p.finish(board)
 
 
 def _quantile_targets(bucket_metric: str, matchers: str, by: str, legend: str) -> list:
     return [
-        p.promql(promql.histogram_quantile(q, bucket_metric, W, matchers, by=by), f"p{round(q * 100)}{legend}")
-        for q in QUANTILES
+        p.promql(promql.histogram_quantile(q, bucket_metric, W, matchers, by=by), f"p{round(q * 100)}{legend}") for q in QUANTILES
     ]
 
 
@@ -70,11 +72,14 @@ def _netsat() -> list:
         p.time_series(
             "NetSAT quantiles (p10 / p50 / p90)",
             "Quantiles of the rubric set's NetSAT (Σ SAT ratings − Σ DSAT ratings) of the conversations scored in each window.",
-            _quantile_targets(promql.NETSAT_BUCKET, M, "", ""), "none",
+            _quantile_targets(promql.NETSAT_BUCKET, M, "", ""),
+            "none",
         ),
         p.bucket_heatmap(
-            "NetSAT distribution over time", "Conversations per second into each NetSAT bucket (upper bound on the y axis).",
-            p.promql_buckets(promql.rate(promql.NETSAT_BUCKET, W, M, by="le")), "none",
+            "NetSAT distribution over time",
+            "Conversations per second into each NetSAT bucket (upper bound on the y axis).",
+            p.promql_buckets(promql.rate(promql.NETSAT_BUCKET, W, M, by="le")),
+            "none",
         ),
     ]
 
@@ -82,17 +87,22 @@ def _netsat() -> list:
 def _dimension() -> list:
     return [
         p.time_series(
-            "$dimension: mean by model version", "Mean calibrated expected answer to $dimension, per model version.",
-            [p.promql(promql.histogram_mean(promql.DIMENSION, W, M_DIM, by="model_version"), "{{model_version}}")], "none",
+            "$dimension: mean by model version",
+            "Mean calibrated expected answer to $dimension, per model version.",
+            [p.promql(promql.histogram_mean(promql.DIMENSION, W, M_DIM, by="model_version"), "{{model_version}}")],
+            "none",
         ),
         p.time_series(
             "$dimension: p10 / p50 / p90 by model version",
             "Quantiles of the calibrated expected answer to $dimension, per model version (estimated from the histogram buckets).",
-            _quantile_targets(DIMENSION_BUCKET, M_DIM, "model_version", " {{model_version}}"), "none",
+            _quantile_targets(DIMENSION_BUCKET, M_DIM, "model_version", " {{model_version}}"),
+            "none",
         ),
         p.bucket_heatmap(
-            "$dimension: distribution over time", "Conversations per second into each bucket of the expected answer to $dimension.",
-            p.promql_buckets(promql.rate(DIMENSION_BUCKET, W, M_DIM, by="le")), "none",
+            "$dimension: distribution over time",
+            "Conversations per second into each bucket of the expected answer to $dimension.",
+            p.promql_buckets(promql.rate(DIMENSION_BUCKET, W, M_DIM, by="le")),
+            "none",
         ),
         p.bucket_bars(
             "$dimension: distribution over the range",

@@ -48,8 +48,10 @@ def dsat_hit(alias: str = "") -> str:
 def attribute_filter(alias: str = "") -> str:
     """Rows of the selected products and model versions (no condition at all when "All" is selected)."""
     col = f"{alias}." if alias else ""
-    return (f"$__conditionalAll({col}product IN (${{product:singlequote}}), $product)"
-            f" AND $__conditionalAll({col}model_version IN (${{model_version:singlequote}}), $model_version)")
+    return (
+        f"$__conditionalAll({col}product IN (${{product:singlequote}}), $product)"
+        f" AND $__conditionalAll({col}model_version IN (${{model_version:singlequote}}), $model_version)"
+    )
 
 
 _CURRENT_RUBRIC_ROWS = """rubric_scores AS r FINAL
@@ -60,18 +62,18 @@ HITS = "round(sum(1 / s.inclusion_probability), 1) AS hits"  # each judged conve
 
 TOP_RUBRICS_SQL = f"""SELECT r.rubric_id AS rubric, {HITS}
 FROM {_CURRENT_RUBRIC_ROWS}
-WHERE {dsat_hit('r')}
+WHERE {dsat_hit("r")}
   AND $__timeFilter(r.closed_at)
-  AND {attribute_filter('r')}
+  AND {attribute_filter("r")}
 GROUP BY rubric
 ORDER BY hits DESC, rubric
 LIMIT 15"""
 
 HITS_OVER_TIME_SQL = f"""SELECT $__timeInterval(r.closed_at) AS time, r.rubric_id AS rubric, {HITS}
 FROM {_CURRENT_RUBRIC_ROWS}
-WHERE {dsat_hit('r')}
+WHERE {dsat_hit("r")}
   AND $__timeFilter(r.closed_at)
-  AND {attribute_filter('r')}
+  AND {attribute_filter("r")}
 GROUP BY time, rubric
 ORDER BY time, rubric"""
 
@@ -103,7 +105,7 @@ LEFT JOIN (
 ) AS h ON h.conversation_id = s.conversation_id AND h.scorer_version = s.scorer_version AND h.scored_at = s.scored_at
 WHERE s.status = 'scored'
   AND $__timeFilter(s.closed_at)
-  AND {attribute_filter('s')}
+  AND {attribute_filter("s")}
 ORDER BY p_dissatisfied DESC NULLS LAST, netsat ASC NULLS LAST, conversation_id
 LIMIT {WORST_LIMIT}"""
 
@@ -140,7 +142,7 @@ RUBRIC_SCORES_SQL = f"""SELECT
     r.rubric_id AS rubric,
     r.polarity AS polarity,
     round(r.score, 2) AS score,
-    ({dsat_hit('r')}) AS dsat_hit
+    ({dsat_hit("r")}) AS dsat_hit
 FROM rubric_scores AS r FINAL
 INNER JOIN {_SELECTED_SCORE}
     ON r.conversation_id = s.conversation_id AND r.scorer_version = s.scorer_version AND r.scored_at = s.scored_at
@@ -166,53 +168,83 @@ DRILL_DOWN_URL = (
 def dashboard() -> dict[str, Any]:
     """The Rubrics and conversations dashboard's JSON model."""
     board = p.new_dashboard(
-        UID, TITLE,
+        UID,
+        TITLE,
         f"Most-firing DSAT rubrics (hit = rating ≥ {HIT_RATING:g} of 10), NetSAT distribution, the worst recent "
         "conversations with their hits, and a drill-down into one conversation (variable conversation_id).",
         time_from="now-24h",
     )
     board = board.with_variable(p.clickhouse_variable("product", "Product", PRODUCTS_SQL))
     board = board.with_variable(p.clickhouse_variable("model_version", "Model version", MODEL_VERSIONS_SQL))
-    board = board.with_variable(p.text_variable(
-        "conversation_id", "Conversation id", "Conversation to show in the drill-down row (click an id in the worst-conversations table)."
-    ))
-    board = p.with_rows(board, [
-        ("DSAT rubrics", _rubric_panels()),
-        ("Conversations", _conversation_panels()),
-        ("Conversation $conversation_id", _drill_down()),
-    ])
+    board = board.with_variable(
+        p.text_variable(
+            "conversation_id",
+            "Conversation id",
+            "Conversation to show in the drill-down row (click an id in the worst-conversations table).",
+        )
+    )
+    board = p.with_rows(
+        board,
+        [
+            ("DSAT rubrics", _rubric_panels()),
+            ("Conversations", _conversation_panels()),
+            ("Conversation $conversation_id", _drill_down()),
+        ],
+    )
     return p.finish(board)
 
 
 def _rubric_panels() -> list:
     top = (
-        bargauge.Panel().title("Most-firing DSAT rubrics")
-        .description(f"DSAT rubrics by the number of conversations they hit (rating ≥ {HIT_RATING:g}) in the range, "
-                     "each judged conversation weighted by 1/π (the conversations it stands for under sampling).")
-        .datasource(datasources.clickhouse()).targets(p.with_ref_ids([Target().sql(TOP_RUBRICS_SQL).table()]))
-        .unit("short").min(0).span(10).height(10)
-        .orientation(common.VizOrientation.HORIZONTAL).display_mode(common.BarGaugeDisplayMode.GRADIENT).show_unfilled(True)
+        bargauge.Panel()
+        .title("Most-firing DSAT rubrics")
+        .description(
+            f"DSAT rubrics by the number of conversations they hit (rating ≥ {HIT_RATING:g}) in the range, "
+            "each judged conversation weighted by 1/π (the conversations it stands for under sampling)."
+        )
+        .datasource(datasources.clickhouse())
+        .targets(p.with_ref_ids([Target().sql(TOP_RUBRICS_SQL).table()]))
+        .unit("short")
+        .min(0)
+        .span(10)
+        .height(10)
+        .orientation(common.VizOrientation.HORIZONTAL)
+        .display_mode(common.BarGaugeDisplayMode.GRADIENT)
+        .show_unfilled(True)
         .reduce_options(common_builders.ReduceDataOptions().values(True).calcs([]).fields("/^hits$/"))
     )
     over_time = p.time_series(
-        "DSAT rubric hits over time", "Conversations hit per rubric and interval (closed_at), weighted by 1/π.",
-        [Target().sql(HITS_OVER_TIME_SQL).time_series()], "short", span=14, height=10, datasource=datasources.CLICKHOUSE_UID,
+        "DSAT rubric hits over time",
+        "Conversations hit per rubric and interval (closed_at), weighted by 1/π.",
+        [Target().sql(HITS_OVER_TIME_SQL).time_series()],
+        "short",
+        span=14,
+        height=10,
+        datasource=datasources.CLICKHOUSE_UID,
     )
     return [top, over_time]
 
 
 def _conversation_panels() -> list:
     netsat = (
-        histogram.Panel().title("NetSAT distribution")
+        histogram.Panel()
+        .title("NetSAT distribution")
         .description(f"NetSAT of the latest score of each conversation closed in the range (buckets of {NETSAT_BUCKET}).")
-        .datasource(datasources.clickhouse()).targets(p.with_ref_ids([Target().sql(NETSAT_SQL).table()]))
-        .bucket_size(NETSAT_BUCKET).combine(True).fill_opacity(60).span(8).height(10)
+        .datasource(datasources.clickhouse())
+        .targets(p.with_ref_ids([Target().sql(NETSAT_SQL).table()]))
+        .bucket_size(NETSAT_BUCKET)
+        .combine(True)
+        .fill_opacity(60)
+        .span(8)
+        .height(10)
     )
     worst = p.table_panel(
         "Worst recent conversations",
         f"Highest calibrated P(dissatisfied), then lowest NetSAT, with their DSAT hits (rubric and score, rating ≥ "
         f"{HIT_RATING:g}). Click an id to drill down.",
-        [Target().sql(WORST_SQL).table()], span=16, height=10,
+        [Target().sql(WORST_SQL).table()],
+        span=16,
+        height=10,
     )
     worst = p.link_column(worst, "conversation_id", "Show this conversation", DRILL_DOWN_URL)
     return [netsat, worst]
@@ -220,12 +252,32 @@ def _conversation_panels() -> list:
 
 def _drill_down() -> list:
     return [
-        p.table_panel("Turns", "The selected conversation's turns in order (conversations table).",
-                      [Target().sql(TURNS_SQL).table()], span=24, height=12),
-        p.table_panel("Scores", "Every score of the selected conversation (one per scorer version).",
-                      [Target().sql(SCORES_SQL).table()], span=24, height=5),
-        p.table_panel("Rubric scores", "The current score's rubric scores (DSAT negative), strongest DSAT first.",
-                      [Target().sql(RUBRIC_SCORES_SQL).table()], span=12, height=10),
-        p.table_panel("Calibrated dimensions", "The current score's calibrated answer distribution per question.",
-                      [Target().sql(DIMENSIONS_SQL).table()], span=12, height=10),
+        p.table_panel(
+            "Turns",
+            "The selected conversation's turns in order (conversations table).",
+            [Target().sql(TURNS_SQL).table()],
+            span=24,
+            height=12,
+        ),
+        p.table_panel(
+            "Scores",
+            "Every score of the selected conversation (one per scorer version).",
+            [Target().sql(SCORES_SQL).table()],
+            span=24,
+            height=5,
+        ),
+        p.table_panel(
+            "Rubric scores",
+            "The current score's rubric scores (DSAT negative), strongest DSAT first.",
+            [Target().sql(RUBRIC_SCORES_SQL).table()],
+            span=12,
+            height=10,
+        ),
+        p.table_panel(
+            "Calibrated dimensions",
+            "The current score's calibrated answer distribution per question.",
+            [Target().sql(DIMENSIONS_SQL).table()],
+            span=12,
+            height=10,
+        ),
     ]

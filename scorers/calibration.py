@@ -349,9 +349,9 @@ class CalibrationNetwork:
             offsets[q] = pos
             pos += self.n_options_[q]
         self.input_size_ = pos
-        self._input_columns = np.concatenate(
-            [np.arange(offsets[q], offsets[q] + self.n_options_[q]) for q in inputs]
-        ).astype(np.int64)
+        self._input_columns = np.concatenate([np.arange(offsets[q], offsets[q] + self.n_options_[q]) for q in inputs]).astype(
+            np.int64
+        )
         self.judges_ = tuple(judges)
         self._judge_index = {j: i for i, j in enumerate(self.judges_)}
 
@@ -538,7 +538,9 @@ class CalibrationNetwork:
             raise CalibrationError(f"unknown question {question!r}; the calibrator predicts {self.question_ids_}")
         return self.question_ids_.index(question)
 
-    def predict_proba(self, x: ArrayLike, question: str | None = None, judge: str | None | Sequence[str | None] = None) -> Prediction:
+    def predict_proba(
+        self, x: ArrayLike, question: str | None = None, judge: str | None | Sequence[str | None] = None
+    ) -> Prediction:
         """Predicted distribution of ``judge``'s answer to ``question`` (default: the main question).
 
         ``x`` is one feature vector or a ``(n, input_size)`` array; ``judge`` is
@@ -735,10 +737,7 @@ def conversation_folds(text_ids: Iterable[str], k: int, seed: int = 0) -> list[t
         raise CalibrationError(f"need 2 <= k <= number of conversations ({len(ids)}), got k={k}")
     order = np.random.default_rng(seed).permutation(len(ids))
     folds = [sorted(ids[i] for i in part) for part in np.array_split(order, k)]
-    return [
-        (tuple(t for j, f in enumerate(folds) if j != i for t in f), tuple(folds[i]))
-        for i in range(k)
-    ]
+    return [(tuple(t for j, f in enumerate(folds) if j != i for t in f), tuple(folds[i])) for i in range(k)]
 
 
 @dataclass(frozen=True)
@@ -881,11 +880,7 @@ def select_hyperparameters(
     candidates = parameter_grid(grid)
     if not candidates:
         raise CalibrationError("empty hyperparameter grid")
-    jobs = [
-        (base.clone(**{**params, "seed": base.seed + r}), seed + r)
-        for params in candidates
-        for r in range(repeats)
-    ]
+    jobs = [(base.clone(**{**params, "seed": base.seed + r}), seed + r) for params in candidates for r in range(repeats)]
     if executor is None:
         futures = None
     else:
@@ -907,5 +902,6 @@ def select_hyperparameters(
         return math.inf if math.isnan(v) else sign * v
 
     best = min(results, key=key)
-    return HyperparameterSearch(best_params={**base.get_params(), **best["params"]}, criterion=criterion, results=results,
-                                best_scores=best["scores"])
+    return HyperparameterSearch(
+        best_params={**base.get_params(), **best["params"]}, criterion=criterion, results=results, best_scores=best["scores"]
+    )

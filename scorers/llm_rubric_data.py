@@ -376,7 +376,9 @@ def load_real_conversations(path: str | Path) -> dict[str, Conversation]:
             if isinstance(messages, str):
                 messages = ast.literal_eval(messages)
             out[item["_id"]] = Conversation.from_messages(
-                item["_id"], messages, {"dialogue_version": str(item.get("dialogue_version", "")), "topic": str(item.get("topic", ""))}
+                item["_id"],
+                messages,
+                {"dialogue_version": str(item.get("dialogue_version", "")), "topic": str(item.get("topic", ""))},
             )
         except (KeyError, TypeError, ValueError, SyntaxError, ConversationError) as e:
             raise RubricDataError(f"{path}: conversation [{i}]: {e}") from e

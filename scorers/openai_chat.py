@@ -94,7 +94,13 @@ def complete_with_retries(
         delay = rng.uniform(0.0, min(backoff_max_s, backoff_initial_s * 2**attempt))
         log.warning(
             "%s %r at %s: attempt %d/%d failed (%s); retrying in %.2fs",
-            errors.role, model, base_url, attempt + 1, attempts, reason, delay,
+            errors.role,
+            model,
+            base_url,
+            attempt + 1,
+            attempts,
+            reason,
+            delay,
         )
         time.sleep(delay)
     raise AssertionError("unreachable")  # pragma: no cover

@@ -271,9 +271,7 @@ def check_assertion(text: str) -> str:
     return result
 
 
-def accept_items(
-    items: Sequence[str], check: Callable[[str], str]
-) -> tuple[list[str], list[str]]:
+def accept_items(items: Sequence[str], check: Callable[[str], str]) -> tuple[list[str], list[str]]:
     """``(accepted, rejections)``: items passing ``check`` (exact duplicates dropped), and why others failed."""
     accepted: list[str] = []
     seen: set[str] = set()
@@ -331,7 +329,12 @@ def _ask(
             problem = str(e)
             log.warning(
                 "%s of %s: attempt %d/%d: malformed reply (%s): %r",
-                stage, item, attempt, max_attempts, e, _excerpt(generation.text),
+                stage,
+                item,
+                attempt,
+                max_attempts,
+                e,
+                _excerpt(generation.text),
             )
     log.warning("%s of %s: skipped after %d malformed repl(ies); last problem: %s", stage, item, max_attempts, problem)
     report.skipped.append(SkippedItem(stage, item, f"malformed after {max_attempts} attempt(s): {problem}"))
@@ -525,9 +528,16 @@ def generate_pool(
         raise ValueError("generate_pool needs at least one labelled conversation")
     report = GenerationReport(generator.name)
     reasons = extract_reasons(
-        generator, labelled, domain, k, max_attempts, progress,
-        max_tokens=extraction_max_tokens, temperature=temperature,
-        max_transcript_chars=max_transcript_chars, report=report,
+        generator,
+        labelled,
+        domain,
+        k,
+        max_attempts,
+        progress,
+        max_tokens=extraction_max_tokens,
+        temperature=temperature,
+        max_transcript_chars=max_transcript_chars,
+        report=report,
     )
     rng = random.Random(seed)
     rubrics: list[PoolRubric] = []
@@ -536,9 +546,19 @@ def generate_pool(
         rng.shuffle(mine)
         already = [r.text for r in existing or () if r.polarity is polarity]
         texts = summarise(
-            generator, mine, polarity, domain=domain, batch_size=batch_size, existing=already,
-            max_new=max_new_per_batch, max_attempts=max_attempts, max_tokens=summarisation_max_tokens,
-            temperature=temperature, max_listed_existing=max_listed_existing, progress=progress, report=report,
+            generator,
+            mine,
+            polarity,
+            domain=domain,
+            batch_size=batch_size,
+            existing=already,
+            max_new=max_new_per_batch,
+            max_attempts=max_attempts,
+            max_tokens=summarisation_max_tokens,
+            temperature=temperature,
+            max_listed_existing=max_listed_existing,
+            progress=progress,
+            report=report,
         )
         kept = deduplicate(texts, embedder, similarity_cut, already_kept=already)
         report.duplicates += len(texts) - len(kept)

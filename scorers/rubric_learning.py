@@ -173,8 +173,12 @@ class _Candidates:
 def _candidates(pool: RubricPool | Sequence[Rubric]) -> _Candidates:
     if isinstance(pool, RubricPool):
         return _Candidates(
-            tuple(to_rubric(r) for r in pool.rubrics), tuple(r.source for r in pool.rubrics), pool,
-            pool.content_hash(), pool.metadata.get("name"), dict(pool.prompt_versions),
+            tuple(to_rubric(r) for r in pool.rubrics),
+            tuple(r.source for r in pool.rubrics),
+            pool,
+            pool.content_hash(),
+            pool.metadata.get("name"),
+            dict(pool.prompt_versions),
         )
     rubrics = tuple(pool)
     if not rubrics:
@@ -232,8 +236,14 @@ class RubricLearner:
 
     def get_params(self) -> dict[str, Any]:
         return {
-            "n_sat": self.n_sat, "n_dsat": self.n_dsat, "precision": self.precision, "alphas": list(self.alphas),
-            "folds": self.folds, "seed": self.seed, "method": self.method, "batch_questions": self.batch_questions,
+            "n_sat": self.n_sat,
+            "n_dsat": self.n_dsat,
+            "precision": self.precision,
+            "alphas": list(self.alphas),
+            "folds": self.folds,
+            "seed": self.seed,
+            "method": self.method,
+            "batch_questions": self.batch_questions,
         }
 
     def _check_params(self) -> None:
@@ -284,7 +294,9 @@ class RubricLearner:
         n_pos, n_neg = int(y.sum()), int((~y).sum())
         for name, count in (("positive", n_pos), ("negative", n_neg)):
             if count == 0:
-                raise LearningError(f"{where}: no {name} conversations ({n_pos} positive, {n_neg} negative); learning needs both classes")
+                raise LearningError(
+                    f"{where}: no {name} conversations ({n_pos} positive, {n_neg} negative); learning needs both classes"
+                )
         if self._cross_validates and min(n_pos, n_neg) < self.folds:
             raise LearningError(
                 f"{where}: {n_pos} positive and {n_neg} negative conversations; every class needs at least "
@@ -335,9 +347,14 @@ class RubricLearner:
             alpha_cv=tuple(cv),
             selected=tuple(
                 SelectedRubric(
-                    id=candidates.rubrics[s.index].id, text=candidates.rubrics[s.index].text, polarity=s.polarity.value,
-                    source=candidates.sources[s.index], separation=float(gaps[s.index]), step=k,
-                    loss_c=s.loss_c, loss_s=s.loss_s,
+                    id=candidates.rubrics[s.index].id,
+                    text=candidates.rubrics[s.index].text,
+                    polarity=s.polarity.value,
+                    source=candidates.sources[s.index],
+                    separation=float(gaps[s.index]),
+                    step=k,
+                    loss_c=s.loss_c,
+                    loss_s=s.loss_s,
                 )
                 for k, s in enumerate(selection.history, start=1)
             ),
@@ -388,8 +405,15 @@ class RubricLearner:
         versions = {"judge": JUDGE_PROMPT_VERSION}
         if candidates.pool is not None:
             return to_rubric_set(
-                candidates.pool, selection, matrix, y, self.precision,
-                judge=judge_id, training_data_hash=data_hash, prompt_versions=versions, metadata=extra,
+                candidates.pool,
+                selection,
+                matrix,
+                y,
+                self.precision,
+                judge=judge_id,
+                training_data_hash=data_hash,
+                prompt_versions=versions,
+                metadata=extra,
             )
         # Rubrics with their own scales: the same record as `to_rubric_set` writes for a pool.
         idx = list(selection.indices)
@@ -397,9 +421,14 @@ class RubricLearner:
         netsats = netsat_matrix(matrix[:, idx], [r.polarity for r in rubrics])
         recorded = {
             "selection": {
-                "method": selection.method, "alpha": selection.alpha, "n_sat": selection.n_sat, "n_dsat": selection.n_dsat,
-                "steps": [{"rubric": candidates.rubrics[s.index].id, "loss_c": s.loss_c, "loss_s": s.loss_s, "loss": s.loss}
-                          for s in selection.history],
+                "method": selection.method,
+                "alpha": selection.alpha,
+                "n_sat": selection.n_sat,
+                "n_dsat": selection.n_dsat,
+                "steps": [
+                    {"rubric": candidates.rubrics[s.index].id, "loss_c": s.loss_c, "loss_s": s.loss_s, "loss": s.loss}
+                    for s in selection.history
+                ],
                 "warnings": list(selection.warnings),
                 **({"details": dict(selection.metadata)} if selection.metadata else {}),
             },
@@ -486,10 +515,14 @@ def write_report(
             "windows": {"dsat_upper": rubric_set.windows.dsat_upper, "sat_lower": rubric_set.windows.sat_lower},
             "precision": rubric_set.windows.precision,
         },
-        "training_netsat": _json_safe({
-            "positive_mean": float(netsats[y].mean()), "negative_mean": float(netsats[~y].mean()),
-            "min": float(netsats.min()), "max": float(netsats.max()),
-        }),
+        "training_netsat": _json_safe(
+            {
+                "positive_mean": float(netsats[y].mean()),
+                "negative_mean": float(netsats[~y].mean()),
+                "min": float(netsats.min()),
+                "max": float(netsats.max()),
+            }
+        ),
     }
     report_path = out / REPORT_FILE
     report_path.write_text(json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n", encoding="utf-8")
@@ -543,8 +576,15 @@ def plot_precision_curves(
         top.set_title(title, fontsize=10)
     missing = [name for name, edge in (("dsat", w.dsat_upper), ("sat", w.sat_lower)) if edge is None]
     if missing:
-        top.text(0.01, 0.97, f"no {' or '.join(missing)} window reaches P on this data", transform=top.transAxes,
-                 fontsize=8, va="top", color="0.3")
+        top.text(
+            0.01,
+            0.97,
+            f"no {' or '.join(missing)} window reaches P on this data",
+            transform=top.transAxes,
+            fontsize=8,
+            va="top",
+            color="0.3",
+        )
 
     rng = np.random.default_rng(0)  # vertical jitter only, so that equal NetSATs stay visible
     ticks = []

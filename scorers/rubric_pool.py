@@ -254,7 +254,9 @@ def _from_dict(doc: Any) -> RubricPool:
     if unknown:
         raise RubricPoolError("(top level)", f"unknown key(s) {unknown}; expected {sorted(_TOP_KEYS)}")
     if doc.get("schema_version") != POOL_SCHEMA_VERSION:
-        raise RubricPoolError("schema_version", f"this convowatch reads version {POOL_SCHEMA_VERSION}, got {doc.get('schema_version')!r}")
+        raise RubricPoolError(
+            "schema_version", f"this convowatch reads version {POOL_SCHEMA_VERSION}, got {doc.get('schema_version')!r}"
+        )
     raw_rubrics = doc.get("rubrics")
     if not isinstance(raw_rubrics, list) or not raw_rubrics:
         raise RubricPoolError("rubrics", "must be a non-empty list")

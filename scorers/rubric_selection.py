@@ -168,7 +168,9 @@ def _polarities(polarities: Sequence[Polarity | str], m: int) -> tuple[Polarity,
     return tuple(out)
 
 
-def _prepare(ratings: Any, labels: Any, polarities: Sequence[Polarity | str]) -> tuple[np.ndarray, np.ndarray, tuple[Polarity, ...]]:
+def _prepare(
+    ratings: Any, labels: Any, polarities: Sequence[Polarity | str]
+) -> tuple[np.ndarray, np.ndarray, tuple[Polarity, ...]]:
     """Validate the inputs; return the signed matrix S, boolean labels and polarities."""
     r = np.asarray(ratings, dtype=float)
     if r.ndim != 2 or r.shape[0] == 0 or r.shape[1] == 0:
@@ -219,7 +221,9 @@ def _loss_c(s: np.ndarray, y: np.ndarray, k: int) -> float:
     return -float(s[y].mean() - s[~y].mean()) / (SCORE_SPAN * k)
 
 
-def _loss_s(s: np.ndarray, y: np.ndarray, theta: float | None = None, width: float = TANH_WIDTH, grid_points: int = GRID_POINTS) -> float:
+def _loss_s(
+    s: np.ndarray, y: np.ndarray, theta: float | None = None, width: float = TANH_WIDTH, grid_points: int = GRID_POINTS
+) -> float:
     lo, hi = (float(v) for v in np.quantile(s, [GRID_TAIL, 1.0 - GRID_TAIL]))
     spread = hi - lo
     if spread <= 1e-12 * max(1.0, abs(hi)):
@@ -390,7 +394,9 @@ def brute_force_select(
 
 def _stratified_batch(rng: np.random.Generator, pos: np.ndarray, neg: np.ndarray, batch_size: int) -> np.ndarray:
     half = max(1, batch_size // 2)
-    return np.concatenate([rng.choice(pos, min(half, len(pos)), replace=False), rng.choice(neg, min(half, len(neg)), replace=False)])
+    return np.concatenate(
+        [rng.choice(pos, min(half, len(pos)), replace=False), rng.choice(neg, min(half, len(neg)), replace=False)]
+    )
 
 
 def ucb_select(
@@ -609,7 +615,8 @@ def to_rubric_set(
             "n_sat": selection.n_sat,
             "n_dsat": selection.n_dsat,
             "steps": [
-                {"rubric": pool.rubrics[s.index].id, "loss_c": s.loss_c, "loss_s": s.loss_s, "loss": s.loss} for s in selection.history
+                {"rubric": pool.rubrics[s.index].id, "loss_c": s.loss_c, "loss_s": s.loss_s, "loss": s.loss}
+                for s in selection.history
             ],
             "warnings": list(selection.warnings),
             **({"details": dict(selection.metadata)} if selection.metadata else {}),

@@ -133,7 +133,9 @@ class ScoreCache:
         try:
             probs = tuple(float(p) for p in json.loads(text))
         except (TypeError, ValueError) as e:
-            raise ScoreCacheError(f"{self.path}: row ({judge!r}, {question}, {conversation}) is not a list of numbers: {e}") from e
+            raise ScoreCacheError(
+                f"{self.path}: row ({judge!r}, {question}, {conversation}) is not a list of numbers: {e}"
+            ) from e
         return probs
 
 

@@ -165,22 +165,35 @@ def create_app(settings: Settings, scorer: ConversationScorer, metrics: ServiceM
 
     def raw_topic(name: str) -> faust.TopicT:
         """A topic of raw bytes (keys and values) with ``kafka.partitions`` partitions."""
-        return app.topic(name, partitions=k.partitions, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+        return app.topic(
+            name, partitions=k.partitions, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
+        )
 
     events_topic = raw_topic(k.events_topic)
     closed_topic = raw_topic(k.closed_topic)
     scores_topic = raw_topic(k.scores_topic)
     dead_letter_topic = raw_topic(k.dead_letter_topic)
-    table = app.Table(TABLE_NAME, default=None, partitions=k.partitions,
-                      schema=faust.Schema(key_type=str, key_serializer="raw", value_serializer="json"))
+    table = app.Table(
+        TABLE_NAME,
+        default=None,
+        partitions=k.partitions,
+        schema=faust.Schema(key_type=str, key_serializer="raw", value_serializer="json"),
+    )
     assembler = ConversationAssembler(settings.assembly)
     a = settings.assembly
 
     async def dead_letter(reason: str, detail: str, event: faust.types.EventT) -> None:
         msg = event.message
-        letter = DeadLetter(reason=reason, detail=detail, original=msg.value if msg.value is not None else b"",
-                            key=msg.key, topic=msg.topic, partition=msg.partition, offset=msg.offset,
-                            dead_lettered_at=time.time())
+        letter = DeadLetter(
+            reason=reason,
+            detail=detail,
+            original=msg.value if msg.value is not None else b"",
+            key=msg.key,
+            topic=msg.topic,
+            partition=msg.partition,
+            offset=msg.offset,
+            dead_lettered_at=time.time(),
+        )
         await dead_letter_topic.send(key=msg.key, value=letter.to_json())
         metrics.dead_letters.labels(reason).inc()
 
@@ -256,8 +269,9 @@ def create_app(settings: Settings, scorer: ConversationScorer, metrics: ServiceM
         except BudgetWaitInterrupted:
             # Not judged and not finished: its offset stays uncommitted, so the partition's next owner (or this
             # worker, after the rebalance's seek to the committed offsets) receives it again.
-            log.info("rebalance or shutdown: %s left in the closed topic while waiting for the judge budget",
-                     closed.conversation_id)
+            log.info(
+                "rebalance or shutdown: %s left in the closed topic while waiting for the judge budget", closed.conversation_id
+            )
             return False
         await scores_topic.send(key=closed.conversation_id.encode("utf-8"), value=record.to_json())
         return True

@@ -101,8 +101,12 @@ class ConversationAssembler:
             if state["seen"].get(key) == fingerprint:
                 return Step(state, "duplicate")
             return Step(
-                state, "dead_letter",
-                dead_letter=("conversation_closed", f"turn {event.turn_index} arrived after the conversation closed ({state['close_cause']})"),
+                state,
+                "dead_letter",
+                dead_letter=(
+                    "conversation_closed",
+                    f"turn {event.turn_index} arrived after the conversation closed ({state['close_cause']})",
+                ),
             )
         if state is None:
             state = {
@@ -119,7 +123,8 @@ class ConversationAssembler:
             if existing[0] == event.role and existing[1] == event.text:
                 return Step(state, "duplicate")
             return Step(
-                state, "dead_letter",
+                state,
+                "dead_letter",
                 dead_letter=("duplicate_turn_index", f"turn {event.turn_index} already holds a different {existing[0]} message"),
             )
         state = {
@@ -170,7 +175,9 @@ class ConversationAssembler:
     def _close(self, conversation_id: str, state: State, cause: str, now: float) -> Step:
         indices = sorted(int(i) for i in state["turns"])
         turns = tuple(
-            TurnRecord(index=i, role=state["turns"][str(i)][0], text=state["turns"][str(i)][1], timestamp=state["turns"][str(i)][2])
+            TurnRecord(
+                index=i, role=state["turns"][str(i)][0], text=state["turns"][str(i)][1], timestamp=state["turns"][str(i)][2]
+            )
             for i in indices
         )
         missing = tuple(sorted(set(range(indices[-1] + 1)) - set(indices)))

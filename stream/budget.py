@@ -176,7 +176,11 @@ class JudgeBudget:
     """The budget's arithmetic (module docstring); time is passed in, so tests need no clock."""
 
     def __init__(self, settings: BudgetSettings) -> None:
-        lengths = {"calls_per_minute": settings.minute_s, "tokens_per_minute": settings.minute_s, "tokens_per_day": settings.day_s}
+        lengths = {
+            "calls_per_minute": settings.minute_s,
+            "tokens_per_minute": settings.minute_s,
+            "tokens_per_day": settings.day_s,
+        }
         self.windows: dict[Limit, _Window] = {
             limit: _Window(getattr(settings, limit), lengths[limit]) for limit in LIMITS if getattr(settings, limit) is not None
         }
@@ -231,8 +235,14 @@ class BudgetGate:
     the worker's event loop (`interrupt` from another thread goes through ``loop.call_soon_threadsafe``).
     """
 
-    def __init__(self, budget: JudgeBudget, metrics: ServiceMetrics, max_sleep_s: float,
-                 clock: Callable[[], float] = time.monotonic, sleep: Sleep = asyncio.sleep) -> None:
+    def __init__(
+        self,
+        budget: JudgeBudget,
+        metrics: ServiceMetrics,
+        max_sleep_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
         self.budget = budget
         self.metrics = metrics
         self.max_sleep_s = max_sleep_s
@@ -321,7 +331,9 @@ class BudgetedJudge:
     Each wait is logged (INFO), so a command that pauses says why.
     """
 
-    def __init__(self, judge: Judge, budget: JudgeBudget, max_sleep_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, judge: Judge, budget: JudgeBudget, max_sleep_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._judge = judge
         self._budget = budget
         self._max_sleep_s = max_sleep_s
@@ -358,6 +370,7 @@ class BudgetedJudge:
         finally:
             p = None if judgement is None else judgement.provenance
             with self._changed:
-                self._budget.settle(reservation, None if p is None else Cost(p.calls, p.prompt_tokens + p.completion_tokens),
-                                    self._clock())
+                self._budget.settle(
+                    reservation, None if p is None else Cost(p.calls, p.prompt_tokens + p.completion_tokens), self._clock()
+                )
                 self._changed.notify_all()

@@ -143,13 +143,29 @@ def _netsats(rubric_set: RubricSet, items: Sequence[LabelledConversation], judge
 
 
 @rubrics.command("fit")
-@click.option("--rubric-set", "rubric_set_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
-              help="Rubric-set JSON whose rubrics to keep (its threshold and windows are replaced).")
-@click.option("--labelled", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
-              help="Labelled conversations (JSONL: conversation_id, label positive/negative, turns).")
-@click.option("--precision", type=click.FloatRange(0.5, 1.0, max_open=True), default=DEFAULT_PRECISION, show_default=True,
-              help="Target precision P of the confidence windows.")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="Where to write the fitted rubric set.")
+@click.option(
+    "--rubric-set",
+    "rubric_set_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    required=True,
+    help="Rubric-set JSON whose rubrics to keep (its threshold and windows are replaced).",
+)
+@click.option(
+    "--labelled",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    required=True,
+    help="Labelled conversations (JSONL: conversation_id, label positive/negative, turns).",
+)
+@click.option(
+    "--precision",
+    type=click.FloatRange(0.5, 1.0, max_open=True),
+    default=DEFAULT_PRECISION,
+    show_default=True,
+    help="Target precision P of the confidence windows.",
+)
+@click.option(
+    "--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="Where to write the fitted rubric set."
+)
 @click.pass_obj
 def rubrics_fit(obj: _Context, rubric_set_path: Path, labelled: Path, precision: float, out: Path) -> None:
     """Fit the threshold θ and the confidence windows of a rubric set on labelled conversations.
@@ -167,8 +183,10 @@ def rubrics_fit(obj: _Context, rubric_set_path: Path, labelled: Path, precision:
     fitted = rubric_set.fit_windows(netsats, labels, precision=precision)
     fitted.save(out)
     w = fitted.windows
-    click.echo(f"wrote {out} (version {fitted.version}): θ={w.threshold:.2f}, "
-               f"dsat window ≤ {_edge(w.dsat_upper)}, sat window ≥ {_edge(w.sat_lower)} at P={precision}")
+    click.echo(
+        f"wrote {out} (version {fitted.version}): θ={w.threshold:.2f}, "
+        f"dsat window ≤ {_edge(w.dsat_upper)}, sat window ≥ {_edge(w.sat_lower)} at P={precision}"
+    )
 
 
 def _edge(value: float | None) -> str:
@@ -176,14 +194,27 @@ def _edge(value: float | None) -> str:
 
 
 @rubrics.command("evaluate")
-@click.option("--rubric-set", "rubric_set_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
-              help="A fitted rubric-set JSON (threshold and windows).")
-@click.option("--labelled", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
-              help="Labelled conversations (JSONL: conversation_id, label positive/negative, turns).")
+@click.option(
+    "--rubric-set",
+    "rubric_set_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    required=True,
+    help="A fitted rubric-set JSON (threshold and windows).",
+)
+@click.option(
+    "--labelled",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    required=True,
+    help="Labelled conversations (JSONL: conversation_id, label positive/negative, turns).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
-@click.option("--rubrics-per-round", type=click.IntRange(min=1), default=None,
-              help="Early stopping: ask this many rubrics per round and stop once the labels are settled (the labels, "
-                   "hence A/P/R/F1 and YR, are those of asking all; ΔNetSAT is then not reported).")
+@click.option(
+    "--rubrics-per-round",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Early stopping: ask this many rubrics per round and stop once the labels are settled (the labels, "
+    "hence A/P/R/F1 and YR, are those of asking all; ΔNetSAT is then not reported).",
+)
 @click.pass_obj
 def rubrics_evaluate(obj: _Context, rubric_set_path: Path, labelled: Path, as_json: bool, rubrics_per_round: int | None) -> None:
     """Score labelled conversations with a rubric set and report RUBICON's metrics.
@@ -212,14 +243,19 @@ def rubrics_evaluate(obj: _Context, rubric_set_path: Path, labelled: Path, as_js
         return
     click.echo(f"rubric set {rubric_set.version}: {m.n} conversations ({m.n_positive} positive)")
     delta = "— (early stopping)" if asked else f"{m.delta_netsat:.2f}"
-    click.echo(f"ΔNetSAT {delta}  YR@{rubric_set.precision:.0%} {m.yield_rate:.1%}  "
-               f"A {m.accuracy:.3f}  P {m.precision:.3f}  R {m.recall:.3f}  F1 {m.f1:.3f}")
+    click.echo(
+        f"ΔNetSAT {delta}  YR@{rubric_set.precision:.0%} {m.yield_rate:.1%}  "
+        f"A {m.accuracy:.3f}  P {m.precision:.3f}  R {m.recall:.3f}  F1 {m.f1:.3f}"
+    )
     if asked:
-        click.echo(f"early stopping asked {asked['rubric_questions_asked']} of {asked['rubric_questions_of_all']} rubric questions")
+        click.echo(
+            f"early stopping asked {asked['rubric_questions_asked']} of {asked['rubric_questions_of_all']} rubric questions"
+        )
 
 
-def _early_stopped_netsats(rubric_set: RubricSet, items: Sequence[LabelledConversation], judge: Judge,
-                           rubrics_per_round: int) -> tuple[np.ndarray, int]:
+def _early_stopped_netsats(
+    rubric_set: RubricSet, items: Sequence[LabelledConversation], judge: Judge, rubrics_per_round: int
+) -> tuple[np.ndarray, int]:
     """A NetSAT per conversation that carries its early-stopped labels (the midpoint of its bounds when it stopped
     early: every NetSAT within the bounds has the same labels), and the rubric questions asked."""
     scorer = EarlyStoppingScorer(rubric_set, judge, round_size=rubrics_per_round)
@@ -239,16 +275,30 @@ _FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 
 def _calibration_options(fn):
     """Options shared by `calibrate train` and `calibrate evaluate`: the input files."""
-    fn = click.option("--optional-questions", default=",".join(sorted(OPTIONAL_QUESTIONS)), show_default=True,
-                      help="Questions the judge may not have been asked (their input is then all zeros), comma-separated.")(fn)
-    fn = click.option("--human-labels", type=_FILE, required=True,
-                      help="Human judgments TSV: text_id, annotator_id and one column per question (answers 1..K, 0 = n/a).")(fn)
-    fn = click.option("--judge-answers", type=_FILE, required=True,
-                      help="The judge's answer distributions TSV: text_id, criterion, answer1_prob..answerK_prob.")(fn)
+    fn = click.option(
+        "--optional-questions",
+        default=",".join(sorted(OPTIONAL_QUESTIONS)),
+        show_default=True,
+        help="Questions the judge may not have been asked (their input is then all zeros), comma-separated.",
+    )(fn)
+    fn = click.option(
+        "--human-labels",
+        type=_FILE,
+        required=True,
+        help="Human judgments TSV: text_id, annotator_id and one column per question (answers 1..K, 0 = n/a).",
+    )(fn)
+    fn = click.option(
+        "--judge-answers",
+        type=_FILE,
+        required=True,
+        help="The judge's answer distributions TSV: text_id, criterion, answer1_prob..answerK_prob.",
+    )(fn)
     return fn
 
 
-def _load_calibration_data(judge_answers: Path, human_labels: Path, n_options: dict[str, int], optional_questions: str) -> RubricData:
+def _load_calibration_data(
+    judge_answers: Path, human_labels: Path, n_options: dict[str, int], optional_questions: str
+) -> RubricData:
     question_ids = tuple(n_options)
     optional = [q.strip() for q in optional_questions.split(",") if q.strip()]
     features = load_features(judge_answers, n_options, question_ids, optional_questions=optional)
@@ -256,9 +306,11 @@ def _load_calibration_data(judge_answers: Path, human_labels: Path, n_options: d
     data = build_data(features, labels, n_options, question_ids)
     if not data.labels:
         raise RubricDataError(f"no human label in {human_labels} belongs to a conversation in {judge_answers}")
-    click.echo(f"{len(data.features)} conversations, {len(data.labels)} labels from {len(data.judges)} human judges"
-               + (f" ({data.dropped_labels} labels dropped: conversation has no judge answers)" if data.dropped_labels else ""),
-               err=True)
+    click.echo(
+        f"{len(data.features)} conversations, {len(data.labels)} labels from {len(data.judges)} human judges"
+        + (f" ({data.dropped_labels} labels dropped: conversation has no judge answers)" if data.dropped_labels else ""),
+        err=True,
+    )
     return data
 
 
@@ -274,18 +326,43 @@ def calibrate() -> None:
 
 @calibrate.command("train")
 @_calibration_options
-@click.option("--questions", type=_FILE, required=True,
-              help="questions.json: every question's options (the network's inputs and outputs).")
+@click.option(
+    "--questions", type=_FILE, required=True, help="questions.json: every question's options (the network's inputs and outputs)."
+)
 @click.option("--main-question", default="Q0", show_default=True, help="The question fine-tuned last (overall satisfaction).")
-@click.option("--grid", type=click.Choice(["paper", "small", "none"]), default="small", show_default=True,
-              help="Hyperparameter grid searched by k-fold CV: paper (64 candidates), small (6), none (defaults).")
-@click.option("--folds", type=click.IntRange(2, 20), default=5, show_default=True, help="Cross-validation folds (split by conversation).")
-@click.option("--members", type=click.IntRange(1, 50), default=1, show_default=True,
-              help="Networks trained from different seeds and averaged (an ensemble).")
+@click.option(
+    "--grid",
+    type=click.Choice(["paper", "small", "none"]),
+    default="small",
+    show_default=True,
+    help="Hyperparameter grid searched by k-fold CV: paper (64 candidates), small (6), none (defaults).",
+)
+@click.option(
+    "--folds", type=click.IntRange(2, 20), default=5, show_default=True, help="Cross-validation folds (split by conversation)."
+)
+@click.option(
+    "--members",
+    type=click.IntRange(1, 50),
+    default=1,
+    show_default=True,
+    help="Networks trained from different seeds and averaged (an ensemble).",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Directory to write the calibrator to.")
-def calibrate_train(judge_answers: Path, human_labels: Path, questions: Path, main_question: str, optional_questions: str,
-                    grid: str, folds: int, members: int, seed: int, out: Path) -> None:
+@click.option(
+    "--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Directory to write the calibrator to."
+)
+def calibrate_train(
+    judge_answers: Path,
+    human_labels: Path,
+    questions: Path,
+    main_question: str,
+    optional_questions: str,
+    grid: str,
+    folds: int,
+    members: int,
+    seed: int,
+    out: Path,
+) -> None:
     """Train a calibration network on judge answers paired with human labels.
 
     \b
@@ -311,8 +388,9 @@ def calibrate_train(judge_answers: Path, human_labels: Path, questions: Path, ma
     if grid != "none":
         candidates = NAMED_GRIDS[grid]
         with _progress(None, f"cross-validating ({folds} folds)", length=len(parameter_grid(candidates))) as bar:
-            search = select_hyperparameters(data, candidates, base=base, k=folds, seed=seed,
-                                            on_candidate=lambda i, n, p, s: bar.update(1))
+            search = select_hyperparameters(
+                data, candidates, base=base, k=folds, seed=seed, on_candidate=lambda i, n, p, s: bar.update(1)
+            )
         params = dict(search.best_params)
         chosen = {k: params[k] for k in candidates}
         click.echo(f"chosen by {folds}-fold CV: {chosen}; CV {_score_line(search.best_scores)}", err=True)
@@ -328,13 +406,18 @@ def _training_steps(model) -> int:
 
 
 @calibrate.command("evaluate")
-@click.option("--calibrator", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
-              help="Directory written by `calibrate train`.")
+@click.option(
+    "--calibrator",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    required=True,
+    help="Directory written by `calibrate train`.",
+)
 @_calibration_options
 @click.option("--question", default=None, help="Question to evaluate (default: the calibrator's main question).")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
-def calibrate_evaluate(calibrator: Path, judge_answers: Path, human_labels: Path, optional_questions: str,
-                       question: str | None, as_json: bool) -> None:
+def calibrate_evaluate(
+    calibrator: Path, judge_answers: Path, human_labels: Path, optional_questions: str, question: str | None, as_json: bool
+) -> None:
     """Compare a calibrator's predictions with held-out human labels.
 
     Each label is predicted with its own human judge's weights (an unknown
@@ -351,7 +434,9 @@ def calibrate_evaluate(calibrator: Path, judge_answers: Path, human_labels: Path
     scores = held.scores()
     scores["rmse_bound"] = metrics.rmse_lower_bound(held.answers, scores["pearson"])
     if as_json:
-        click.echo(json.dumps({"calibrator": model.version_, "question": held.question, "n": len(held.answers), **scores}, indent=2))
+        click.echo(
+            json.dumps({"calibrator": model.version_, "question": held.question, "n": len(held.answers), **scores}, indent=2)
+        )
         return
     click.echo(f"calibrator {model.version_}, {held.question}, {len(held.answers)} labels")
     click.echo(_score_line(scores))
@@ -366,15 +451,32 @@ def data() -> None:
 
 
 @data.command("llm-rubric")
-@click.option("--data-dir", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
-              help="The LLM-Rubric release directory (questions.json, *_FIXED*.tsv, real_data.json).")
+@click.option(
+    "--data-dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    required=True,
+    help="The LLM-Rubric release directory (questions.json, *_FIXED*.tsv, real_data.json).",
+)
 @click.option("--split", type=click.Choice(["real", "synth"]), required=True)
-@click.option("--negative-max-q0", type=float, default=NEGATIVE_MAX_MEAN_Q0, show_default=True,
-              help="A conversation is negative when its human judges' mean Q0 is at most this.")
-@click.option("--labelled-out", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="Where to write labelled conversations (JSONL).")
-@click.option("--rubric-set-out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also write an unfitted rubric set with Q1-Q8 as SAT rubrics.")
+@click.option(
+    "--negative-max-q0",
+    type=float,
+    default=NEGATIVE_MAX_MEAN_Q0,
+    show_default=True,
+    help="A conversation is negative when its human judges' mean Q0 is at most this.",
+)
+@click.option(
+    "--labelled-out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="Where to write labelled conversations (JSONL).",
+)
+@click.option(
+    "--rubric-set-out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write an unfitted rubric set with Q1-Q8 as SAT rubrics.",
+)
 def data_llm_rubric(data_dir: Path, split: str, negative_max_q0: float, labelled_out: Path, rubric_set_out: Path | None) -> None:
     """Labelled conversations (and a Q1-Q8 rubric set) from the LLM-Rubric release.
 
@@ -441,17 +543,42 @@ def _replay_path(source: str, path: Path | None) -> Path:
 @cli.command("replay")
 @click.argument("source", type=click.Choice(["jsonl", "llm-rubric", "uss", "synthetic"]))
 @click.argument("path", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--speed", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="Play event time this many times faster than real time; 0 = as fast as possible.")
-@click.option("--skip-invalid", is_flag=True, help="Send the valid events of a JSONL file and report the invalid ones (default: refuse the file).")
-@click.option("--turn-gap", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
-              help="Seconds between turns for corpora without turn times (llm-rubric, uss).")
-@click.option("--conversations", type=click.IntRange(min=1), default=2000, show_default=True, help="synthetic: number of conversations.")
+@click.option(
+    "--speed",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Play event time this many times faster than real time; 0 = as fast as possible.",
+)
+@click.option(
+    "--skip-invalid",
+    is_flag=True,
+    help="Send the valid events of a JSONL file and report the invalid ones (default: refuse the file).",
+)
+@click.option(
+    "--turn-gap",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="Seconds between turns for corpora without turn times (llm-rubric, uss).",
+)
+@click.option(
+    "--conversations", type=click.IntRange(min=1), default=2000, show_default=True, help="synthetic: number of conversations."
+)
 @click.option("--turns", type=click.IntRange(min=1), default=10, show_default=True, help="synthetic: turns per conversation.")
 @click.option("--seed", type=int, default=0, show_default=True, help="synthetic: random seed.")
 @click.pass_obj
-def replay_cmd(obj: _Context, source: str, path: Path | None, speed: float, skip_invalid: bool, turn_gap: float,
-               conversations: int, turns: int, seed: int) -> None:
+def replay_cmd(
+    obj: _Context,
+    source: str,
+    path: Path | None,
+    speed: float,
+    skip_invalid: bool,
+    turn_gap: float,
+    conversations: int,
+    turns: int,
+    seed: int,
+) -> None:
     """Publish events to the events topic: a JSONL file of contract events, or a corpus.
 
     \b
@@ -465,12 +592,16 @@ def replay_cmd(obj: _Context, source: str, path: Path | None, speed: float, skip
 
     a = obj.settings.assembly
     if source == "jsonl":
-        items = list(replay.jsonl_events(_replay_path(source, path), max_text_bytes=a.max_text_bytes, max_event_bytes=a.max_event_bytes))
+        items = list(
+            replay.jsonl_events(_replay_path(source, path), max_text_bytes=a.max_text_bytes, max_event_bytes=a.max_event_bytes)
+        )
         bad = invalid_items(items)
         if bad and not skip_invalid:
             shown = "; ".join(f"{i.where}: {i.error.reason}" for i in bad[:5] if i.error is not None)
-            _fail(f"{len(bad)} of {len(items)} lines break the event contract ({shown}{' ...' if len(bad) > 5 else ''}); "
-                  "fix them or pass --skip-invalid")
+            _fail(
+                f"{len(bad)} of {len(items)} lines break the event contract ({shown}{' ...' if len(bad) > 5 else ''}); "
+                "fix them or pass --skip-invalid"
+            )
     elif source == "llm-rubric":
         items = list(replay.llm_rubric_events(path or replay.LLM_RUBRIC_REAL_DATA, turn_gap_s=turn_gap))
     elif source == "uss":
@@ -480,7 +611,10 @@ def replay_cmd(obj: _Context, source: str, path: Path | None, speed: float, skip
     ensure_topics(obj.settings.kafka)
     with click.progressbar(length=len(items), label="publishing", file=sys.stderr, show_pos=True) as bar:
         report = publish(items, obj.settings.kafka, speed, on_sent=lambda _item: bar.update(1))
-    click.echo(f"sent {report.sent} events to {obj.settings.kafka.events_topic}" + (f", skipped {report.skipped} invalid" if report.skipped else ""))
+    click.echo(
+        f"sent {report.sent} events to {obj.settings.kafka.events_topic}"
+        + (f", skipped {report.skipped} invalid" if report.skipped else "")
+    )
     for line in report.skipped_where[:20]:
         click.echo(f"  skipped {line}", err=True)
 
@@ -509,25 +643,41 @@ def summary_cmd(obj: _Context, group_by: str, worst: int, as_json: bool) -> None
     click.echo(f"\nby {group_by}:")
     click.echo(f"  {'value':<12}{'n':>6}{'dsat':>8}{'uncertain':>11}{'calibrated sat':>16}{'calibrated P(dsat)':>20}")
     for v in summary.variants:
-        click.echo(f"  {v.variant or '(none)':<12}{v.n:>6}{_pct(v.dsat_rate):>8}{_pct(v.uncertain_rate):>11}"
-                   f"{_num(v.calibrated_satisfaction):>16}{_pct(v.calibrated_dissatisfaction):>20}")
-    click.echo("  (dsat/uncertain: shares of scored conversations by rubric-set label; calibrated: the calibrator's"
-               " expected main answer and P(dissatisfied); n counts unsampled conversations, rates weight by 1/π)")
+        click.echo(
+            f"  {v.variant or '(none)':<12}{v.n:>6}{_pct(v.dsat_rate):>8}{_pct(v.uncertain_rate):>11}"
+            f"{_num(v.calibrated_satisfaction):>16}{_pct(v.calibrated_dissatisfaction):>20}"
+        )
+    click.echo(
+        "  (dsat/uncertain: shares of scored conversations by rubric-set label; calibrated: the calibrator's"
+        " expected main answer and P(dissatisfied); n counts unsampled conversations, rates weight by 1/π)"
+    )
     if summary.worst:
         click.echo("\nworst conversations (highest calibrated P(dsat), then lowest NetSAT):")
         for w in summary.worst:
             hits = "; ".join(f"{h.rubric_id} {h.score:+.1f}" for h in w.dsat_hits) or "-"
-            click.echo(f"  {w.conversation_id}  NetSAT {_num(w.netsat)}  {w.label:<9}  P(dsat) {_pct(w.dissatisfaction_probability)}  [{hits}]")
+            click.echo(
+                f"  {w.conversation_id}  NetSAT {_num(w.netsat)}  {w.label:<9}  P(dsat) {_pct(w.dissatisfaction_probability)}  [{hits}]"
+            )
 
 
 @cli.command("report")
-@click.option("--since", required=True, help="Start of the window: a duration back from now (30m, 6h, 7d, 2w) or an ISO 8601 time.")
+@click.option(
+    "--since", required=True, help="Start of the window: a duration back from now (30m, 6h, 7d, 2w) or an ISO 8601 time."
+)
 @click.option("--until", default=None, help="End of the window (same forms; default: now).")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path), help="Directory for index.html and the PNGs.")
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory for index.html and the PNGs.",
+)
 @click.option("--product", default=None, help="Only this product.")
 @click.option("--model-version", default=None, help="Only this model version.")
 @click.pass_obj
-def report_cmd(obj: _Context, since: str, until: str | None, out_dir: Path, product: str | None, model_version: str | None) -> None:
+def report_cmd(
+    obj: _Context, since: str, until: str | None, out_dir: Path, product: str | None, model_version: str | None
+) -> None:
     """Render the Overview and Quality views from ClickHouse as PNG images and one HTML page (no Grafana needed).
 
     Conversations count by when they closed (since <= closed_at < until). With the embedded store, stop the

@@ -218,7 +218,9 @@ def parse_timestamp(value: str) -> float:
     float nearest to the exact instant, so `format_timestamp` gives it back.
     """
     if _TIMESTAMP_RE.match(value) is None:
-        raise ValueError(f"{value[:64]!r} is not an RFC 3339 date-time with a time zone (e.g. 2024-02-09T05:14:33.5Z), years 1900-2199")
+        raise ValueError(
+            f"{value[:64]!r} is not an RFC 3339 date-time with a time zone (e.g. 2024-02-09T05:14:33.5Z), years 1900-2199"
+        )
     days = date(int(value[0:4]), int(value[5:7]), int(value[8:10])).toordinal() - _EPOCH_ORDINAL
     seconds = days * 86_400 + int(value[11:13]) * 3600 + int(value[14:16]) * 60 + int(value[17:19])
     micros = 0
@@ -270,12 +272,15 @@ def _attributes(kind: str, v: object) -> dict[str, str]:
         raise InvalidEvent("invalid_value", f"{kind} event: attributes has {len(v)} keys, at most {MAX_ATTRIBUTES} allowed")
     for k, val in v.items():
         if not k or len(k) > MAX_ATTRIBUTE_KEY_CHARS:
-            raise InvalidEvent("invalid_value", f"{kind} event: attribute name {k[:80]!r} must be 1..{MAX_ATTRIBUTE_KEY_CHARS} characters")
+            raise InvalidEvent(
+                "invalid_value", f"{kind} event: attribute name {k[:80]!r} must be 1..{MAX_ATTRIBUTE_KEY_CHARS} characters"
+            )
         if type(val) is not str:
             raise _wrong_type(kind, f"attributes[{k!r}]", "a string", val)
         if len(val) > MAX_ATTRIBUTE_VALUE_CHARS:
             raise InvalidEvent(
-                "invalid_value", f"{kind} event: attributes[{k!r}] has {len(val)} characters, at most {MAX_ATTRIBUTE_VALUE_CHARS} allowed"
+                "invalid_value",
+                f"{kind} event: attributes[{k!r}] has {len(val)} characters, at most {MAX_ATTRIBUTE_VALUE_CHARS} allowed",
             )
     return v
 
@@ -285,7 +290,9 @@ def _utf8_size(kind: str, name: str, s: str) -> int:
     try:
         return len(s.encode("utf-8"))
     except UnicodeEncodeError:
-        raise InvalidEvent("invalid_value", f"{kind} event: {name} contains a lone UTF-16 surrogate escape, which is not valid Unicode") from None
+        raise InvalidEvent(
+            "invalid_value", f"{kind} event: {name} contains a lone UTF-16 surrogate escape, which is not valid Unicode"
+        ) from None
 
 
 def _parse_turn(obj: dict[str, Any], max_text_bytes: int) -> TurnEvent:
@@ -327,7 +334,11 @@ def _parse_feedback(obj: dict[str, Any], max_text_bytes: int) -> FeedbackEvent:
     return FeedbackEvent(cid, index, rating, ts, comment, attrs)
 
 
-_PARSERS: dict[str, Callable[[dict[str, Any], int], Event]] = {"turn": _parse_turn, "end": _parse_end, "feedback": _parse_feedback}
+_PARSERS: dict[str, Callable[[dict[str, Any], int], Event]] = {
+    "turn": _parse_turn,
+    "end": _parse_end,
+    "feedback": _parse_feedback,
+}
 
 
 def _strings(event: Event) -> list[tuple[str, str]]:
@@ -360,7 +371,9 @@ def parse_event(
     try:
         text = bytes(raw).decode("utf-8")
     except UnicodeDecodeError as e:
-        raise InvalidEvent("invalid_utf8", f"the value is not UTF-8: byte {e.start} ({raw[e.start:e.start + 1]!r}) {e.reason}") from None
+        raise InvalidEvent(
+            "invalid_utf8", f"the value is not UTF-8: byte {e.start} ({raw[e.start : e.start + 1]!r}) {e.reason}"
+        ) from None
     if text.startswith("\ufeff"):
         raise InvalidEvent("not_json", "the value starts with a byte order mark (BOM); JSON on the topic must not")
     try:
@@ -377,7 +390,9 @@ def parse_event(
     version = obj["schema_version"]
     if type(version) not in (int, float) or version != SCHEMA_VERSION:
         if type(version) in (int, float):
-            raise InvalidEvent("unsupported_schema_version", f"schema_version {version!r} is not supported; this worker reads {SCHEMA_VERSION}")
+            raise InvalidEvent(
+                "unsupported_schema_version", f"schema_version {version!r} is not supported; this worker reads {SCHEMA_VERSION}"
+            )
         raise _wrong_type("the", "schema_version", "an integer", version)
     if "type" not in obj:
         raise InvalidEvent("missing_field", "missing field 'type'")
@@ -487,7 +502,9 @@ class DeadLetter:
         cls, error: InvalidEvent, original: bytes | None, key: bytes | None, topic: str, partition: int, offset: int, at: float
     ) -> DeadLetter:
         """The dead letter for a refused record (a null value is kept as empty bytes)."""
-        return cls(error.reason, error.detail, bytes(original or b""), None if key is None else bytes(key), topic, partition, offset, at)
+        return cls(
+            error.reason, error.detail, bytes(original or b""), None if key is None else bytes(key), topic, partition, offset, at
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {

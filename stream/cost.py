@@ -19,5 +19,8 @@ def judge_cost(price: PriceSettings, prompt_tokens: float, cached_prompt_tokens:
     """Cost of the given token counts (``cached_prompt_tokens`` is part of ``prompt_tokens``), in ``price.currency``."""
     cached_rate = price.prompt_per_million if price.cached_prompt_per_million is None else price.cached_prompt_per_million
     cached = min(cached_prompt_tokens, prompt_tokens)
-    return ((prompt_tokens - cached) * price.prompt_per_million + cached * cached_rate
-            + completion_tokens * price.completion_per_million) / TOKENS_PER_PRICE_UNIT
+    return (
+        (prompt_tokens - cached) * price.prompt_per_million
+        + cached * cached_rate
+        + completion_tokens * price.completion_per_million
+    ) / TOKENS_PER_PRICE_UNIT

@@ -39,8 +39,14 @@ def build(out: Path) -> None:
 
 
 @dashboards.command("check")
-@click.option("--dir", "directory", type=_DIR, default=catalog.DEFAULT_DIR, show_default=True,
-              help="Directory holding the committed <uid>.json files.")
+@click.option(
+    "--dir",
+    "directory",
+    type=_DIR,
+    default=catalog.DEFAULT_DIR,
+    show_default=True,
+    help="Directory holding the committed <uid>.json files.",
+)
 def check(directory: Path) -> None:
     """Exit 1 when the dashboards in --dir or the alert files differ from what the generators make now."""
     problems = [*catalog.check(directory), *alert_files.check()]
@@ -48,14 +54,24 @@ def check(directory: Path) -> None:
         for problem in problems:
             click.echo(problem, err=True)
         sys.exit(1)
-    click.echo(f"{len(catalog.dashboards())} dashboards in {directory} and {len(alert_files.generated())} alert files match the generators")
+    click.echo(
+        f"{len(catalog.dashboards())} dashboards in {directory} and {len(alert_files.generated())} alert files match the generators"
+    )
 
 
 @dashboards.command("push")
 @click.option("--url", required=True, help="Grafana base URL, e.g. https://grafana.example.com (token from $" + TOKEN_ENV + ").")
-@click.option("--folder", default=DEFAULT_FOLDER, show_default=True, help="Grafana folder to save the dashboards in (created if missing).")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=DEFAULT_TIMEOUT_S, show_default=True,
-              help="Seconds to wait for each Grafana request.")
+@click.option(
+    "--folder", default=DEFAULT_FOLDER, show_default=True, help="Grafana folder to save the dashboards in (created if missing)."
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0.1),
+    default=DEFAULT_TIMEOUT_S,
+    show_default=True,
+    help="Seconds to wait for each Grafana request.",
+)
 def push_command(url: str, folder: str, timeout_s: float) -> None:
     """Save every dashboard into Grafana, overwriting by uid (idempotent)."""
     token = os.environ.get(TOKEN_ENV) or None

@@ -86,8 +86,11 @@ class GuardedDelivery:
             self._last_activity.update((topic, now) for topic in app.guarded_topics)
             return
         assigned = [tp for tp in self.assignment() if tp.topic in app.guarded_topics]  # type: ignore[attr-defined]
-        idle = [tp for tp in assigned if not self._in_flight[tp.topic]
-                and now - self._last_activity.setdefault(tp.topic, now) >= idle_s]
+        idle = [
+            tp
+            for tp in assigned
+            if not self._in_flight[tp.topic] and now - self._last_activity.setdefault(tp.topic, now) >= idle_s
+        ]
         if not idle:
             return
         highwaters = await self.highwaters(*idle)  # type: ignore[attr-defined]
@@ -124,8 +127,13 @@ class GuardedDelivery:
             finished = self._finished_offsets[tp]
             unfinished = [o for o in acked if o not in finished]
             if unfinished:
-                log.info("%s[%d] offsets %s left uncommitted: handed out or ended without being processed (a stop or "
-                         "a rebalance); they are delivered again", tp.topic, tp.partition, sorted(unfinished))
+                log.info(
+                    "%s[%d] offsets %s left uncommitted: handed out or ended without being processed (a stop or "
+                    "a rebalance); they are delivered again",
+                    tp.topic,
+                    tp.partition,
+                    sorted(unfinished),
+                )
             floor = self._commit_floor(tp)
             acked[:] = sorted(o for o in acked if o in finished and (floor is None or o >= floor))
             acked_index.intersection_update(acked)

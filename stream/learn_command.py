@@ -92,16 +92,28 @@ def _generator(settings: Settings, base_url: str | None, model: str | None, seed
         # The judge's API key is only sent to the judge's own endpoint.
         key = j.api_key.get_secret_value() if j.api_key and base_url == j.base_url else None
         return OpenAIGenerator(
-            base_url=base_url, model=model, api_key=key, seed=seed,
-            max_retries=j.max_retries, backoff_initial_s=j.backoff_initial_s, backoff_max_s=j.backoff_max_s,
+            base_url=base_url,
+            model=model,
+            api_key=key,
+            seed=seed,
+            max_retries=j.max_retries,
+            backoff_initial_s=j.backoff_initial_s,
+            backoff_max_s=j.backoff_max_s,
         )
     if j.backend == "openai":
         if j.base_url is None or j.model is None:
-            raise SettingsError("a generated pool needs a generator: --generator-base-url/--generator-model, or judge.base_url and judge.model")
+            raise SettingsError(
+                "a generated pool needs a generator: --generator-base-url/--generator-model, or judge.base_url and judge.model"
+            )
         key = j.api_key.get_secret_value() if j.api_key else None
         return OpenAIGenerator(
-            base_url=j.base_url, model=j.model, api_key=key, seed=seed,
-            max_retries=j.max_retries, backoff_initial_s=j.backoff_initial_s, backoff_max_s=j.backoff_max_s,
+            base_url=j.base_url,
+            model=j.model,
+            api_key=key,
+            seed=seed,
+            max_retries=j.max_retries,
+            backoff_initial_s=j.backoff_initial_s,
+            backoff_max_s=j.backoff_max_s,
         )
     if j.backend == "local":
         return LocalGenerator(j.local_model, cache_dir=settings.cache_dir, seed=seed)
@@ -112,8 +124,15 @@ def _generator(settings: Settings, base_url: str | None, model: str | None, seed
 
 
 def _generated_pool(
-    settings: Settings, labelled: list[LabelledConversation], domain: str, existing: RubricPool | None,
-    base_url: str | None, model: str | None, seed: int, pool_out: Path, progress: _StageProgress,
+    settings: Settings,
+    labelled: list[LabelledConversation],
+    domain: str,
+    existing: RubricPool | None,
+    base_url: str | None,
+    model: str | None,
+    seed: int,
+    pool_out: Path,
+    progress: _StageProgress,
 ) -> RubricPool:
     from scorers.embeddings import EmbeddingModelError, SentenceEmbedder
     from scorers.generators import GeneratorError
@@ -127,7 +146,9 @@ def _generated_pool(
         raise LearningError(f"cannot use the generator: {e}") from e
     _say(f"generating rubrics with {generator!r} from {len(labelled)} conversations")
     try:
-        pool, report = generate_pool(generator, labelled, domain, SentenceEmbedder(), existing=existing, seed=seed, progress=progress)
+        pool, report = generate_pool(
+            generator, labelled, domain, SentenceEmbedder(), existing=existing, seed=seed, progress=progress
+        )
     except (GeneratorError, RubricGenerationError, EmbeddingModelError) as e:
         raise LearningError(f"rubric generation failed: {e}") from e
     finally:
@@ -142,40 +163,111 @@ def _generated_pool(
 
 
 @click.command("learn")
-@click.option("--data", "data_path", type=_FILE, required=True,
-              help="Labelled conversations (JSONL: conversation_id, label positive/negative, turns).")
-@click.option("--domain", "domain_path", type=_FILE, required=True,
-              help="Domain description (text/Markdown): what the assistant is for and what success means.")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="Where to write the learned rubric set (JSON).")
-@click.option("--pool", "pool_kind", type=click.Choice(["seed", "generated", "both"]), default="seed", show_default=True,
-              help="Candidate rubrics: the shipped seed pool, rubrics generated from --data, or both.")
-@click.option("--pool-file", type=_FILE, default=None,
-              help="A rubric pool file to use as the generated pool (e.g. saved by an earlier run) instead of generating.")
-@click.option("--pool-out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Where to save a newly generated pool [default: OUT with suffix .pool.json].")
-@click.option("--candidates", "candidates_path", type=_FILE, default=None,
-              help="Select from the rubrics of this rubric-set file instead of a pool (any answer scales).")
+@click.option(
+    "--data",
+    "data_path",
+    type=_FILE,
+    required=True,
+    help="Labelled conversations (JSONL: conversation_id, label positive/negative, turns).",
+)
+@click.option(
+    "--domain",
+    "domain_path",
+    type=_FILE,
+    required=True,
+    help="Domain description (text/Markdown): what the assistant is for and what success means.",
+)
+@click.option(
+    "--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="Where to write the learned rubric set (JSON)."
+)
+@click.option(
+    "--pool",
+    "pool_kind",
+    type=click.Choice(["seed", "generated", "both"]),
+    default="seed",
+    show_default=True,
+    help="Candidate rubrics: the shipped seed pool, rubrics generated from --data, or both.",
+)
+@click.option(
+    "--pool-file",
+    type=_FILE,
+    default=None,
+    help="A rubric pool file to use as the generated pool (e.g. saved by an earlier run) instead of generating.",
+)
+@click.option(
+    "--pool-out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Where to save a newly generated pool [default: OUT with suffix .pool.json].",
+)
+@click.option(
+    "--candidates",
+    "candidates_path",
+    type=_FILE,
+    default=None,
+    help="Select from the rubrics of this rubric-set file instead of a pool (any answer scales).",
+)
 @click.option("--generator-base-url", default=None, help="OpenAI-compatible endpoint that writes rubrics [default: the judge's].")
 @click.option("--generator-model", default=None, help="Model name at --generator-base-url.")
 @click.option("--n-sat", type=click.IntRange(min=0), default=10, show_default=True, help="SAT rubrics to select.")
 @click.option("--n-dsat", type=click.IntRange(min=0), default=10, show_default=True, help="DSAT rubrics to select.")
-@click.option("--precision", type=click.FloatRange(0.5, 1.0, min_open=True), default=DEFAULT_PRECISION, show_default=True,
-              help="Target precision P of the confidence windows.")
+@click.option(
+    "--precision",
+    type=click.FloatRange(0.5, 1.0, min_open=True),
+    default=DEFAULT_PRECISION,
+    show_default=True,
+    help="Target precision P of the confidence windows.",
+)
 @click.option("--folds", type=click.IntRange(min=2), default=5, show_default=True, help="Cross-validation folds for α.")
-@click.option("--alphas", default=",".join(f"{a:g}" for a in DEFAULT_ALPHAS), show_default=True,
-              help="Comma-separated α grid (weight of the sharpness loss).")
+@click.option(
+    "--alphas",
+    default=",".join(f"{a:g}" for a in DEFAULT_ALPHAS),
+    show_default=True,
+    help="Comma-separated α grid (weight of the sharpness loss).",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the folds, UCB and generation batching.")
-@click.option("--method", type=click.Choice(list(METHODS)), default="greedy", show_default=True,
-              help="greedy = RUBICON Algorithm 1; brute_force and ucb are the paper's baselines.")
-@click.option("--cache", "cache_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help=f"Judge-answer cache (SQLite) [default: CACHE_DIR/{SCORE_CACHE_FILE}].")
-@click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Also write report.json and precision_curves.png here.")
+@click.option(
+    "--method",
+    type=click.Choice(list(METHODS)),
+    default="greedy",
+    show_default=True,
+    help="greedy = RUBICON Algorithm 1; brute_force and ucb are the paper's baselines.",
+)
+@click.option(
+    "--cache",
+    "cache_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help=f"Judge-answer cache (SQLite) [default: CACHE_DIR/{SCORE_CACHE_FILE}].",
+)
+@click.option(
+    "--report-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Also write report.json and precision_curves.png here.",
+)
 @click.pass_obj
-def learn(obj: Any, data_path: Path, domain_path: Path, out: Path, pool_kind: str, pool_file: Path | None,
-          pool_out: Path | None, candidates_path: Path | None, generator_base_url: str | None, generator_model: str | None,
-          n_sat: int, n_dsat: int, precision: float, folds: int, alphas: str, seed: int, method: str,
-          cache_path: Path | None, report_dir: Path | None) -> None:
+def learn(
+    obj: Any,
+    data_path: Path,
+    domain_path: Path,
+    out: Path,
+    pool_kind: str,
+    pool_file: Path | None,
+    pool_out: Path | None,
+    candidates_path: Path | None,
+    generator_base_url: str | None,
+    generator_model: str | None,
+    n_sat: int,
+    n_dsat: int,
+    precision: float,
+    folds: int,
+    alphas: str,
+    seed: int,
+    method: str,
+    cache_path: Path | None,
+    report_dir: Path | None,
+) -> None:
     """Learn a rubric set (RUBICON) from labelled conversations with the configured judge.
 
     \b
@@ -195,7 +287,9 @@ def learn(obj: Any, data_path: Path, domain_path: Path, out: Path, pool_kind: st
         alpha_grid = tuple(float(a) for a in alphas.split(",") if a.strip())
     except ValueError:
         raise click.BadParameter(f"{alphas!r} is not a comma-separated list of numbers", param_hint="--alphas") from None
-    learner = RubricLearner(n_sat=n_sat, n_dsat=n_dsat, precision=precision, alphas=alpha_grid, folds=folds, seed=seed, method=method)
+    learner = RubricLearner(
+        n_sat=n_sat, n_dsat=n_dsat, precision=precision, alphas=alpha_grid, folds=folds, seed=seed, method=method
+    )
     labelled = load_labelled_jsonl(data_path)
     learner.check_data(labelled, where=str(data_path))  # no judge or generator call before the data are known usable
     domain = _read_domain(domain_path)
@@ -216,13 +310,16 @@ def learn(obj: Any, data_path: Path, domain_path: Path, out: Path, pool_kind: st
                 generated = RubricPool.load(pool_file)
             else:
                 target = pool_out or out.with_suffix(".pool.json")
-                generated = _generated_pool(settings, labelled, domain, seed_rubrics, generator_base_url, generator_model,
-                                            seed, target, progress)
+                generated = _generated_pool(
+                    settings, labelled, domain, seed_rubrics, generator_base_url, generator_model, seed, target, progress
+                )
         parts = [p for p in (seed_rubrics, generated) if p is not None]
         pool = parts[0] if len(parts) == 1 else merge(*parts, metadata={"name": "seed+generated"})
         pool_name = str(pool.metadata.get("name") or pool_kind)
-    _say(f"{len(labelled)} conversations ({sum(i.positive for i in labelled)} positive); {len(pool)} candidate rubrics ({pool_name}); "
-         f"judge {getattr(judge, 'model', judge.name)}")
+    _say(
+        f"{len(labelled)} conversations ({sum(i.positive for i in labelled)} positive); {len(pool)} candidate rubrics ({pool_name}); "
+        f"judge {getattr(judge, 'model', judge.name)}"
+    )
 
     cache_file = cache_path or settings.cache_dir / SCORE_CACHE_FILE
     with ScoreCache(cache_file) as cache:
@@ -267,13 +364,25 @@ def _edge(value: float | None) -> str:
 
 @click.command("uss")
 @click.option("--file", "uss_file", type=_FILE, required=True, help="A USS dialogue file (MWOZ.txt, SGD.txt, ...).")
-@click.option("--labelled-out", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="Where to write the labelled conversations (JSONL); the training part with --split-out-test.")
-@click.option("--n-per-class", type=click.IntRange(min=2), default=None,
-              help="Draw this many positive and this many negative dialogues at random, before the split (default: all).")
+@click.option(
+    "--labelled-out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="Where to write the labelled conversations (JSONL); the training part with --split-out-test.",
+)
+@click.option(
+    "--n-per-class",
+    type=click.IntRange(min=2),
+    default=None,
+    help="Draw this many positive and this many negative dialogues at random, before the split (default: all).",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the draw and the split.")
-@click.option("--split-out-test", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Split each class 50/50 and write the test half here.")
+@click.option(
+    "--split-out-test",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Split each class 50/50 and write the test half here.",
+)
 def uss_command(uss_file: Path, labelled_out: Path, n_per_class: int | None, seed: int, split_out_test: Path | None) -> None:
     """Labelled conversations from a USS file (User Satisfaction Simulation, Sun et al. 2021).
 
@@ -283,8 +392,10 @@ def uss_command(uss_file: Path, labelled_out: Path, n_per_class: int | None, see
     """
     labelled, middle = uss_labelled(read_uss(uss_file))
     n_pos = sum(1 for i in labelled if i.positive)
-    _say(f"{uss_file}: {len(labelled) + len(middle)} dialogues: {n_pos} positive (mean OVERALL >= 3.5), "
-         f"{len(labelled) - n_pos} negative (< 3), {len(middle)} in between (not written)")
+    _say(
+        f"{uss_file}: {len(labelled) + len(middle)} dialogues: {n_pos} positive (mean OVERALL >= 3.5), "
+        f"{len(labelled) - n_pos} negative (< 3), {len(middle)} in between (not written)"
+    )
     if split_out_test is not None:
         train, test = stratified_split(labelled, 0.5, n_per_class, seed)
         write_labelled_jsonl(split_out_test, test)

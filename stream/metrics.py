@@ -65,7 +65,25 @@ class AttributeLabels:
 JUDGED, UNSAMPLED = "judged", "unsampled"
 
 # Labels the metrics below use themselves; attribute labels must not shadow them.
-FIXED_LABELS = frozenset({"type", "outcome", "reason", "cause", "decision", "label", "dimension", "judge", "kind", "currency", "limit", "error", "table", "le", "quantile"})
+FIXED_LABELS = frozenset(
+    {
+        "type",
+        "outcome",
+        "reason",
+        "cause",
+        "decision",
+        "label",
+        "dimension",
+        "judge",
+        "kind",
+        "currency",
+        "limit",
+        "error",
+        "table",
+        "le",
+        "quantile",
+    }
+)
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
@@ -75,7 +93,9 @@ def check_attribute_keys(keys: Sequence[str]) -> None:
         if not _LABEL_NAME.fullmatch(key) or key.startswith("__"):
             raise ValueError(f"metrics.label_attributes: {key!r} is not a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)")
         if key in FIXED_LABELS:
-            raise ValueError(f"metrics.label_attributes: {key!r} clashes with a label convowatch's metrics use ({sorted(FIXED_LABELS)})")
+            raise ValueError(
+                f"metrics.label_attributes: {key!r} clashes with a label convowatch's metrics use ({sorted(FIXED_LABELS)})"
+            )
     if len(set(keys)) != len(keys):
         raise ValueError(f"metrics.label_attributes: duplicate keys in {list(keys)}")
 
@@ -83,8 +103,12 @@ def check_attribute_keys(keys: Sequence[str]) -> None:
 class ServiceMetrics:
     """All metrics of one process, registered in ``registry``."""
 
-    def __init__(self, attribute_keys: Sequence[str] = ("product", "model_version"), max_label_values: int = 50,
-                 registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        attribute_keys: Sequence[str] = ("product", "model_version"),
+        max_label_values: int = 50,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         check_attribute_keys(attribute_keys)
         self.registry = registry or CollectorRegistry()
         self.attributes = AttributeLabels(attribute_keys, max_label_values)
@@ -93,23 +117,39 @@ class ServiceMetrics:
 
         # events and assembly
         self.events = Counter("convowatch_events", "Events consumed, by type and outcome.", ["type", "outcome"], registry=r)
-        self.dead_letters = Counter("convowatch_dead_letters", "Events sent to the dead-letter topic, by reason.", ["reason"], registry=r)
-        self.conversations_closed = Counter("convowatch_conversations_closed", "Conversations closed, by cause.", ["cause"], registry=r)
-        self.open_conversations = Gauge("convowatch_open_conversations", "Conversations being assembled on this worker.", registry=r)
-        self.assigned_partitions = Gauge("convowatch_assigned_partitions", "Events-topic partitions this worker owns.", registry=r)
+        self.dead_letters = Counter(
+            "convowatch_dead_letters", "Events sent to the dead-letter topic, by reason.", ["reason"], registry=r
+        )
+        self.conversations_closed = Counter(
+            "convowatch_conversations_closed", "Conversations closed, by cause.", ["cause"], registry=r
+        )
+        self.open_conversations = Gauge(
+            "convowatch_open_conversations", "Conversations being assembled on this worker.", registry=r
+        )
+        self.assigned_partitions = Gauge(
+            "convowatch_assigned_partitions", "Events-topic partitions this worker owns.", registry=r
+        )
         self.consumer_lag = Gauge(
-            "convowatch_consumer_lag", "Records not yet consumed: the broker's high-water mark minus this consumer's position.",
-            ["topic", "partition"], registry=r,
+            "convowatch_consumer_lag",
+            "Records not yet consumed: the broker's high-water mark minus this consumer's position.",
+            ["topic", "partition"],
+            registry=r,
         )
         self._lag_partitions: set[tuple[str, str]] = set()
         self.partition_refetches = Counter(
-            "convowatch_partition_refetches", "Partitions fetched again from the next offset to process, by topic and reason "
-            "(hole: a later record arrived first; stall: records waited while the agent idled).", ["topic", "reason"], registry=r,
+            "convowatch_partition_refetches",
+            "Partitions fetched again from the next offset to process, by topic and reason "
+            "(hole: a later record arrived first; stall: records waited while the agent idled).",
+            ["topic", "reason"],
+            registry=r,
         )
 
         # scoring
         self.conversations_scored = Counter(
-            "convowatch_conversations_scored", "Conversations scored, by label (sat/dsat/uncertain) and attributes.", ["label", *attrs], registry=r
+            "convowatch_conversations_scored",
+            "Conversations scored, by label (sat/dsat/uncertain) and attributes.",
+            ["label", *attrs],
+            registry=r,
         )
         self.conversations_unscored = Counter(
             "convowatch_conversations_unscored", "Conversations stored without scores, by reason.", ["reason", *attrs], registry=r
@@ -120,28 +160,34 @@ class ServiceMetrics:
         self.calibrated_dissatisfaction = Counter(
             "convowatch_calibrated_dissatisfaction_probability",
             "Sum of calibrated P(dissatisfied); divide its rate by convowatch_calibrated_conversations_total's.",
-            attrs, registry=r,
+            attrs,
+            registry=r,
         )
         # With the count and the sum, the spread of P(dsat) across conversations: the standard error of the rate.
         self.calibrated_dissatisfaction_squared = Counter(
             "convowatch_calibrated_dissatisfaction_probability_squared",
-            "Sum of squared calibrated P(dissatisfied), for the variance of P across conversations.", attrs, registry=r,
+            "Sum of squared calibrated P(dissatisfied), for the variance of P across conversations.",
+            attrs,
+            registry=r,
         )
         # Sampling (stream/sampling.py): every finished conversation, judged or not, and the Horvitz–Thompson sums.
         self.conversations_sampled = Counter(
             "convowatch_conversations_sampled",
             "Closed conversations by sampling decision (judged, unsampled) and reason (rate, new_model_version, negative_feedback).",
-            ["decision", "reason", *attrs], registry=r,
+            ["decision", "reason", *attrs],
+            registry=r,
         )
         self.scored_weight = Counter(
             "convowatch_conversations_scored_weight",
             "Sum of 1/π over scored conversations, by label: the conversations they stand for (label shares divide these).",
-            ["label", *attrs], registry=r,
+            ["label", *attrs],
+            registry=r,
         )
         self.scored_sampling_variance = Counter(
             "convowatch_conversations_scored_sampling_variance",
             "Sum of (1-π)/π² over scored conversations, by label: the sampling variance of a label share.",
-            ["label", *attrs], registry=r,
+            ["label", *attrs],
+            registry=r,
         )
         self.calibrated_weight = Counter(
             "convowatch_calibrated_weight", "Sum of 1/π over conversations with a calibrated P(dissatisfied).", attrs, registry=r
@@ -149,34 +195,51 @@ class ServiceMetrics:
         self.calibrated_dissatisfaction_weighted = Counter(
             "convowatch_calibrated_dissatisfaction_probability_weighted",
             "Sum of P(dissatisfied)/π; divide its rate by convowatch_calibrated_weight_total's for the unbiased rate.",
-            attrs, registry=r,
+            attrs,
+            registry=r,
         )
         self.calibrated_dissatisfaction_squared_weighted = Counter(
             "convowatch_calibrated_dissatisfaction_probability_squared_weighted",
-            "Sum of P(dissatisfied)²/π, for the variance of P across conversations.", attrs, registry=r,
+            "Sum of P(dissatisfied)²/π, for the variance of P across conversations.",
+            attrs,
+            registry=r,
         )
         # Σ (1-π)/π² · P^k for k = 0, 1, 2: the sampling variance of the rate R expands to (S2 - 2R·S1 + R²·S0) / W².
         self.calibrated_sampling_variance = Counter(
             "convowatch_calibrated_sampling_variance",
-            "Sum of (1-π)/π² over calibrated conversations (sampling-variance term S0).", attrs, registry=r,
+            "Sum of (1-π)/π² over calibrated conversations (sampling-variance term S0).",
+            attrs,
+            registry=r,
         )
         self.calibrated_dissatisfaction_sampling_variance = Counter(
             "convowatch_calibrated_dissatisfaction_probability_sampling_variance",
-            "Sum of (1-π)/π² · P(dissatisfied) over calibrated conversations (sampling-variance term S1).", attrs, registry=r,
+            "Sum of (1-π)/π² · P(dissatisfied) over calibrated conversations (sampling-variance term S1).",
+            attrs,
+            registry=r,
         )
         self.calibrated_dissatisfaction_squared_sampling_variance = Counter(
             "convowatch_calibrated_dissatisfaction_probability_squared_sampling_variance",
-            "Sum of (1-π)/π² · P(dissatisfied)² over calibrated conversations (sampling-variance term S2).", attrs, registry=r,
+            "Sum of (1-π)/π² · P(dissatisfied)² over calibrated conversations (sampling-variance term S2).",
+            attrs,
+            registry=r,
         )
         self.netsat = Histogram("convowatch_netsat", "NetSAT of scored conversations.", attrs, buckets=NETSAT_BUCKETS, registry=r)
         self.dimension = Histogram(
-            "convowatch_dimension_expected_value", "Calibrated expected answer per dimension (question).",
-            ["dimension", *attrs], buckets=DIMENSION_BUCKETS, registry=r,
+            "convowatch_dimension_expected_value",
+            "Calibrated expected answer per dimension (question).",
+            ["dimension", *attrs],
+            buckets=DIMENSION_BUCKETS,
+            registry=r,
         )
         self.scoring_latency = Histogram(
-            "convowatch_scoring_latency_seconds", "Time to score one conversation (judge included).", buckets=LATENCY_BUCKETS, registry=r
+            "convowatch_scoring_latency_seconds",
+            "Time to score one conversation (judge included).",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
-        self.scoring_attempts = Counter("convowatch_scoring_retries", "Scoring attempts that failed and were retried.", ["reason"], registry=r)
+        self.scoring_attempts = Counter(
+            "convowatch_scoring_retries", "Scoring attempts that failed and were retried.", ["reason"], registry=r
+        )
 
         # judge
         self.judge_calls = Counter("convowatch_judge_calls", "Judge requests made.", ["judge"], registry=r)
@@ -185,33 +248,46 @@ class ServiceMetrics:
             ["judge", "kind"], registry=r,
         )  # fmt: skip
         self.rubric_questions = Counter(
-            "convowatch_rubric_questions", "Rubric questions per outcome: asked, or skipped by early stopping.", ["outcome"], registry=r
+            "convowatch_rubric_questions",
+            "Rubric questions per outcome: asked, or skipped by early stopping.",
+            ["outcome"],
+            registry=r,
         )
-        self.judge_latency = Histogram("convowatch_judge_latency_seconds", "Judge time per conversation.", ["judge"],
-                                       buckets=LATENCY_BUCKETS, registry=r)
+        self.judge_latency = Histogram(
+            "convowatch_judge_latency_seconds", "Judge time per conversation.", ["judge"], buckets=LATENCY_BUCKETS, registry=r
+        )
         self.judge_errors = Counter("convowatch_judge_errors", "Judge failures, by error type.", ["judge", "error"], registry=r)
         self.judge_cost = Counter(
-            "convowatch_judge_cost", "Judge cost from judge.price (cached prompt tokens at the cached rate), in currency.",
-            ["judge", "currency"], registry=r,
+            "convowatch_judge_cost",
+            "Judge cost from judge.price (cached prompt tokens at the cached rate), in currency.",
+            ["judge", "currency"],
+            registry=r,
         )
         # judge budget (stream/budget.py); series exist for the configured limits only
         self.judge_budget_exhausted = Gauge(
-            "convowatch_judge_budget_exhausted", "1 while scoring waits because this judge budget limit is spent.", ["limit"], registry=r
+            "convowatch_judge_budget_exhausted",
+            "1 while scoring waits because this judge budget limit is spent.",
+            ["limit"],
+            registry=r,
         )
         self.judge_budget_wait = Counter(
             "convowatch_judge_budget_wait_seconds",
             "Seconds during which scoring waited for this judge budget limit (its rate: the share of time held back).",
-            ["limit"], registry=r,
+            ["limit"],
+            registry=r,
         )
 
         # sink
         self.sink_rows = Counter("convowatch_sink_rows", "Rows written to the store, by table.", ["table"], registry=r)
-        self.sink_latency = Histogram("convowatch_sink_latency_seconds", "Time to write one batch to the store.",
-                                      buckets=LATENCY_BUCKETS, registry=r)
+        self.sink_latency = Histogram(
+            "convowatch_sink_latency_seconds", "Time to write one batch to the store.", buckets=LATENCY_BUCKETS, registry=r
+        )
         self.sink_errors = Counter("convowatch_sink_errors", "Failed store writes (retried).", registry=r)
         self.end_to_store_latency = Histogram(
-            "convowatch_close_to_store_latency_seconds", "From a conversation's close to its row in the store.",
-            buckets=LATENCY_BUCKETS, registry=r,
+            "convowatch_close_to_store_latency_seconds",
+            "From a conversation's close to its row in the store.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
 
     def attribute_values(self, attributes: Mapping[str, str]) -> tuple[str, ...]:

@@ -37,8 +37,14 @@ def publish(
     """
     report = PublishReport()
     try:
-        producer = KafkaProducer(bootstrap_servers=settings.bootstrap_servers.split(","), client_id="convowatch-replay",
-                                 acks="all", linger_ms=5, retries=5, max_block_ms=int(settings.admin_timeout_s * 1000))
+        producer = KafkaProducer(
+            bootstrap_servers=settings.bootstrap_servers.split(","),
+            client_id="convowatch-replay",
+            acks="all",
+            linger_ms=5,
+            retries=5,
+            max_block_ms=int(settings.admin_timeout_s * 1000),
+        )
     except KafkaError as e:
         raise TopicError(f"cannot reach Kafka at {settings.bootstrap_servers}: {e}") from e
     try:

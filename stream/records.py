@@ -160,8 +160,10 @@ class ScoreRecord:
     def to_json(self) -> bytes:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["conversation"] = self.conversation.to_dict()
-        d["dimensions"] = [{"question_id": x.question_id, "probabilities": x.probabilities, "expected_value": x.expected_value}
-                           for x in self.dimensions]
+        d["dimensions"] = [
+            {"question_id": x.question_id, "probabilities": x.probabilities, "expected_value": x.expected_value}
+            for x in self.dimensions
+        ]
         d["rubrics"] = [{"rubric_id": x.rubric_id, "polarity": x.polarity, "score": x.score} for x in self.rubrics]
         return _dump({"record_version": RECORD_VERSION, **d})
 
@@ -189,7 +191,9 @@ class ScoreRecord:
                 main_probabilities=tuple(d.get("main_probabilities", ())),
                 main_expected_value=d.get("main_expected_value"),
                 dissatisfaction_probability=d.get("dissatisfaction_probability"),
-                dimensions=tuple(DimensionPrediction(**{**x, "probabilities": tuple(x["probabilities"])}) for x in d.get("dimensions", ())),
+                dimensions=tuple(
+                    DimensionPrediction(**{**x, "probabilities": tuple(x["probabilities"])}) for x in d.get("dimensions", ())
+                ),
                 rubrics=tuple(RubricHit(**x) for x in d.get("rubrics", ())),
                 judge_calls=int(d.get("judge_calls", 0)),
                 judge_prompt_tokens=int(d.get("judge_prompt_tokens", 0)),

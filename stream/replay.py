@@ -80,7 +80,12 @@ def _merge_by_time(conversations: Sequence[Sequence[ReplayItem]]) -> Iterator[Re
 
 
 def _conversation_items(
-    conversation_id: str, turns: Sequence[tuple[str, str]], start: float, turn_gap_s: float, attributes: Mapping[str, str], where: str
+    conversation_id: str,
+    turns: Sequence[tuple[str, str]],
+    start: float,
+    turn_gap_s: float,
+    attributes: Mapping[str, str],
+    where: str,
 ) -> list[ReplayItem]:
     """Turn i at ``start + i * turn_gap_s``, then an end event one gap after the last turn."""
     try:
@@ -88,7 +93,9 @@ def _conversation_items(
             ReplayItem.of(TurnEvent(conversation_id, i, role, text, start + i * turn_gap_s, dict(attributes)), f"{where}#{i}")
             for i, (role, text) in enumerate(turns)
         ]
-        items.append(ReplayItem.of(EndEvent(conversation_id, start + len(turns) * turn_gap_s, "end", dict(attributes)), f"{where}#end"))
+        items.append(
+            ReplayItem.of(EndEvent(conversation_id, start + len(turns) * turn_gap_s, "end", dict(attributes)), f"{where}#end")
+        )
     except InvalidEvent as e:
         raise ReplayError(f"{where}: the conversation cannot be sent as contract events: {e}") from None
     return items
@@ -227,7 +234,9 @@ def uss_events(
     for k, d in enumerate(dialogues):
         attrs = {"product": f"uss-{dataset}", "dataset": dataset, "uss_overall_mean": f"{d.mean_overall:.2f}"}
         turns = [(t.role, t.text) for t in d.conversation.turns]
-        conversations.append(_conversation_items(d.id, turns, start + k * conversation_gap_s, turn_gap_s, attrs, f"{path}:{d.first_line}"))
+        conversations.append(
+            _conversation_items(d.id, turns, start + k * conversation_gap_s, turn_gap_s, attrs, f"{path}:{d.first_line}")
+        )
     return _merge_by_time(conversations)
 
 

@@ -79,7 +79,9 @@ SCOPED_SCORES = """(
 DATABASE_EXISTS_SQL = "SELECT count() AS n FROM system.databases WHERE name = {database:String}"
 
 EXTENT_SQL = (
-    "SELECT count() AS conversations, min(closed_at) AS first_closed, max(closed_at) AS last_closed FROM " + SCOPED_SCORES + " AS s"
+    "SELECT count() AS conversations, min(closed_at) AS first_closed, max(closed_at) AS last_closed FROM "
+    + SCOPED_SCORES
+    + " AS s"
 )
 
 # Label counts and the 1/π-weighted sums per time bucket, product and model version (unsampled rows count

@@ -29,8 +29,13 @@ MAX_SERIES = 6  # model versions drawn as lines (the busiest)
 MAX_BARS = 15  # values per breakdown chart (the busiest)
 MIN_ANSWER_SPAN = 0.6  # narrowest answer-scale range a dimension chart shows
 LABEL_COLORS = {"sat": "#2a9d5c", "dsat": "#d1495b", "uncertain": "#e9a23b", "unscored": "#9aa5b1", "unsampled": "#d5dbe1"}
-LABEL_NAMES = {"sat": "sat", "dsat": "dsat", "uncertain": "uncertain (abstained)", "unscored": "unscored (judge failed)",
-               "unsampled": "unsampled (not judged)"}
+LABEL_NAMES = {
+    "sat": "sat",
+    "dsat": "dsat",
+    "uncertain": "uncertain (abstained)",
+    "unscored": "unscored (judge failed)",
+    "unsampled": "unsampled (not judged)",
+}
 # Series colours chosen apart from the label colours (no green/red/amber), so a line never reads as a label.
 SERIES_COLORS = ("#1f5fa8", "#7b4fa0", "#8c564b", "#17a2b8", "#d45fb4", "#4d4d4d")
 RATE_COLOR = "#b83245"
@@ -72,8 +77,16 @@ def overview(data: ReportData) -> Figure:
     bottom = np.zeros(len(counts))
     for key in LABEL_COLORS:  # conversations as stored: judged ones by label, then unscored and unsampled
         values = np.array([getattr(c, key) for c in counts], dtype=float)
-        volume.bar(starts + width * 0.05, values, width=width * 0.9, bottom=bottom, align="edge", color=LABEL_COLORS[key],
-                   label=LABEL_NAMES[key], linewidth=0)
+        volume.bar(
+            starts + width * 0.05,
+            values,
+            width=width * 0.9,
+            bottom=bottom,
+            align="edge",
+            color=LABEL_COLORS[key],
+            label=LABEL_NAMES[key],
+            linewidth=0,
+        )
         bottom += values
     volume.set_title(f"Conversations closed per {per}, by label")
     volume.set_ylabel("conversations")
@@ -84,12 +97,26 @@ def overview(data: ReportData) -> Figure:
     if totals.calibrated:
         p = np.array([_nan(c.calibrated_dsat_rate) for c in counts])
         band = [c.calibrated_dsat_interval or (math.nan, math.nan) for c in counts]
-        rate.fill_between(centres, [b[0] for b in band], [b[1] for b in band], color=RATE_COLOR, alpha=0.18, linewidth=0,
-                          label="95% interval ±1.96·√(var(P)/n)")
-        rate.plot(centres, p, color=RATE_COLOR, marker="o", markersize=3.5, linewidth=1.6, label=f"mean P(dissatisfied) per {per}")
+        rate.fill_between(
+            centres,
+            [b[0] for b in band],
+            [b[1] for b in band],
+            color=RATE_COLOR,
+            alpha=0.18,
+            linewidth=0,
+            label="95% interval ±1.96·√(var(P)/n)",
+        )
+        rate.plot(
+            centres, p, color=RATE_COLOR, marker="o", markersize=3.5, linewidth=1.6, label=f"mean P(dissatisfied) per {per}"
+        )
         lo, hi = totals.calibrated_dsat_interval  # type: ignore[misc]
-        rate.axhline(totals.calibrated_dsat_rate, color="#444444", linestyle="--", linewidth=1,
-                     label=f"whole window {totals.calibrated_dsat_rate:.1%} ({lo:.1%}–{hi:.1%})")
+        rate.axhline(
+            totals.calibrated_dsat_rate,
+            color="#444444",
+            linestyle="--",
+            linewidth=1,
+            label=f"whole window {totals.calibrated_dsat_rate:.1%} ({lo:.1%}–{hi:.1%})",
+        )
         rate.set_ylim(0, min(1.0, max(np.nanmax([b[1] for b in band]), totals.calibrated_dsat_rate) * 1.15 + 0.02))
         _legend(rate)
 
@@ -102,8 +129,15 @@ def overview(data: ReportData) -> Figure:
             whole = sum((c for _, c in pts), Counts())
             if whole.calibrated == 0:
                 continue
-            by_version.plot(centres, values, color=color, marker="o", markersize=3, linewidth=1.3,
-                            label=f"{_text(mv)}: {whole.calibrated_dsat_rate:.1%} (n={whole.calibrated})")
+            by_version.plot(
+                centres,
+                values,
+                color=color,
+                marker="o",
+                markersize=3,
+                linewidth=1.3,
+                label=f"{_text(mv)}: {whole.calibrated_dsat_rate:.1%} (n={whole.calibrated})",
+            )
             top = max(top, float(np.nanmax(values)))
         by_version.set_ylim(0, min(1.0, top * 1.15 + 0.02))
         note = f" (busiest {len(shown)} of {len(series)})" if len(series) > len(shown) else ""
@@ -121,7 +155,9 @@ def overview(data: ReportData) -> Figure:
     y = np.array([_nan(c.yield_rate) for c in counts])
     yield_ax.plot(centres, y, color="#1f5fa8", marker="o", markersize=3.5, linewidth=1.6, label=f"yield per {per}")
     if totals.yield_rate is not None:
-        yield_ax.axhline(totals.yield_rate, color="#444444", linestyle="--", linewidth=1, label=f"whole window {totals.yield_rate:.1%}")
+        yield_ax.axhline(
+            totals.yield_rate, color="#444444", linestyle="--", linewidth=1, label=f"whole window {totals.yield_rate:.1%}"
+        )
     yield_ax.set_ylim(0, 1.04)
     yield_ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
     yield_ax.set_title("Yield: share of scored conversations with a confident label (sat or dsat, not uncertain)")
@@ -180,7 +216,9 @@ def _label_mix(ax, groups: Sequence[tuple[str, Counts]], names: list[str]) -> No
     left = np.zeros(len(groups))
     for key in LABEL_COLORS:  # conversations as stored: judged ones by label, then unscored and unsampled
         share = np.array([getattr(c, key) / c.conversations if c.conversations else 0.0 for _, c in groups])
-        ax.barh(y, share, left=left, color=LABEL_COLORS[key], label=LABEL_NAMES[key], height=0.6, edgecolor="white", linewidth=0.5)
+        ax.barh(
+            y, share, left=left, color=LABEL_COLORS[key], label=LABEL_NAMES[key], height=0.6, edgecolor="white", linewidth=0.5
+        )
         for yi, s, x0 in zip(y, share, left):
             if s >= 0.07:
                 ax.text(x0 + s / 2, yi, f"{s:.0%}", ha="center", va="center", fontsize=8.5, color="white", fontweight="bold")
@@ -205,8 +243,11 @@ def quality(data: ReportData) -> Figure | None:
     centres = starts + width / 2
     versions = _versions(data, {p.model_version for p in data.dimension_series})
     fig, axes = _grid(len(data.dimensions), share_x=True)
-    fig.suptitle(f"Quality dimensions over time (calibrated expected answer per {describe_seconds(data.bucket_s)}) · "
-                 f"{_window_text(data)}", fontsize=13, fontweight="bold")
+    fig.suptitle(
+        f"Quality dimensions over time (calibrated expected answer per {describe_seconds(data.bucket_s)}) · {_window_text(data)}",
+        fontsize=13,
+        fontweight="bold",
+    )
     for ax, dim in zip(axes, data.dimensions):
         for color, mv in zip(SERIES_COLORS, versions):
             mean, lo, hi = (np.full(len(buckets), np.nan) for _ in range(3))
@@ -217,10 +258,12 @@ def quality(data: ReportData) -> Figure | None:
             ax.fill_between(centres, lo, hi, color=color, alpha=0.13, linewidth=0)
             ax.plot(centres, mean, color=color, marker="o", markersize=2.5, linewidth=1.4, label=_text(mv) or "(none)")
         shown = [p for p in data.dimension_series if p.question_id == dim.question_id and p.model_version in versions]
-        _answer_axis(ax, dim.n_options, "y", min((p.p10 for p in shown), default=dim.p10), max((p.p90 for p in shown), default=dim.p90))
+        _answer_axis(
+            ax, dim.n_options, "y", min((p.p10 for p in shown), default=dim.p10), max((p.p90 for p in shown), default=dim.p90)
+        )
         ax.set_title(_text(data.dimension_label(dim.question_id)), fontsize=10.5)
         ax.grid(alpha=0.3)
-    for ax in axes[-min(len(axes), 3):]:
+    for ax in axes[-min(len(axes), 3) :]:
         _time_axis(ax, starts[0], starts[-1] + width)
     _series_legend(fig, axes[0], versions, data, "line: mean; band: 10th–90th percentile of conversations")
     return fig
@@ -233,8 +276,11 @@ def distributions(data: ReportData) -> Figure | None:
     versions = _versions(data, {b.model_version for b in data.histogram})
     w = data.histogram_bin_width
     fig, axes = _grid(len(data.dimensions), share_x=False)
-    fig.suptitle(f"Quality dimensions: distribution of the calibrated expected answer · {_window_text(data)}",
-                 fontsize=13, fontweight="bold")
+    fig.suptitle(
+        f"Quality dimensions: distribution of the calibrated expected answer · {_window_text(data)}",
+        fontsize=13,
+        fontweight="bold",
+    )
     for ax, dim in zip(axes, data.dimensions):
         edges = np.arange(1.0, dim.n_options + w + 1e-9, w)
         for color, mv in zip(SERIES_COLORS, versions):
@@ -289,8 +335,14 @@ def _series_legend(fig: Figure, ax, versions: list[str], data: ReportData, note:
         return
     all_versions = {g.model_version for g in data.groups}
     more = f"; busiest {len(versions)} of {len(all_versions)}" if len(all_versions) > len(versions) else ""
-    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(handles), 6), frameon=False,
-               title=f"model version ({note}{more})")
+    fig.legend(
+        handles,
+        labels,
+        loc="outside lower center",
+        ncol=min(len(handles), 6),
+        frameon=False,
+        title=f"model version ({note}{more})",
+    )
 
 
 def _answer_axis(ax, n_options: int, which: str, low: float, high: float) -> None:
@@ -348,4 +400,3 @@ def _text(s: str) -> str:
 
 def _nan(x: float | None) -> float:
     return math.nan if x is None else x
-

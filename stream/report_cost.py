@@ -53,17 +53,29 @@ class JudgeCost:
 def load_judge_costs(store: ClickHouseStore, scoped_scores_sql: str, scope: Mapping[str, Any]) -> tuple[JudgeCost, ...]:
     """Per judge, token sums of the scored conversations in ``scoped_scores_sql`` (the report's scope, as a subquery)."""
     rows = store.query(_JUDGE_COST_SQL.format(scoped=scoped_scores_sql), scope)
-    return tuple(JudgeCost(r["judge"], int(r["conversations"]), int(r["calls"]), int(r["prompt_tokens"]),
-                           int(r["cached_prompt_tokens"]), int(r["completion_tokens"])) for r in rows)
+    return tuple(
+        JudgeCost(
+            r["judge"],
+            int(r["conversations"]),
+            int(r["calls"]),
+            int(r["prompt_tokens"]),
+            int(r["cached_prompt_tokens"]),
+            int(r["completion_tokens"]),
+        )
+        for r in rows
+    )
 
 
 def cost_table(costs: tuple[JudgeCost, ...], price: PriceSettings | None) -> str:
     """The page's table: per judge, calls and tokens per conversation, and (with a price) cost per 1,000 and in total."""
     priced = price is not None
     money = f" ({escape(price.currency)})" if price is not None else ""
-    head = ("<tr><th>judge</th><th>conversations</th><th>calls / conv.</th><th>prompt tokens / conv.</th>"
-            "<th>of which cached</th><th>completion tokens / conv.</th>"
-            + (f"<th>cost / {PER_CONVERSATIONS:,} conv.{money}</th><th>cost{money}</th>" if priced else "") + "</tr>")
+    head = (
+        "<tr><th>judge</th><th>conversations</th><th>calls / conv.</th><th>prompt tokens / conv.</th>"
+        "<th>of which cached</th><th>completion tokens / conv.</th>"
+        + (f"<th>cost / {PER_CONVERSATIONS:,} conv.{money}</th><th>cost{money}</th>" if priced else "")
+        + "</tr>"
+    )
     rows = []
     for c in costs:
         cells = [escape(c.judge), str(c.conversations)] + [
@@ -71,7 +83,14 @@ def cost_table(costs: tuple[JudgeCost, ...], price: PriceSettings | None) -> str
         ]
         if price is not None:
             cells += [f"{c.cost_per_thousand(price):,.4f}", f"{c.cost(price):,.4f}"]
-        rows.append("<tr>" + "".join(f'<td class="num">{v}</td>' if i else f"<td>{v}</td>" for i, v in enumerate(cells)) + "</tr>")
-    note = "" if priced else ('<p class="note">No price table (judge.price): tokens only. Cached prompt tokens are part of '
-                              "the prompt tokens.</p>")
+        rows.append(
+            "<tr>" + "".join(f'<td class="num">{v}</td>' if i else f"<td>{v}</td>" for i, v in enumerate(cells)) + "</tr>"
+        )
+    note = (
+        ""
+        if priced
+        else (
+            '<p class="note">No price table (judge.price): tokens only. Cached prompt tokens are part of the prompt tokens.</p>'
+        )
+    )
     return f'<table id="judge-cost">{head}{"".join(rows)}</table>{note}'

@@ -112,13 +112,19 @@ def _totals(t: Counts) -> str:
         ("dsat", "dsat", t.dsat, _pct(t.share("dsat")) + " of scored (weighted by 1/π)"),
         ("uncertain", "uncertain (abstained)", t.uncertain, _pct(t.share("uncertain")) + " of scored (weighted by 1/π)"),
     ]  # fmt: skip
-    body = [f'<tr><th>{escape(label)}</th><td class="num" data-total="{key}">{n}</td><td>{escape(note)}</td></tr>'
-            for key, label, n, note in rows]
-    body.append(f'<tr><th>Yield</th><td class="num" data-total="yield">{_pct(t.yield_rate)}</td>'
-                "<td>share of scored conversations not uncertain</td></tr>")
-    body.append(f'<tr><th>Calibrated dissatisfaction rate</th><td class="num" data-total="calibrated_dsat_rate">'
-                f"{_pct(t.calibrated_dsat_rate)}</td><td>95% interval {_interval(t)} over "
-                f'<span data-total="calibrated">{t.calibrated}</span> calibrated conversations</td></tr>')
+    body = [
+        f'<tr><th>{escape(label)}</th><td class="num" data-total="{key}">{n}</td><td>{escape(note)}</td></tr>'
+        for key, label, n, note in rows
+    ]
+    body.append(
+        f'<tr><th>Yield</th><td class="num" data-total="yield">{_pct(t.yield_rate)}</td>'
+        "<td>share of scored conversations not uncertain</td></tr>"
+    )
+    body.append(
+        f'<tr><th>Calibrated dissatisfaction rate</th><td class="num" data-total="calibrated_dsat_rate">'
+        f"{_pct(t.calibrated_dsat_rate)}</td><td>95% interval {_interval(t)} over "
+        f'<span data-total="calibrated">{t.calibrated}</span> calibrated conversations</td></tr>'
+    )
     return '<table id="totals">' + "".join(body) + "</table>"
 
 
@@ -128,12 +134,14 @@ def _image(images: Mapping[str, str], key: str, alt: str) -> str:
 
 
 def _breakdown(groups: Sequence[tuple[str, Counts]], name: str, table_id: str) -> str:
-    head = (f"<tr><th>{escape(name)}</th><th>conversations</th><th>scored</th><th>sat</th><th>dsat</th><th>uncertain</th>"
-            "<th>unscored</th><th>yield</th><th>calibrated dissatisfaction rate (95% interval)</th></tr>")
+    head = (
+        f"<tr><th>{escape(name)}</th><th>conversations</th><th>scored</th><th>sat</th><th>dsat</th><th>uncertain</th>"
+        "<th>unscored</th><th>yield</th><th>calibrated dissatisfaction rate (95% interval)</th></tr>"
+    )
     rows = []
     for value, c in groups:
         rows.append(
-            f"<tr><td>{escape(value) or '<i>(none)</i>'}</td><td class=\"num\">{c.conversations}</td><td class=\"num\">{c.scored}</td>"
+            f'<tr><td>{escape(value) or "<i>(none)</i>"}</td><td class="num">{c.conversations}</td><td class="num">{c.scored}</td>'
             f'<td class="num">{_pct(c.share("sat"))}</td><td class="num">{_pct(c.share("dsat"))}</td>'
             f'<td class="num">{_pct(c.share("uncertain"))}</td><td class="num">{c.unscored}</td>'
             f'<td class="num">{_pct(c.yield_rate)}</td><td class="num">{_pct(c.calibrated_dsat_rate)} ({_interval(c)})</td></tr>'
@@ -149,17 +157,23 @@ def _quality(data: ReportData, images: Mapping[str, str]) -> str:
     for p in data.dimension_series:  # bucket means weighted by their counts = the exact mean per model version
         s, n = means.get((p.question_id, p.model_version), (0.0, 0))
         means[(p.question_id, p.model_version)] = (s + p.mean * p.n, n + p.n)
-    head = ("<tr><th>dimension</th><th>answers</th><th>n</th><th>mean</th><th>p10</th><th>p90</th>"
-            + "".join(f"<th>mean · {escape(mv) or '(none)'}</th>" for mv in versions) + "</tr>")
+    head = (
+        "<tr><th>dimension</th><th>answers</th><th>n</th><th>mean</th><th>p10</th><th>p90</th>"
+        + "".join(f"<th>mean · {escape(mv) or '(none)'}</th>" for mv in versions)
+        + "</tr>"
+    )
     rows = []
     for d in data.dimensions:
         cells = "".join(
             f'<td class="num">{_num(means[(d.question_id, mv)][0] / means[(d.question_id, mv)][1])}</td>'
-            if means.get((d.question_id, mv), (0, 0))[1] else '<td class="num">–</td>'
+            if means.get((d.question_id, mv), (0, 0))[1]
+            else '<td class="num">–</td>'
             for mv in versions
         )
-        rows.append(f"<tr><td>{escape(data.dimension_label(d.question_id))}</td><td>1–{d.n_options}</td><td class=\"num\">{d.n}</td>"
-                    f'<td class="num">{_num(d.mean)}</td><td class="num">{_num(d.p10)}</td><td class="num">{_num(d.p90)}</td>{cells}</tr>')
+        rows.append(
+            f'<tr><td>{escape(data.dimension_label(d.question_id))}</td><td>1–{d.n_options}</td><td class="num">{d.n}</td>'
+            f'<td class="num">{_num(d.mean)}</td><td class="num">{_num(d.p10)}</td><td class="num">{_num(d.p90)}</td>{cells}</tr>'
+        )
     return "\n".join([
         _image(images, "quality", "Each calibrated dimension over time by model version: mean and 10th-90th percentile band"),
         _image(images, "distributions", "Distribution of each calibrated dimension per model version"),
@@ -171,13 +185,17 @@ def _quality(data: ReportData, images: Mapping[str, str]) -> str:
 def _worst(data: ReportData) -> str:
     if not data.worst:
         return '<p class="note">No scored conversation in this window.</p>'
-    head = ("<tr><th>conversation</th><th>closed (UTC)</th><th>product</th><th>model version</th><th>label</th><th>NetSAT</th>"
-            "<th>P(dissatisfied)</th><th>calibrated satisfaction</th><th>turns</th><th>DSAT rubric hits</th>"
-            "<th>weakest SAT rubrics</th></tr>")
+    head = (
+        "<tr><th>conversation</th><th>closed (UTC)</th><th>product</th><th>model version</th><th>label</th><th>NetSAT</th>"
+        "<th>P(dissatisfied)</th><th>calibrated satisfaction</th><th>turns</th><th>DSAT rubric hits</th>"
+        "<th>weakest SAT rubrics</th></tr>"
+    )
     rows = [_worst_row(data, w) for w in data.worst]
-    return ('<p class="note">Highest calibrated P(dissatisfied) first, then lowest NetSAT. Look them up in ClickHouse: '
-            "<code>SELECT turns FROM conversations FINAL WHERE conversation_id = '…'</code>.</p>"
-            f'<table id="worst">{head}{"".join(rows)}</table>')
+    return (
+        '<p class="note">Highest calibrated P(dissatisfied) first, then lowest NetSAT. Look them up in ClickHouse: '
+        "<code>SELECT turns FROM conversations FINAL WHERE conversation_id = '…'</code>.</p>"
+        f'<table id="worst">{head}{"".join(rows)}</table>'
+    )
 
 
 def _worst_row(data: ReportData, w: WorstRow) -> str:
@@ -199,8 +217,11 @@ def _hits(data: ReportData, hits: Sequence[RubricHit]) -> str:
 
 def _scorers(data: ReportData) -> str:
     head = "<tr><th>scorer version</th><th>judge</th><th>rubric set</th><th>calibrator</th><th>conversations</th></tr>"
-    rows = [f'<tr><td class="id">{escape(s.scorer_version)}</td><td>{escape(s.judge)}</td><td class="id">{escape(s.rubric_set_version)}'
-            f'</td><td class="id">{escape(s.calibrator_version)}</td><td class="num">{s.conversations}</td></tr>' for s in data.scorers]
+    rows = [
+        f'<tr><td class="id">{escape(s.scorer_version)}</td><td>{escape(s.judge)}</td><td class="id">{escape(s.rubric_set_version)}'
+        f'</td><td class="id">{escape(s.calibrator_version)}</td><td class="num">{s.conversations}</td></tr>'
+        for s in data.scorers
+    ]
     return f'<table id="scorers">{head}{"".join(rows)}</table>'
 
 

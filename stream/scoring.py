@@ -49,7 +49,9 @@ def judge_identity(judge: Judge) -> str:
     return f"{judge.name}:{model}" if model else judge.name
 
 
-def scoring_questions(rubric_set: RubricSet, calibrator: CalibrationNetwork | None, questions_file: Path | None) -> tuple[Question, ...]:
+def scoring_questions(
+    rubric_set: RubricSet, calibrator: CalibrationNetwork | None, questions_file: Path | None
+) -> tuple[Question, ...]:
     """The questions to ask: the rubric set's, then the calibrator's others (texts from ``questions_file``)."""
     asked = {q.id: q for q in rubric_set.questions()}
     if calibrator is None:
@@ -57,7 +59,9 @@ def scoring_questions(rubric_set: RubricSet, calibrator: CalibrationNetwork | No
     needed = [q for q in calibrator.question_ids_ if q not in asked]
     if needed:
         if questions_file is None:
-            raise SettingsError(f"the calibrator needs questions {needed}; set scoring.questions to the questions file that defines them")
+            raise SettingsError(
+                f"the calibrator needs questions {needed}; set scoring.questions to the questions file that defines them"
+            )
         by_id = load_questions(questions_file)
         unknown = [q for q in needed if q not in by_id]
         if unknown:
@@ -86,7 +90,9 @@ class ConversationScorer:
         self.calibrator = calibrator
         self.settings = settings
         self.metrics = metrics
-        self.questions = tuple(questions) if questions is not None else scoring_questions(rubric_set, calibrator, settings.questions)
+        self.questions = (
+            tuple(questions) if questions is not None else scoring_questions(rubric_set, calibrator, settings.questions)
+        )
         unknown = [j for j in settings.trusted_judges if calibrator is None or j not in calibrator.judges_]
         if unknown:
             known = list(calibrator.judges_) if calibrator is not None else []
@@ -144,7 +150,9 @@ class ConversationScorer:
             trusted = self.settings.trusted_judges or None
             predictions = self.calibrator.predict_judgement(judgement, judges=trusted)
             for qid, pred in predictions.items():
-                dimensions.append(DimensionPrediction(qid, tuple(float(p) for p in pred.probabilities[0]), float(pred.expected_value[0])))
+                dimensions.append(
+                    DimensionPrediction(qid, tuple(float(p) for p in pred.probabilities[0]), float(pred.expected_value[0]))
+                )
             main_id = self.calibrator.main_question
             main = predictions[main_id]
             main_probs = tuple(float(p) for p in main.probabilities[0])
@@ -179,8 +187,9 @@ class ConversationScorer:
 
     def unsampled(self, closed: ClosedConversation, decision: SamplingDecision) -> ScoreRecord:
         """The record of a conversation sampling left out: counted and stored, never judged."""
-        return self._record(closed, "unsampled", 0, inclusion_probability=decision.inclusion_probability,
-                            sampling_reason=decision.reason)
+        return self._record(
+            closed, "unsampled", 0, inclusion_probability=decision.inclusion_probability, sampling_reason=decision.reason
+        )
 
     def _record(self, closed: ClosedConversation, status: str, attempts: int, **outcome: Any) -> ScoreRecord:
         """A record stamped with this scorer's versions and the time."""
@@ -213,7 +222,9 @@ class ConversationScorer:
             record = await loop.run_in_executor(None, self.score_once, closed, attempt)
             return record
         finally:
-            cost = None if record is None else Cost(record.judge_calls, record.judge_prompt_tokens + record.judge_completion_tokens)
+            cost = (
+                None if record is None else Cost(record.judge_calls, record.judge_prompt_tokens + record.judge_completion_tokens)
+            )
             self.budget.settle(reservation, cost)
 
     async def score(self, closed: ClosedConversation) -> ScoreRecord:
@@ -235,8 +246,14 @@ class ConversationScorer:
                 if e.transient and attempt < self.settings.max_attempts:
                     delay = self._backoff(attempt)
                     self.metrics.scoring_attempts.labels(type(e).__name__).inc()
-                    log.warning("scoring %s failed (attempt %d/%d, retry in %.1fs): %s",
-                                closed.conversation_id, attempt, self.settings.max_attempts, delay, e)
+                    log.warning(
+                        "scoring %s failed (attempt %d/%d, retry in %.1fs): %s",
+                        closed.conversation_id,
+                        attempt,
+                        self.settings.max_attempts,
+                        delay,
+                        e,
+                    )
                     await asyncio.sleep(delay)
                     continue
                 record = self.unscored(closed, f"{type(e).__name__}: {e}", attempt)
@@ -272,7 +289,7 @@ class ConversationScorer:
         if record.dissatisfaction_probability is not None:
             self.metrics.calibrated_conversations.labels(*attrs).inc()
             self.metrics.calibrated_dissatisfaction.labels(*attrs).inc(record.dissatisfaction_probability)
-            self.metrics.calibrated_dissatisfaction_squared.labels(*attrs).inc(record.dissatisfaction_probability ** 2)
+            self.metrics.calibrated_dissatisfaction_squared.labels(*attrs).inc(record.dissatisfaction_probability**2)
             p = record.dissatisfaction_probability
             m.calibrated_weight.labels(*attrs).inc(weight)
             m.calibrated_dissatisfaction_weighted.labels(*attrs).inc(weight * p)

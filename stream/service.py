@@ -20,7 +20,9 @@ log = logging.getLogger(__name__)
 def build_scorer(settings: Settings, metrics: ServiceMetrics) -> ConversationScorer:
     """Judge, rubric set and calibrator from settings; a missing file is a `SettingsError`."""
     if settings.rubric_set is None:
-        raise SettingsError("no rubric set: set rubric_set (CONVOWATCH_RUBRIC_SET) to a file from `convowatch rubrics fit` or `convowatch learn`")
+        raise SettingsError(
+            "no rubric set: set rubric_set (CONVOWATCH_RUBRIC_SET) to a file from `convowatch rubrics fit` or `convowatch learn`"
+        )
     rubric_set = RubricSet.load(settings.rubric_set)
     calibrator = CalibrationNetwork.load(settings.calibrator) if settings.calibrator is not None else None
     judge = judge_from_settings(settings.judge, settings.cache_dir)
@@ -56,8 +58,13 @@ def run_worker(settings: Settings, loglevel: str = "info") -> None:
     ensure_topics(settings.kafka)
     app = create_app(settings, scorer, metrics)
     serve_metrics(settings, metrics)
-    log.info("worker: judge %s, rubric set %s, calibrator %s, scorer version %s",
-             scorer.judge_name, scorer.rubric_set.version, scorer.calibrator_version, scorer.scorer_version)
+    log.info(
+        "worker: judge %s, rubric set %s, calibrator %s, scorer version %s",
+        scorer.judge_name,
+        scorer.rubric_set.version,
+        scorer.calibrator_version,
+        scorer.scorer_version,
+    )
     worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
     worker.spinner = None  # Faust's terminal spinner would set the root logger to DEBUG (costly per event)
     worker.execute_from_commandline()

@@ -69,7 +69,9 @@ class JudgeSettings(BaseModel):
     recorded_answers: Path | None = None
     # Transcript size cap (characters) before the truncation policy applies.
     max_transcript_chars: int = Field(default=24_000, ge=200)
-    price: PriceSettings | None = Field(default=None, description="Price table for the cost metric and report; None = no cost figures.")
+    price: PriceSettings | None = Field(
+        default=None, description="Price table for the cost metric and report; None = no cost figures."
+    )
 
 
 class KafkaSettings(BaseModel):
@@ -100,7 +102,9 @@ class KafkaSettings(BaseModel):
     # recovery unless this is 1 (one record per batch); real Kafka wants the default.
     producer_max_batch_size: int = Field(default=16384, ge=1)
     refetch_idle_s: float = Field(
-        default=10.0, gt=0, description="A worker partition with records waiting while its agent has been idle this long is fetched again."
+        default=10.0,
+        gt=0,
+        description="A worker partition with records waiting while its agent has been idle this long is fetched again.",
     )
 
 
@@ -109,11 +113,15 @@ class AssemblySettings(BaseModel):
 
     idle_timeout_s: float = Field(default=1800.0, gt=0, description="Close a conversation this long after its last event.")
     idle_check_interval_s: float = Field(default=10.0, gt=0)
-    max_turns: int = Field(default=200, ge=1, description="A conversation is closed (cause max_turns) when it reaches this many turns.")
+    max_turns: int = Field(
+        default=200, ge=1, description="A conversation is closed (cause max_turns) when it reaches this many turns."
+    )
     max_text_bytes: int = Field(default=32_768, ge=1, description="Turn texts larger than this (UTF-8 bytes) are dead-lettered.")
     max_event_bytes: int = Field(default=262_144, ge=1, description="Whole events larger than this are dead-lettered.")
     closed_retention_s: float = Field(
-        default=86_400.0, gt=0, description="How long a closed conversation is remembered to recognise late and redelivered events."
+        default=86_400.0,
+        gt=0,
+        description="How long a closed conversation is remembered to recognise late and redelivered events.",
     )
 
 
@@ -122,7 +130,9 @@ class SamplingRuleSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    match: dict[str, str] = Field(min_length=1, description="Attribute values a conversation must all have, e.g. {product: search}.")
+    match: dict[str, str] = Field(
+        min_length=1, description="Attribute values a conversation must all have, e.g. {product: search}."
+    )
     rate: float = Field(gt=0, le=1, description="Inclusion probability π of the matching conversations, in (0, 1].")
 
 
@@ -153,7 +163,9 @@ class BudgetSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     calls_per_minute: int | None = Field(default=None, gt=0, description="Judge requests per sliding minute.")
-    tokens_per_minute: int | None = Field(default=None, gt=0, description="Judge tokens (prompt + completion) per sliding minute.")
+    tokens_per_minute: int | None = Field(
+        default=None, gt=0, description="Judge tokens (prompt + completion) per sliding minute."
+    )
     tokens_per_day: int | None = Field(default=None, gt=0, description="Judge tokens (prompt + completion) per sliding day.")
     minute_s: float = Field(default=60.0, gt=0, description="Length of the per-minute window in seconds (shorter only in tests).")
     day_s: float = Field(default=86_400.0, gt=0, description="Length of the per-day window in seconds (shorter only in tests).")
@@ -166,9 +178,13 @@ class ScoringSettings(BaseModel):
     retry_initial_s: float = Field(default=1.0, gt=0)
     retry_max_s: float = Field(default=60.0, gt=0)
     concurrency: int = Field(default=1, ge=1, description="Conversations scored at once per worker.")
-    trusted_judges: list[str] = Field(default_factory=list, description="Human judges the calibrator aggregates over; empty = shared weights.")
+    trusted_judges: list[str] = Field(
+        default_factory=list, description="Human judges the calibrator aggregates over; empty = shared weights."
+    )
     dissatisfied_max_value: float = Field(default=2.0, description="Main-question answers <= this count as dissatisfied.")
-    questions: Path | None = Field(default=None, description="Questions file defining the calibrator's questions (their texts for the judge).")
+    questions: Path | None = Field(
+        default=None, description="Questions file defining the calibrator's questions (their texts for the judge)."
+    )
     rubrics_per_round: int | None = Field(
         default=None,
         ge=1,
@@ -182,7 +198,9 @@ class ScoringSettings(BaseModel):
 class StoreSettings(BaseModel):
     """Where scores are written (ClickHouse)."""
 
-    dsn: str = Field(default="chdb://.convowatch/clickhouse", description="chdb://DIR (embedded) or http(s)://user:pass@host:port.")
+    dsn: str = Field(
+        default="chdb://.convowatch/clickhouse", description="chdb://DIR (embedded) or http(s)://user:pass@host:port."
+    )
     database: str = "convowatch"
     batch_size: int = Field(default=500, ge=1)
     flush_interval_s: float = Field(default=1.0, gt=0)
@@ -194,7 +212,9 @@ class MetricsSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default=9464, ge=0, le=65535, description="0 = no /metrics endpoint.")
     label_attributes: list[str] = Field(default_factory=lambda: ["product", "model_version"])
-    max_label_values: int = Field(default=50, ge=1, description="Distinct values per attribute label; more are reported as 'other'.")
+    max_label_values: int = Field(
+        default=50, ge=1, description="Distinct values per attribute label; more are reported as 'other'."
+    )
 
 
 class Settings(BaseSettings):

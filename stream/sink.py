@@ -50,7 +50,8 @@ class ScoreSink:
         self.metrics = metrics
         k = settings.kafka
         self.consumer = KafkaConsumer(
-            k.scores_topic, k.events_topic,
+            k.scores_topic,
+            k.events_topic,
             bootstrap_servers=k.bootstrap_servers.split(","),
             group_id=k.sink_group,
             client_id="convowatch-sink",
@@ -72,18 +73,31 @@ class ScoreSink:
                 try:
                     batch.scores.append(ScoreRecord.from_json(m.value))
                 except RecordError as e:
-                    batch.bad.append(DeadLetter("bad_score_record", str(e), m.value or b"", m.key, m.topic, m.partition, m.offset, time.time()))
+                    batch.bad.append(
+                        DeadLetter("bad_score_record", str(e), m.value or b"", m.key, m.topic, m.partition, m.offset, time.time())
+                    )
                 continue
             try:
-                event = parse_event(m.value, key=m.key, max_text_bytes=self.settings.assembly.max_text_bytes,
-                                    max_event_bytes=self.settings.assembly.max_event_bytes)
+                event = parse_event(
+                    m.value,
+                    key=m.key,
+                    max_text_bytes=self.settings.assembly.max_text_bytes,
+                    max_event_bytes=self.settings.assembly.max_event_bytes,
+                )
             except InvalidEvent:
                 continue  # the workers dead-letter invalid events; the sink only needs valid feedback
             if isinstance(event, FeedbackEvent):
-                batch.feedback.append(FeedbackRow(
-                    conversation_id=event.conversation_id, turn_index=event.turn_index, rating=event.rating,
-                    comment=event.comment, timestamp=event.timestamp, attributes=dict(event.attributes), received_at=time.time(),
-                ))
+                batch.feedback.append(
+                    FeedbackRow(
+                        conversation_id=event.conversation_id,
+                        turn_index=event.turn_index,
+                        rating=event.rating,
+                        comment=event.comment,
+                        timestamp=event.timestamp,
+                        attributes=dict(event.attributes),
+                        received_at=time.time(),
+                    )
+                )
         return batch
 
     def reject(self, batch: SinkBatch) -> list[DeadLetter]:
@@ -95,15 +109,35 @@ class ScoreSink:
                 self.store.check_scores([record])
                 good_scores.append(record)
             except RejectedRowError as e:
-                rejected.append(DeadLetter("rejected_by_store", str(e), record.to_json(), record.conversation_id.encode("utf-8"),
-                                            self.settings.kafka.scores_topic, -1, -1, time.time()))
+                rejected.append(
+                    DeadLetter(
+                        "rejected_by_store",
+                        str(e),
+                        record.to_json(),
+                        record.conversation_id.encode("utf-8"),
+                        self.settings.kafka.scores_topic,
+                        -1,
+                        -1,
+                        time.time(),
+                    )
+                )
         for row in batch.feedback:
             try:
                 self.store.check_feedback([row])
                 good_feedback.append(row)
             except RejectedRowError as e:
-                rejected.append(DeadLetter("rejected_by_store", str(e), repr(row).encode("utf-8"), row.conversation_id.encode("utf-8"),
-                                            self.settings.kafka.events_topic, -1, -1, time.time()))
+                rejected.append(
+                    DeadLetter(
+                        "rejected_by_store",
+                        str(e),
+                        repr(row).encode("utf-8"),
+                        row.conversation_id.encode("utf-8"),
+                        self.settings.kafka.events_topic,
+                        -1,
+                        -1,
+                        time.time(),
+                    )
+                )
         batch.scores, batch.feedback = good_scores, good_feedback
         return rejected
 

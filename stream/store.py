@@ -418,7 +418,10 @@ class ClickHouseStore:
         if scorer_version is None:
             source, params = f"{db}.latest_scores", {}
         else:
-            source, params = f"(SELECT * FROM {db}.conversation_scores FINAL WHERE scorer_version = {{sv:String}})", {"sv": scorer_version}
+            source, params = (
+                f"(SELECT * FROM {db}.conversation_scores FINAL WHERE scorer_version = {{sv:String}})",
+                {"sv": scorer_version},
+            )
         counts = self._select(
             f"""SELECT countIf(status = 'scored' AND label = 'sat') AS sat,
                        countIf(status = 'scored' AND label = 'dsat') AS dsat,
@@ -544,8 +547,10 @@ class ClickHouseStore:
 
 def _weighted_share(condition: str) -> str:
     """SQL: the 1/π-weighted share of scored rows meeting ``condition``."""
-    return (f"sumIf(1 / inclusion_probability, status = 'scored' AND {condition})"
-            " / nullIf(sumIf(1 / inclusion_probability, status = 'scored'), 0)")
+    return (
+        f"sumIf(1 / inclusion_probability, status = 'scored' AND {condition})"
+        " / nullIf(sumIf(1 / inclusion_probability, status = 'scored'), 0)"
+    )
 
 
 def _weighted_mean(column: str) -> str:
@@ -595,7 +600,17 @@ def _append_score_rows(
         )  # fmt: skip
     for h in r.rubrics:
         rubrics.append(
-            [c.conversation_id, r.scorer_version, h.rubric_id, h.polarity, float(h.score), product, model_version, closed_at, scored_at]
+            [
+                c.conversation_id,
+                r.scorer_version,
+                h.rubric_id,
+                h.polarity,
+                float(h.score),
+                product,
+                model_version,
+                closed_at,
+                scored_at,
+            ]
         )
 
 

@@ -28,14 +28,23 @@ def changelog_topic(settings: KafkaSettings, table: str = "conversations") -> st
 
 
 def service_topics(settings: KafkaSettings) -> list[str]:
-    return [settings.events_topic, settings.closed_topic, settings.scores_topic, settings.dead_letter_topic, changelog_topic(settings)]
+    return [
+        settings.events_topic,
+        settings.closed_topic,
+        settings.scores_topic,
+        settings.dead_letter_topic,
+        changelog_topic(settings),
+    ]
 
 
 def ensure_topics(settings: KafkaSettings) -> list[str]:
     """Create missing topics; return the names created. Raises `TopicError` with the broker address on failure."""
     try:
-        admin = KafkaAdminClient(bootstrap_servers=settings.bootstrap_servers.split(","), client_id="convowatch-admin",
-                                 request_timeout_ms=int(settings.admin_timeout_s * 1000))
+        admin = KafkaAdminClient(
+            bootstrap_servers=settings.bootstrap_servers.split(","),
+            client_id="convowatch-admin",
+            request_timeout_ms=int(settings.admin_timeout_s * 1000),
+        )
     except KafkaError as e:
         raise TopicError(f"cannot reach Kafka at {settings.bootstrap_servers}: {e}") from e
     try:
@@ -52,8 +61,13 @@ def ensure_topics(settings: KafkaSettings) -> list[str]:
         for topic in described:
             n = len(topic.get("partitions") or [])
             if n and n < settings.partitions:
-                log.warning("topic %s has %d partitions, fewer than kafka.partitions=%d: at most %d workers share it",
-                            topic["topic"], n, settings.partitions, n)
+                log.warning(
+                    "topic %s has %d partitions, fewer than kafka.partitions=%d: at most %d workers share it",
+                    topic["topic"],
+                    n,
+                    settings.partitions,
+                    n,
+                )
         return created
     except KafkaError as e:
         raise TopicError(f"Kafka at {settings.bootstrap_servers} refused topic creation: {e}") from e

@@ -56,15 +56,48 @@ def scoring_artifacts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, P
     out = tmp_path_factory.mktemp("scoring-artifacts")
     cw = [sys.executable, "-m", "stream.cli"]
     synth_answers = LLM_RUBRIC_DATA / "gpt-3.5-turbo-16k_synth_evaluations_FIXED.tsv"
-    env = {**__import__("os").environ, "CONVOWATCH_JUDGE__BACKEND": "recorded", "CONVOWATCH_JUDGE__RECORDED_ANSWERS": str(synth_answers)}
+    env = {
+        **__import__("os").environ,
+        "CONVOWATCH_JUDGE__BACKEND": "recorded",
+        "CONVOWATCH_JUDGE__RECORDED_ANSWERS": str(synth_answers),
+    }
     steps = [
-        ["data", "llm-rubric", "--data-dir", str(LLM_RUBRIC_DATA), "--split", "synth",
-         "--labelled-out", str(out / "synth.jsonl"), "--rubric-set-out", str(out / "unfitted.json")],
-        ["rubrics", "fit", "--rubric-set", str(out / "unfitted.json"), "--labelled", str(out / "synth.jsonl"),
-         "--out", str(out / "rubricset.json")],
-        ["calibrate", "train", "--judge-answers", str(synth_answers),
-         "--human-labels", str(LLM_RUBRIC_DATA / "human_judges_synth_all_FIXED_ANON.tsv"),
-         "--questions", str(LLM_RUBRIC_DATA / "questions.json"), "--grid", "none", "--out", str(out / "calibrator")],
+        [
+            "data",
+            "llm-rubric",
+            "--data-dir",
+            str(LLM_RUBRIC_DATA),
+            "--split",
+            "synth",
+            "--labelled-out",
+            str(out / "synth.jsonl"),
+            "--rubric-set-out",
+            str(out / "unfitted.json"),
+        ],
+        [
+            "rubrics",
+            "fit",
+            "--rubric-set",
+            str(out / "unfitted.json"),
+            "--labelled",
+            str(out / "synth.jsonl"),
+            "--out",
+            str(out / "rubricset.json"),
+        ],
+        [
+            "calibrate",
+            "train",
+            "--judge-answers",
+            str(synth_answers),
+            "--human-labels",
+            str(LLM_RUBRIC_DATA / "human_judges_synth_all_FIXED_ANON.tsv"),
+            "--questions",
+            str(LLM_RUBRIC_DATA / "questions.json"),
+            "--grid",
+            "none",
+            "--out",
+            str(out / "calibrator"),
+        ],
     ]
     for step in steps:
         subprocess.run(cw + step, cwd=REPO, env=env, check=True, capture_output=True, timeout=600)

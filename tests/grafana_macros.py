@@ -92,8 +92,9 @@ def duration(seconds: float) -> str:
 # --- SQL (ClickHouse plugin) ------------------------------------------------------------------
 
 
-def expand_sql(sql: str, *, start: datetime, end: datetime, variables: Mapping[str, str | Sequence[str]],
-               interval_s: float = 60.0) -> str:
+def expand_sql(
+    sql: str, *, start: datetime, end: datetime, variables: Mapping[str, str | Sequence[str]], interval_s: float = 60.0
+) -> str:
     """``sql`` as ClickHouse can run it: conditionalAll, template variables, then the plugin's macros."""
     text = _conditional_all(sql, variables)
     text = _template_variables(text, variables)
@@ -110,7 +111,7 @@ def _conditional_all(sql: str, variables: Mapping[str, str | Sequence[str]]) -> 
     while (index := sql.rfind(_CONDITIONAL_ALL)) != -1:
         args = _macro_args(sql, index + len(_CONDITIONAL_ALL) - 1)
         if len(args) != 2:
-            raise MacroError(f"$__conditionalAll needs 2 arguments, got {len(args)}: {sql[index:index + 120]!r}")
+            raise MacroError(f"$__conditionalAll needs 2 arguments, got {len(args)}: {sql[index : index + 120]!r}")
         condition, variable = args
         m = re.fullmatch(r"\s*\$\{?(\w+)\}?\s*", variable)
         if not m:
@@ -138,7 +139,7 @@ def _macro_args(text: str, open_paren: int) -> list[str]:
         elif ch == "," and depth == 1:
             args.append(text[start:i])
             start = i + 1
-    raise MacroError(f"unbalanced parentheses after {text[max(0, open_paren - 30):open_paren + 1]!r}")
+    raise MacroError(f"unbalanced parentheses after {text[max(0, open_paren - 30) : open_paren + 1]!r}")
 
 
 def singlequote(value: str) -> str:
@@ -196,7 +197,10 @@ def _macros(sql: str, start: datetime, end: datetime, interval_s: float) -> str:
         "timeInterval_ms": lambda c: f"toStartOfInterval(toDateTime64({c}, 3), INTERVAL {millis} millisecond)",
     }
     plain = {
-        "fromTime": dt(start), "toTime": dt(end), "fromTime_ms": dt64(start), "toTime_ms": dt64(end),
+        "fromTime": dt(start),
+        "toTime": dt(end),
+        "fromTime_ms": dt64(start),
+        "toTime_ms": dt64(end),
         "interval_s": str(seconds),
     }
     out, pos = [], 0
@@ -204,10 +208,10 @@ def _macros(sql: str, start: datetime, end: datetime, interval_s: float) -> str:
         if m.start() < pos:
             continue
         name = m.group(1)
-        out.append(sql[pos:m.start()])
+        out.append(sql[pos : m.start()])
         if name in with_column:
             if m.end() >= len(sql) or sql[m.end()] != "(":
-                raise MacroError(f"$__{name} needs a column argument: {sql[m.start():m.start() + 60]!r}")
+                raise MacroError(f"$__{name} needs a column argument: {sql[m.start() : m.start() + 60]!r}")
             args = _macro_args(sql, m.end())
             if len(args) != 1:
                 raise MacroError(f"$__{name} takes 1 argument, got {len(args)}")

@@ -191,8 +191,10 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A tansu broker for the whole session; yields the bootstrap string ``127.0.0.1:PORT``."""
     port, unused_1, unused_2 = free_ports(3)
     cfg = StackConfig(
-        state_dir=tmp_path_factory.mktemp("kafka-stack"), kafka_port=port,
-        prometheus_port=unused_1, alertmanager_port=unused_2,  # unused; must only differ
+        state_dir=tmp_path_factory.mktemp("kafka-stack"),
+        kafka_port=port,
+        prometheus_port=unused_1,
+        alertmanager_port=unused_2,  # unused; must only differ
     )
     service = start_kafka(cfg)
     try:

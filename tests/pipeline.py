@@ -134,8 +134,14 @@ class Pipeline:
         log.parent.mkdir(parents=True, exist_ok=True)
         full_env = {**os.environ, **self.env, "CONVOWATCH_METRICS__PORT": str(port), **(env or {})}
         with log.open("ab") as out:
-            popen = subprocess.Popen([sys.executable, "-m", "stream.cli", command], cwd=REPO, env=full_env,
-                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "stream.cli", command],
+                cwd=REPO,
+                env=full_env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         proc = Process(name, popen, log, port)
         self.processes.append(proc)
 
@@ -168,8 +174,15 @@ class Pipeline:
         wait_for(balanced, timeout=timeout, interval=0.5, what="partition assignment")
 
     def replay(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "stream.cli", "replay", *args], cwd=REPO,
-                              env={**os.environ, **self.env}, capture_output=True, text=True, check=check, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-m", "stream.cli", "replay", *args],
+            cwd=REPO,
+            env={**os.environ, **self.env},
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=300,
+        )
 
     def produce(self, records: Iterable[tuple[bytes | None, bytes | None]]) -> int:
         """Send raw (key, value) records to the events topic, byte for byte."""
@@ -184,8 +197,14 @@ class Pipeline:
 
     def consume(self, topic: str, expect: int, timeout: float = 120) -> list:
         """Read ``topic`` from the beginning until at least ``expect`` records arrived (or time out)."""
-        consumer = KafkaConsumer(self.topic(topic), bootstrap_servers=self.bootstrap, group_id=None,
-                                 auto_offset_reset="earliest", enable_auto_commit=False, consumer_timeout_ms=1000)
+        consumer = KafkaConsumer(
+            self.topic(topic),
+            bootstrap_servers=self.bootstrap,
+            group_id=None,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            consumer_timeout_ms=1000,
+        )
         out: list = []
         deadline = time.monotonic() + timeout
         try:
@@ -204,8 +223,9 @@ class Pipeline:
             "with ClickHouseStore(sys.argv[1]) as s:\n"
             "    print(json.dumps(s.query(sys.argv[2]), default=str))\n"
         )
-        done = subprocess.run([sys.executable, "-c", code, f"chdb://{self.store_dir}", sql], cwd=REPO,
-                              capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-c", code, f"chdb://{self.store_dir}", sql], cwd=REPO, capture_output=True, text=True, timeout=120
+        )
         if done.returncode != 0:
             raise AssertionError(f"store query failed: {done.stderr[-2000:]}")
         return json.loads(done.stdout.strip().splitlines()[-1])

@@ -112,7 +112,10 @@ def start_process(
     started = time.perf_counter()
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            list(argv),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             env=None if env is None else {**os.environ, **env},
         )
     server = RunningServer(name=name, process=process, url=url, log_path=log_path)
@@ -159,8 +162,17 @@ def start_llama_server(
     """llama-cpp-python's OpenAI-compatible server on a free port; ``url`` is the API root (``.../v1``)."""
     port = free_port()
     argv = [
-        sys.executable, "-m", "llama_cpp.server", "--model", str(model_path),
-        "--n_ctx", str(n_ctx), "--host", LOCALHOST, "--port", str(port),
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(model_path),
+        "--n_ctx",
+        str(n_ctx),
+        "--host",
+        LOCALHOST,
+        "--port",
+        str(port),
     ]
     if chat_format:
         argv += ["--chat_format", chat_format]
@@ -171,8 +183,12 @@ def start_llama_server(
     url = f"http://{LOCALHOST}:{port}/v1"
     auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     server = start_process(
-        "llama_cpp.server", argv, url, lambda: http_ok(f"{url}/models", auth),
-        log_dir / f"llama-server-{port}.log", timeout_s,
+        "llama_cpp.server",
+        argv,
+        url,
+        lambda: http_ok(f"{url}/models", auth),
+        log_dir / f"llama-server-{port}.log",
+        timeout_s,
     )
     fields = {f.name: getattr(server, f.name) for f in dataclasses.fields(RunningServer)}
     return LlamaServer(**fields, api_key=api_key, model=model_alias or str(model_path))
@@ -237,7 +253,9 @@ class ScriptedServer:
         self.max_in_flight = 0
         self._httpd = ThreadingHTTPServer((LOCALHOST, 0), self._handler_class())
         self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(POLL_INTERVAL_S,), name="scripted-server", daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, args=(POLL_INTERVAL_S,), name="scripted-server", daemon=True
+        )
 
     @property
     def url(self) -> str:

@@ -56,8 +56,9 @@ def _settings_env() -> dict[str, str]:
 
 def _cw(*args: str, env: dict[str, str] | None = None, quiet: bool = False) -> subprocess.CompletedProcess:
     """Run a `convowatch` command; on failure print its output and stop the demo."""
-    done = subprocess.run([sys.executable, "-m", "stream.cli", *args], cwd=REPO, env={**os.environ, **(env or {})},
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "stream.cli", *args], cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True, text=True
+    )
     if done.returncode != 0:
         sys.stderr.write(done.stdout + done.stderr)
         raise SystemExit(f"demo: `convowatch {' '.join(args)}` failed (exit {done.returncode})")
@@ -74,12 +75,41 @@ def make_artifacts() -> None:
     print("- making the rubric set and the calibrator from LLM-Rubric's synthetic data (recorded GPT-3.5 answers)")
     synth = DATA / "gpt-3.5-turbo-16k_synth_evaluations_FIXED.tsv"
     judge = {"CONVOWATCH_JUDGE__BACKEND": "recorded", "CONVOWATCH_JUDGE__RECORDED_ANSWERS": str(synth)}
-    _cw("data", "llm-rubric", "--data-dir", str(DATA), "--split", "synth", "--labelled-out", str(STATE / "synth.jsonl"),
-        "--rubric-set-out", str(STATE / "unfitted-rubricset.json"))
-    _cw("rubrics", "fit", "--rubric-set", str(STATE / "unfitted-rubricset.json"), "--labelled", str(STATE / "synth.jsonl"),
-        "--out", str(STATE / "rubricset.json"), env=judge)
-    _cw("calibrate", "train", "--judge-answers", str(synth), "--human-labels", str(DATA / "human_judges_synth_all_FIXED_ANON.tsv"),
-        "--questions", str(DATA / "questions.json"), "--out", str(STATE / "calibrator"))
+    _cw(
+        "data",
+        "llm-rubric",
+        "--data-dir",
+        str(DATA),
+        "--split",
+        "synth",
+        "--labelled-out",
+        str(STATE / "synth.jsonl"),
+        "--rubric-set-out",
+        str(STATE / "unfitted-rubricset.json"),
+    )
+    _cw(
+        "rubrics",
+        "fit",
+        "--rubric-set",
+        str(STATE / "unfitted-rubricset.json"),
+        "--labelled",
+        str(STATE / "synth.jsonl"),
+        "--out",
+        str(STATE / "rubricset.json"),
+        env=judge,
+    )
+    _cw(
+        "calibrate",
+        "train",
+        "--judge-answers",
+        str(synth),
+        "--human-labels",
+        str(DATA / "human_judges_synth_all_FIXED_ANON.tsv"),
+        "--questions",
+        str(DATA / "questions.json"),
+        "--out",
+        str(STATE / "calibrator"),
+    )
 
 
 def _metric(port: int, name: str, **labels: str) -> float:
@@ -112,12 +142,21 @@ def start_service(name: str, command: str, port: int) -> None:
         raise SystemExit(f"demo: port {port} (the {name}'s metrics) is already in use; stop what uses it or run `make demo-stop`")
     env = {**os.environ, **_settings_env(), "CONVOWATCH_METRICS__PORT": str(port)}
     with open(processes.log_path(STATE, name), "ab") as out:
-        popen = subprocess.Popen([sys.executable, "-m", "stream.cli", command], cwd=REPO, env=env,
-                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "stream.cli", command],
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     processes.pid_path(STATE, name).write_text(f"{popen.pid}\n")
     _wait(f"the {name}'s metrics endpoint", lambda: popen.poll() is not None or _metric(port, "convowatch_") >= 0, 120)
     if popen.poll() is not None:
-        raise SystemExit(f"demo: the {name} exited; last lines of its log:\n{processes.log_tail(processes.log_path(STATE, name))}")
+        raise SystemExit(
+            f"demo: the {name} exited; last lines of its log:\n{processes.log_tail(processes.log_path(STATE, name))}"
+        )
     print(f"- {name}: running (pid {popen.pid}, log {processes.log_path(STATE, name)})")
 
 
@@ -142,8 +181,9 @@ def human_ratings() -> dict[str, tuple[int, float, float]]:
 
 def start() -> None:
     STATE.mkdir(parents=True, exist_ok=True)
-    cfg = stack.StackConfig(state_dir=STATE / "stack", scrape_targets=[f"127.0.0.1:{WORKER_PORT}", f"127.0.0.1:{SINK_PORT}"],
-                            rule_files=[RULES])
+    cfg = stack.StackConfig(
+        state_dir=STATE / "stack", scrape_targets=[f"127.0.0.1:{WORKER_PORT}", f"127.0.0.1:{SINK_PORT}"], rule_files=[RULES]
+    )
     print("- starting the embedded stack (tansu, Prometheus, Alertmanager)")
     for service in stack.start_all(cfg).values():
         print(f"  {service.name:<13}{service.url}")
@@ -155,8 +195,11 @@ def start() -> None:
     already = _metric(SINK_PORT, "convowatch_sink_rows_total", table="conversation_scores")
     print(f"- replaying the {N_CONVERSATIONS} real LLM-Rubric conversations")
     _cw("replay", "llm-rubric", env=_settings_env())
-    _wait("the sink to store every conversation",
-          lambda: _metric(SINK_PORT, "convowatch_sink_rows_total", table="conversation_scores") >= already + N_CONVERSATIONS, 300)
+    _wait(
+        "the sink to store every conversation",
+        lambda: _metric(SINK_PORT, "convowatch_sink_rows_total", table="conversation_scores") >= already + N_CONVERSATIONS,
+        300,
+    )
 
     # The embedded ClickHouse opens in one process only: pause the sink while `summary` reads it.
     stop_service("sink")

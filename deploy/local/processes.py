@@ -151,8 +151,12 @@ def launch(state_dir: Path, name: str, argv: Sequence[str], url: str, cwd: Path)
     with open(log_path(state_dir, name), "wb") as out:
         try:
             process = subprocess.Popen(
-                list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                cwd=cwd, start_new_session=True,
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=cwd,
+                start_new_session=True,
             )
         except OSError as e:
             raise StackError(f"cannot start {name} ({argv[0]}): {e}") from e

@@ -109,7 +109,11 @@ class StackConfig:
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).resolve()
-        ports = {"kafka_port": self.kafka_port, "prometheus_port": self.prometheus_port, "alertmanager_port": self.alertmanager_port}
+        ports = {
+            "kafka_port": self.kafka_port,
+            "prometheus_port": self.prometheus_port,
+            "alertmanager_port": self.alertmanager_port,
+        }
         for name, port in ports.items():
             if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
                 raise StackError(f"{name} must be a TCP port number 1..65535, got {port!r}")
@@ -225,7 +229,9 @@ def _duration(seconds: float) -> str:
 
 def _write_yaml(path: Path, data: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("# Written by deploy/local/stack.py at each start; edits are overwritten.\n" + yaml.safe_dump(data, sort_keys=False))
+    path.write_text(
+        "# Written by deploy/local/stack.py at each start; edits are overwritten.\n" + yaml.safe_dump(data, sort_keys=False)
+    )
     return path
 
 
@@ -252,7 +258,8 @@ def _kafka_ready(port: int) -> bool:
 
     try:
         admin = KafkaAdminClient(
-            bootstrap_servers=f"{LOCALHOST}:{port}", client_id="convowatch-stack-probe",
+            bootstrap_servers=f"{LOCALHOST}:{port}",
+            client_id="convowatch-stack-probe",
             request_timeout_ms=KAFKA_PROBE_TIMEOUT_MS,
         )
     except (KafkaError, OSError):
@@ -278,8 +285,14 @@ def start_kafka(cfg: StackConfig) -> Service:
     _require_free_port(cfg.kafka_port, "broker")
     listener = f"tcp://{LOCALHOST}:{cfg.kafka_port}"
     argv = [
-        binary, "broker", "--listener-url", listener, "--advertised-listener-url", listener,
-        "--storage-engine", TANSU_STORAGE,
+        binary,
+        "broker",
+        "--listener-url",
+        listener,
+        "--advertised-listener-url",
+        listener,
+        "--storage-engine",
+        TANSU_STORAGE,
     ]
     return _start(cfg, "kafka", argv, f"{LOCALHOST}:{cfg.kafka_port}", lambda: _kafka_ready(cfg.kafka_port))
 
@@ -295,8 +308,11 @@ def start_prometheus(cfg: StackConfig) -> Service:
     config = _write_yaml(home / "prometheus.yml", prometheus_config(cfg))
     url = f"http://{LOCALHOST}:{cfg.prometheus_port}"
     argv = [
-        binary, f"--config.file={config}", f"--storage.tsdb.path={home / 'data'}",
-        f"--web.listen-address={LOCALHOST}:{cfg.prometheus_port}", "--web.enable-lifecycle",
+        binary,
+        f"--config.file={config}",
+        f"--storage.tsdb.path={home / 'data'}",
+        f"--web.listen-address={LOCALHOST}:{cfg.prometheus_port}",
+        "--web.enable-lifecycle",
         # Resend firing alerts every evaluation (default 1m): an alert that fires before the notifier
         # has its Alertmanager is dropped, and a local stack should not take a minute to show it.
         f"--rules.alert.resend-delay={_duration(cfg.evaluation_interval_s)}",
@@ -315,8 +331,11 @@ def start_alertmanager(cfg: StackConfig) -> Service:
     config = cfg.alertmanager_config or _write_yaml(home / "alertmanager.yml", DEFAULT_ALERTMANAGER_CONFIG)
     url = f"http://{LOCALHOST}:{cfg.alertmanager_port}"
     argv = [
-        binary, f"--config.file={config}", f"--storage.path={home / 'data'}",
-        f"--web.listen-address={LOCALHOST}:{cfg.alertmanager_port}", "--cluster.listen-address=",
+        binary,
+        f"--config.file={config}",
+        f"--storage.path={home / 'data'}",
+        f"--web.listen-address={LOCALHOST}:{cfg.alertmanager_port}",
+        "--cluster.listen-address=",
     ]
     return _start(cfg, "alertmanager", argv, url, lambda: _http_ok(f"{url}/-/ready"))
 
@@ -411,12 +430,16 @@ def _parser() -> argparse.ArgumentParser:
         prog="stack", description="Start, stop or inspect the embedded local stack (tansu, Prometheus, Alertmanager)."
     )
     parser.add_argument("command", choices=("start", "stop", "status"))
-    parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR, help="configs, pid files, logs (default: %(default)s)")
+    parser.add_argument(
+        "--state-dir", type=Path, default=DEFAULT_STATE_DIR, help="configs, pid files, logs (default: %(default)s)"
+    )
     parser.add_argument("--kafka-port", type=int, default=9092)
     parser.add_argument("--prometheus-port", type=int, default=9090)
     parser.add_argument("--alertmanager-port", type=int, default=9093)
     parser.add_argument(
-        "--scrape-target", action="append", metavar="HOST:PORT",
+        "--scrape-target",
+        action="append",
+        metavar="HOST:PORT",
         help="a /metrics endpoint Prometheus scrapes (repeatable; default 127.0.0.1:9464 and 127.0.0.1:9465)",
     )
     parser.add_argument("--scrape-interval", type=float, default=5.0, metavar="SECONDS")

@@ -152,6 +152,7 @@ def constraint_fields(answer_format: AnswerFormat, questions: Sequence[Question]
 
 def answer_grammar(questions: Sequence[Question]) -> str:
     """A llama.cpp GBNF grammar that admits exactly one line ``<i>: <option key of question i>`` per question."""
+
     def literal(s: str) -> str:
         return json.dumps(s)  # GBNF string literals use JSON escapes
 

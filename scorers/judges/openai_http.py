@@ -202,9 +202,7 @@ class OpenAIJudge:
         self.answer_format = answer_format
         self._rng = rng or random.Random()
         self._slots = threading.BoundedSemaphore(max_concurrency)
-        self._client = openai.OpenAI(
-            base_url=base_url, api_key=api_key or NO_API_KEY, timeout=timeout_s, max_retries=0
-        )
+        self._client = openai.OpenAI(base_url=base_url, api_key=api_key or NO_API_KEY, timeout=timeout_s, max_retries=0)
 
     def __repr__(self) -> str:
         return (
@@ -333,8 +331,7 @@ class OpenAIJudge:
         content = logprobs.content if logprobs is not None else None
         if not content:
             raise JudgeReplyError(
-                f"judge {self.model!r} replied without token logprobs; the endpoint must support "
-                "logprobs=True with top_logprobs"
+                f"judge {self.model!r} replied without token logprobs; the endpoint must support logprobs=True with top_logprobs"
             )
         return list(content)
 

@@ -103,6 +103,8 @@ def _reply_instructions(questions: Sequence[Question], reply: ReplyForm) -> str:
     if reply == "sequence":
         return f"\n\nReply with only the {n} answers, one option each, in question order (1 to {n}), with nothing between them.\n"
     if reply == "json":
-        return (f"\n\nReply with one JSON object mapping each question number, 1 to {n}, to its answer "
-                f'(for example {{"1": "{key}", ...}}) and nothing else.\n')
+        return (
+            f"\n\nReply with one JSON object mapping each question number, 1 to {n}, to its answer "
+            f'(for example {{"1": "{key}", ...}}) and nothing else.\n'
+        )
     return f"\n\nReply with {n} lines, one per question in order, each '<number>: <answer>' (for example '1: {key}'), and nothing else.\n"

@@ -126,9 +126,7 @@ def _subjects() -> str:
     return ", ".join(quoted[:-1]) + f" or {quoted[-1]}"
 
 
-def extraction_prompt(
-    domain: str, transcript: str, polarity: Polarity | str, k: int, *, problem: str | None = None
-) -> str:
+def extraction_prompt(domain: str, transcript: str, polarity: Polarity | str, k: int, *, problem: str | None = None) -> str:
     """The extraction prompt for one conversation; ``problem`` (why the last reply failed) adds `RETRY_NOTE`."""
     polarity = _polarity(polarity)
     if not domain.strip():

@@ -48,7 +48,9 @@ UNIT_TESTS = sorted((REPO / "dashboards" / "alerts" / "tests").glob("*.yml"))
 ALERTMANAGER = REPO / "deploy" / "production" / "alertmanager.yml"
 RUNBOOKS = REPO / "docs" / "runbooks.md"
 # Windows an end-to-end test can wait for (as in tests/integration/test_monitoring_e2e.py).
-COMPRESSED = AlertWindows(short="20s", baseline="2m", for_="5s", min_conversations=10, min_lift=0.02, yesterday="1m", stall_for="30s")
+COMPRESSED = AlertWindows(
+    short="20s", baseline="2m", for_="5s", min_conversations=10, min_lift=0.02, yesterday="1m", stall_for="30s"
+)
 METRIC = re.compile(r"\bconvowatch_[a-z0-9_]+")
 RECORDED = re.compile(r"\bconvowatch:[a-z0-9_:]+")
 WINDOW = re.compile(r"\[[^\]]+\](?: offset \w+)?")  # a range and its offset
@@ -189,8 +191,12 @@ def test_grafana_rules_use_only_the_convowatch_prometheus_datasource_and_a_math_
     doc = grafana_rule_groups()
     assert doc["apiVersion"] == 1
     (group,) = doc["groups"]
-    assert {k: group[k] for k in ("orgId", "name", "folder", "interval")} == {"orgId": 1, "name": "convowatch", "folder": "convowatch",
-                                                                             "interval": "1m"}
+    assert {k: group[k] for k in ("orgId", "name", "folder", "interval")} == {
+        "orgId": 1,
+        "name": "convowatch",
+        "folder": "convowatch",
+        "interval": "1m",
+    }
     assert [r["title"] for r in group["rules"]] == list(ALERT_NAMES)
     assert len({r["uid"] for r in group["rules"]}) == len(ALERT_NAMES)
     for rule in group["rules"]:
@@ -343,12 +349,15 @@ def test_amtool_checks_the_alertmanager_config() -> None:
     assert "SUCCESS" in out
 
 
-@pytest.mark.parametrize(("labels", "receiver"), [
-    (["severity=page", "alertname=ConvowatchDissatisfactionSpike", "product=shop", "model_version=v1"], "page"),
-    (["severity=page", "alertname=ConvowatchPipelineStalled"], "page"),
-    (["severity=ticket", "alertname=ConvowatchJudgeErrors", "judge=openai"], "ticket"),
-    (["alertname=SomethingElse"], "ticket"),
-])
+@pytest.mark.parametrize(
+    ("labels", "receiver"),
+    [
+        (["severity=page", "alertname=ConvowatchDissatisfactionSpike", "product=shop", "model_version=v1"], "page"),
+        (["severity=page", "alertname=ConvowatchPipelineStalled"], "page"),
+        (["severity=ticket", "alertname=ConvowatchJudgeErrors", "judge=openai"], "ticket"),
+        (["alertname=SomethingElse"], "ticket"),
+    ],
+)
 def test_alertmanager_routes_by_severity(labels: list[str], receiver: str) -> None:
     out = _ok([_tool("amtool"), "config", "routes", "test", f"--config.file={ALERTMANAGER}", *labels])
     assert out.split() == [receiver]
@@ -356,7 +365,9 @@ def test_alertmanager_routes_by_severity(labels: list[str], receiver: str) -> No
 
 def _post_alerts(url: str, alerts: list[dict[str, str]]) -> None:
     body = json.dumps([{"labels": labels, "annotations": {"summary": "test"}} for labels in alerts]).encode()
-    request = urllib.request.Request(f"{url}/api/v2/alerts", data=body, headers={"Content-Type": "application/json"}, method="POST")
+    request = urllib.request.Request(
+        f"{url}/api/v2/alerts", data=body, headers={"Content-Type": "application/json"}, method="POST"
+    )
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 200
 
@@ -374,13 +385,21 @@ def test_a_product_page_inhibits_its_tickets_only(alertmanager: AlertmanagerFact
     path = tmp_path / "alertmanager.yml"
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
     url = alertmanager.start(path)
-    _post_alerts(url, [
-        {"alertname": "ConvowatchDissatisfactionSpike", "severity": "page", "product": "shop", "model_version": "v1"},
-        {"alertname": "ConvowatchDissatisfactionAboveYesterday", "severity": "ticket", "product": "shop", "model_version": "v1"},
-        {"alertname": "ConvowatchUncertainSurge", "severity": "ticket", "product": "shop", "model_version": "v2"},
-        {"alertname": "ConvowatchPipelineStalled", "severity": "page"},
-        {"alertname": "ConvowatchDeadLetterSurge", "severity": "ticket"},
-    ])
+    _post_alerts(
+        url,
+        [
+            {"alertname": "ConvowatchDissatisfactionSpike", "severity": "page", "product": "shop", "model_version": "v1"},
+            {
+                "alertname": "ConvowatchDissatisfactionAboveYesterday",
+                "severity": "ticket",
+                "product": "shop",
+                "model_version": "v1",
+            },
+            {"alertname": "ConvowatchUncertainSurge", "severity": "ticket", "product": "shop", "model_version": "v2"},
+            {"alertname": "ConvowatchPipelineStalled", "severity": "page"},
+            {"alertname": "ConvowatchDeadLetterSurge", "severity": "ticket"},
+        ],
+    )
     expected = {
         ("ConvowatchDissatisfactionSpike", "v1"): "active",
         ("ConvowatchDissatisfactionAboveYesterday", "v1"): "suppressed",  # same product and model version as the page

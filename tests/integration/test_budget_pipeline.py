@@ -51,22 +51,37 @@ def _wait_all_scored(pipeline: Pipeline, ids: set[str], *workers: Process) -> No
     try:
         wait_for(lambda: set(_records(pipeline)) >= ids, timeout=240, interval=2, what="every conversation scored")
     except TimeoutError:
-        state = {w.name: (w.metric_sum("convowatch_judge_budget_exhausted"), w.metric_sum("convowatch_judge_budget_wait_seconds_total"),
-                          w.metric_sum("convowatch_conversations_scored_total")) for w in workers}
+        state = {
+            w.name: (
+                w.metric_sum("convowatch_judge_budget_exhausted"),
+                w.metric_sum("convowatch_judge_budget_wait_seconds_total"),
+                w.metric_sum("convowatch_conversations_scored_total"),
+            )
+            for w in workers
+        }
         closed_topic = [(m.partition, m.offset, m.key.decode()) for m in pipeline.consume("closed", 10**9, timeout=3)]
         admin = KafkaAdminClient(bootstrap_servers=pipeline.bootstrap)
         group = pipeline.env["CONVOWATCH_KAFKA__APP_ID"]
-        committed = {tp.partition: om.offset for tp, om in admin.list_group_offsets(group)[group].items()
-                     if tp.topic == pipeline.topic("closed")}
+        committed = {
+            tp.partition: om.offset
+            for tp, om in admin.list_group_offsets(group)[group].items()
+            if tp.topic == pipeline.topic("closed")
+        }
         admin.close()
-        raise AssertionError(f"missing {sorted(ids - set(_records(pipeline)))}; (exhausted, waited s, scored) per worker: "
-                             f"{state}; closed topic (partition, offset, key): {sorted(closed_topic)}; committed: {committed}") from None
+        raise AssertionError(
+            f"missing {sorted(ids - set(_records(pipeline)))}; (exhausted, waited s, scored) per worker: "
+            f"{state}; closed topic (partition, offset, key): {sorted(closed_topic)}; committed: {committed}"
+        ) from None
 
 
 def _committed(pipeline: Pipeline, admin: KafkaAdminClient) -> dict[int, int]:
     """The worker group's committed offsets on the closed topic, by partition."""
     group = pipeline.env["CONVOWATCH_KAFKA__APP_ID"]
-    return {tp.partition: om.offset for tp, om in admin.list_group_offsets(group)[group].items() if tp.topic == pipeline.topic("closed")}
+    return {
+        tp.partition: om.offset
+        for tp, om in admin.list_group_offsets(group)[group].items()
+        if tp.topic == pipeline.topic("closed")
+    }
 
 
 def _closed_backlog(pipeline: Pipeline, admin: KafkaAdminClient) -> int:
@@ -75,21 +90,26 @@ def _closed_backlog(pipeline: Pipeline, admin: KafkaAdminClient) -> int:
     for m in pipeline.consume("closed", 10**9, timeout=3):
         ends[m.partition] = max(ends.get(m.partition, -1), m.offset) + 1
     group = pipeline.env["CONVOWATCH_KAFKA__APP_ID"]
-    committed = {tp.partition: om.offset for tp, om in admin.list_group_offsets(group)[group].items()
-                 if tp.topic == pipeline.topic("closed")}
+    committed = {
+        tp.partition: om.offset
+        for tp, om in admin.list_group_offsets(group)[group].items()
+        if tp.topic == pipeline.topic("closed")
+    }
     return sum(end - max(committed.get(p, 0), 0) for p, end in ends.items())
 
 
 def test_a_spent_budget_holds_conversations_in_the_closed_topic_and_loses_none(pipeline: Pipeline) -> None:
     port = free_port()
-    pipeline.extra_env.update({
-        **_judge_env(port, max_attempts=3),
-        "CONVOWATCH_SCORING__BUDGET__CALLS_PER_MINUTE": str(CALLS_PER_MINUTE),
-        "CONVOWATCH_SCORING__BUDGET__MINUTE_S": str(MINUTE_S),
-        "CONVOWATCH_JUDGE__PRICE__PROMPT_PER_MILLION": str(PRICE.prompt_per_million),
-        "CONVOWATCH_JUDGE__PRICE__COMPLETION_PER_MILLION": str(PRICE.completion_per_million),
-        "CONVOWATCH_JUDGE__PRICE__CURRENCY": PRICE.currency,
-    })
+    pipeline.extra_env.update(
+        {
+            **_judge_env(port, max_attempts=3),
+            "CONVOWATCH_SCORING__BUDGET__CALLS_PER_MINUTE": str(CALLS_PER_MINUTE),
+            "CONVOWATCH_SCORING__BUDGET__MINUTE_S": str(MINUTE_S),
+            "CONVOWATCH_JUDGE__PRICE__PROMPT_PER_MILLION": str(PRICE.prompt_per_million),
+            "CONVOWATCH_JUDGE__PRICE__COMPLETION_PER_MILLION": str(PRICE.completion_per_million),
+            "CONVOWATCH_JUDGE__PRICE__CURRENCY": PRICE.currency,
+        }
+    )
     items, ids = _few_conversations(N_CONVERSATIONS)
     admin = KafkaAdminClient(bootstrap_servers=pipeline.bootstrap)
     with RecoveringJudgeServer(port, failures=0):
@@ -98,13 +118,20 @@ def test_a_spent_budget_holds_conversations_in_the_closed_topic_and_loses_none(p
         assert worker.metric_sum("convowatch_judge_budget_exhausted", limit="calls_per_minute") == 0
         pipeline.produce((i.key, i.raw) for i in items)
 
-        wait_for(lambda: worker.metric_sum("convowatch_judge_budget_exhausted", limit="calls_per_minute") == 1,
-                 timeout=120, what="the budget is exhausted")
+        wait_for(
+            lambda: worker.metric_sum("convowatch_judge_budget_exhausted", limit="calls_per_minute") == 1,
+            timeout=120,
+            what="the budget is exhausted",
+        )
         # Held back for longer than max_poll_interval (and the session timeout), and the budget refilled at least once
         # in that time (a third conversation needs the first's calls to leave the window).
         poll_s = float(pipeline.env["CONVOWATCH_KAFKA__MAX_POLL_INTERVAL_S"])
-        wait_for(lambda: worker.metric_sum("convowatch_judge_budget_wait_seconds_total") > poll_s + 1
-                 and len(_records(pipeline)) >= 3, timeout=120, interval=1, what="a long wait and a refill")
+        wait_for(
+            lambda: worker.metric_sum("convowatch_judge_budget_wait_seconds_total") > poll_s + 1 and len(_records(pipeline)) >= 3,
+            timeout=120,
+            interval=1,
+            what="a long wait and a refill",
+        )
         held = _records(pipeline)
         assert 3 <= len(held) < N_CONVERSATIONS, len(held)
         assert worker.metric_sum("convowatch_judge_budget_exhausted", limit="calls_per_minute") == 1
@@ -132,29 +159,44 @@ def test_a_spent_budget_holds_conversations_in_the_closed_topic_and_loses_none(p
     # settlement and the next conversation's acquire (CLOCKS_S covers it on an idle machine; 2 s allows for load).
     assert worker.metric_sum("convowatch_judge_budget_wait_seconds_total") >= (N_CONVERSATIONS // 2 - 1) * (MINUTE_S - 2)
     # The cost counter prices the tokens the judge reported.
-    expected = sum(judge_cost(PRICE, r.judge_prompt_tokens, r.judge_cached_prompt_tokens, r.judge_completion_tokens)
-                   for rs in records.values() for r in rs)
+    expected = sum(
+        judge_cost(PRICE, r.judge_prompt_tokens, r.judge_cached_prompt_tokens, r.judge_completion_tokens)
+        for rs in records.values()
+        for r in rs
+    )
     assert expected > 0 and worker.metric_sum("convowatch_judge_cost_total", currency="EUR") == pytest.approx(expected)
-    wait_for(lambda: worker.metric_sum("convowatch_judge_budget_exhausted", limit="calls_per_minute") == 0,
-             timeout=30, what="the gauge back at 0 once nothing waits")
+    wait_for(
+        lambda: worker.metric_sum("convowatch_judge_budget_exhausted", limit="calls_per_minute") == 0,
+        timeout=30,
+        what="the gauge back at 0 once nothing waits",
+    )
     assert worker.log.read_text(errors="replace").count("Joined group") == 1  # no rebalance in the whole run
 
 
 def test_a_worker_stopped_while_waiting_commits_nothing_unscored(pipeline: Pipeline) -> None:
     port = free_port()
-    pipeline.extra_env.update({
-        **_judge_env(port, max_attempts=3),
-        "CONVOWATCH_SCORING__BUDGET__CALLS_PER_MINUTE": str(CALLS_PER_MINUTE),
-        "CONVOWATCH_SCORING__BUDGET__MINUTE_S": str(MINUTE_S),
-    })
+    pipeline.extra_env.update(
+        {
+            **_judge_env(port, max_attempts=3),
+            "CONVOWATCH_SCORING__BUDGET__CALLS_PER_MINUTE": str(CALLS_PER_MINUTE),
+            "CONVOWATCH_SCORING__BUDGET__MINUTE_S": str(MINUTE_S),
+        }
+    )
     items, ids = _few_conversations(N_CONVERSATIONS)
     admin = KafkaAdminClient(bootstrap_servers=pipeline.bootstrap)
     with RecoveringJudgeServer(port, failures=0):
         worker = pipeline.start_worker("worker-1")
         pipeline.wait_assigned([worker])
         pipeline.produce((i.key, i.raw) for i in items)
-        wait_for(lambda: worker.metric_sum("convowatch_judge_budget_exhausted", limit="calls_per_minute") == 1
-                 and len(_records(pipeline)) >= 3, timeout=120, interval=1, what="waiting after a refill")
+        wait_for(
+            lambda: (
+                worker.metric_sum("convowatch_judge_budget_exhausted", limit="calls_per_minute") == 1
+                and len(_records(pipeline)) >= 3
+            ),
+            timeout=120,
+            interval=1,
+            what="waiting after a refill",
+        )
         # Stop the worker while it waits: it exits promptly (the wait is called off, the conversation left unfinished) ...
         started = time.monotonic()
         worker.terminate()
@@ -179,18 +221,23 @@ def test_a_worker_stopped_while_waiting_commits_nothing_unscored(pipeline: Pipel
 
 def test_a_rebalance_calls_off_the_wait_and_the_waiting_conversation_is_scored_once(pipeline: Pipeline) -> None:
     port = free_port()
-    pipeline.extra_env.update({
-        **_judge_env(port, max_attempts=3),
-        "CONVOWATCH_SCORING__BUDGET__CALLS_PER_MINUTE": str(CALLS_PER_MINUTE),
-        "CONVOWATCH_SCORING__BUDGET__MINUTE_S": str(MINUTE_S),
-    })
+    pipeline.extra_env.update(
+        {
+            **_judge_env(port, max_attempts=3),
+            "CONVOWATCH_SCORING__BUDGET__CALLS_PER_MINUTE": str(CALLS_PER_MINUTE),
+            "CONVOWATCH_SCORING__BUDGET__MINUTE_S": str(MINUTE_S),
+        }
+    )
     items, ids = _few_conversations(N_CONVERSATIONS)
     with RecoveringJudgeServer(port, failures=0):
         first = pipeline.start_worker("worker-a")
         pipeline.wait_assigned([first])
         pipeline.produce((i.key, i.raw) for i in items)
-        wait_for(lambda: first.metric_sum("convowatch_judge_budget_exhausted", limit="calls_per_minute") == 1,
-                 timeout=120, what="the budget is exhausted")
+        wait_for(
+            lambda: first.metric_sum("convowatch_judge_budget_exhausted", limit="calls_per_minute") == 1,
+            timeout=120,
+            what="the budget is exhausted",
+        )
         # A second worker joins while the first waits: the rebalance must not wait for the budget.
         second = pipeline.start_worker("worker-b")
         pipeline.wait_assigned([first, second], each_at_least=1, timeout=120)

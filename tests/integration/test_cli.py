@@ -27,7 +27,10 @@ def convowatch(*args: str | Path, env: dict[str, str] | None = None) -> subproce
     full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "stream.cli", *map(str, args)],
-        capture_output=True, text=True, env=full_env, timeout=600,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=600,
         cwd=Path(__file__).resolve().parents[2],
     )
 
@@ -39,8 +42,20 @@ def recorded(answers: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def calibrator(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("cal") / "calibrator"
-    r = convowatch("calibrate", "train", "--judge-answers", SYNTH_ANSWERS, "--human-labels", SYNTH_HUMANS,
-                   "--questions", QUESTIONS, "--grid", "none", "--out", out)
+    r = convowatch(
+        "calibrate",
+        "train",
+        "--judge-answers",
+        SYNTH_ANSWERS,
+        "--human-labels",
+        SYNTH_HUMANS,
+        "--questions",
+        QUESTIONS,
+        "--grid",
+        "none",
+        "--out",
+        out,
+    )
     assert r.returncode == 0, r.stderr
     assert "wrote calibrator" in r.stdout
     return out
@@ -49,8 +64,17 @@ def calibrator(tmp_path_factory) -> Path:
 def test_calibrate_train_then_evaluate_on_real_labels(calibrator):
     model = CalibrationNetwork.load(calibrator)
     assert model.question_ids_ == ("Q0", "Q1", "Q2", "Q3", "Q4", "Q5", "Q6", "Q7", "Q8")
-    r = convowatch("calibrate", "evaluate", "--calibrator", calibrator, "--judge-answers", REAL_ANSWERS,
-                   "--human-labels", REAL_HUMANS, "--json")
+    r = convowatch(
+        "calibrate",
+        "evaluate",
+        "--calibrator",
+        calibrator,
+        "--judge-answers",
+        REAL_ANSWERS,
+        "--human-labels",
+        REAL_HUMANS,
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
     assert got["calibrator"] == model.version_ and got["question"] == "Q0" and got["n"] == 223
@@ -60,8 +84,22 @@ def test_calibrate_train_then_evaluate_on_real_labels(calibrator):
 
 
 def test_calibrate_train_with_cv_grid_reports_its_choice(tmp_path):
-    r = convowatch("calibrate", "train", "--judge-answers", SYNTH_ANSWERS, "--human-labels", SYNTH_HUMANS,
-                   "--questions", QUESTIONS, "--grid", "small", "--folds", "2", "--out", tmp_path / "c")
+    r = convowatch(
+        "calibrate",
+        "train",
+        "--judge-answers",
+        SYNTH_ANSWERS,
+        "--human-labels",
+        SYNTH_HUMANS,
+        "--questions",
+        QUESTIONS,
+        "--grid",
+        "small",
+        "--folds",
+        "2",
+        "--out",
+        tmp_path / "c",
+    )
     assert r.returncode == 0, r.stderr
     assert "chosen by 2-fold CV: {'h1':" in r.stderr
     chosen = CalibrationNetwork.load(tmp_path / "c")
@@ -69,8 +107,20 @@ def test_calibrate_train_with_cv_grid_reports_its_choice(tmp_path):
 
 
 def test_calibrate_refuses_bad_input_with_one_clear_line(tmp_path, calibrator):
-    r = convowatch("calibrate", "train", "--judge-answers", SYNTH_ANSWERS, "--human-labels", SYNTH_HUMANS,
-                   "--questions", QUESTIONS, "--main-question", "Q42", "--out", tmp_path / "x")
+    r = convowatch(
+        "calibrate",
+        "train",
+        "--judge-answers",
+        SYNTH_ANSWERS,
+        "--human-labels",
+        SYNTH_HUMANS,
+        "--questions",
+        QUESTIONS,
+        "--main-question",
+        "Q42",
+        "--out",
+        tmp_path / "x",
+    )
     assert r.returncode == 2 and "--main-question 'Q42' is not in" in r.stderr and "Traceback" not in r.stderr
     bad = tmp_path / "bad.tsv"
     bad.write_text(REAL_HUMANS.read_text().replace("\t4\t22\n", "\tfour\t22\n", 1))
@@ -79,13 +129,17 @@ def test_calibrate_refuses_bad_input_with_one_clear_line(tmp_path, calibrator):
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "calibrator.json").write_text("{}")
-    r = convowatch("calibrate", "evaluate", "--calibrator", broken, "--judge-answers", REAL_ANSWERS, "--human-labels", REAL_HUMANS)
+    r = convowatch(
+        "calibrate", "evaluate", "--calibrator", broken, "--judge-answers", REAL_ANSWERS, "--human-labels", REAL_HUMANS
+    )
     assert r.returncode == 2 and "convowatch: error:" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_rubrics_fit_and_evaluate_with_the_recorded_judge(tmp_path):
     synth, real, dims, fitted = (tmp_path / n for n in ("synth.jsonl", "real.jsonl", "dims.json", "fitted.json"))
-    r = convowatch("data", "llm-rubric", "--data-dir", LLM_RUBRIC, "--split", "synth", "--labelled-out", synth, "--rubric-set-out", dims)
+    r = convowatch(
+        "data", "llm-rubric", "--data-dir", LLM_RUBRIC, "--split", "synth", "--labelled-out", synth, "--rubric-set-out", dims
+    )
     assert r.returncode == 0, r.stderr
     r = convowatch("data", "llm-rubric", "--data-dir", LLM_RUBRIC, "--split", "real", "--labelled-out", real)
     assert r.returncode == 0, r.stderr
@@ -109,14 +163,20 @@ def test_rubrics_fit_and_evaluate_with_the_recorded_judge(tmp_path):
 
 def test_rubrics_refuse_one_class_data_and_unknown_conversations(tmp_path):
     dims, labelled = tmp_path / "dims.json", tmp_path / "l.jsonl"
-    convowatch("data", "llm-rubric", "--data-dir", LLM_RUBRIC, "--split", "real", "--labelled-out", labelled, "--rubric-set-out", dims)
+    convowatch(
+        "data", "llm-rubric", "--data-dir", LLM_RUBRIC, "--split", "real", "--labelled-out", labelled, "--rubric-set-out", dims
+    )
     positives = [line for line in labelled.read_text().splitlines() if '"label": "positive"' in line]
     one_class = tmp_path / "pos.jsonl"
     one_class.write_text("\n".join(positives) + "\n")
-    r = convowatch("rubrics", "fit", "--rubric-set", dims, "--labelled", one_class, "--out", tmp_path / "f.json", env=recorded(REAL_ANSWERS))
+    r = convowatch(
+        "rubrics", "fit", "--rubric-set", dims, "--labelled", one_class, "--out", tmp_path / "f.json", env=recorded(REAL_ANSWERS)
+    )
     assert r.returncode == 2 and "needs both positive and negative" in r.stderr
     # Real conversation ids are unknown to the synthetic recording: a clear error, not a crash.
-    r = convowatch("rubrics", "fit", "--rubric-set", dims, "--labelled", labelled, "--out", tmp_path / "f.json", env=recorded(SYNTH_ANSWERS))
+    r = convowatch(
+        "rubrics", "fit", "--rubric-set", dims, "--labelled", labelled, "--out", tmp_path / "f.json", env=recorded(SYNTH_ANSWERS)
+    )
     assert r.returncode == 2 and "has no answer for conversation" in r.stderr
     assert not (tmp_path / "f.json").exists()
 
@@ -124,12 +184,23 @@ def test_rubrics_refuse_one_class_data_and_unknown_conversations(tmp_path):
 def test_config_masks_secrets_and_names_missing_settings(tmp_path):
     r = convowatch("config", env={"CONVOWATCH_JUDGE__API_KEY": "sk-secret-123", "CONVOWATCH_JUDGE__BACKEND": "openai"})
     assert r.returncode == 0 and "sk-secret-123" not in r.stdout and '"backend": "openai"' in r.stdout
-    r = convowatch("rubrics", "evaluate", "--rubric-set", LLM_RUBRIC / "questions.json", "--labelled", LLM_RUBRIC / "questions.json",
-                   env={"CONVOWATCH_JUDGE__BACKEND": "telepathy"})
+    r = convowatch(
+        "rubrics",
+        "evaluate",
+        "--rubric-set",
+        LLM_RUBRIC / "questions.json",
+        "--labelled",
+        LLM_RUBRIC / "questions.json",
+        env={"CONVOWATCH_JUDGE__BACKEND": "telepathy"},
+    )
     assert r.returncode == 2 and "judge.backend" in r.stderr
     dims, labelled = tmp_path / "dims.json", tmp_path / "l.jsonl"
-    convowatch("data", "llm-rubric", "--data-dir", LLM_RUBRIC, "--split", "real", "--labelled-out", labelled, "--rubric-set-out", dims)
-    r = convowatch("rubrics", "evaluate", "--rubric-set", dims, "--labelled", labelled, env={"CONVOWATCH_JUDGE__BACKEND": "openai"})
+    convowatch(
+        "data", "llm-rubric", "--data-dir", LLM_RUBRIC, "--split", "real", "--labelled-out", labelled, "--rubric-set-out", dims
+    )
+    r = convowatch(
+        "rubrics", "evaluate", "--rubric-set", dims, "--labelled", labelled, env={"CONVOWATCH_JUDGE__BACKEND": "openai"}
+    )
     assert r.returncode == 2 and "judge.base_url" in r.stderr and "judge.model" in r.stderr
 
 
@@ -155,10 +226,14 @@ def test_rubrics_evaluate_keeps_the_judge_budget(tmp_path, scoring_artifacts):
         return Reply(200, json.dumps(_completion()).encode())
 
     with ScriptedServer(answer) as server:
-        env = {"CONVOWATCH_JUDGE__BACKEND": "openai", "CONVOWATCH_JUDGE__BASE_URL": server.url + "/v1",
-               "CONVOWATCH_JUDGE__MODEL": "stand-in", "CONVOWATCH_JUDGE__API_KEY": "k",
-               "CONVOWATCH_SCORING__BUDGET__CALLS_PER_MINUTE": str(n_questions),  # one conversation per window
-               "CONVOWATCH_SCORING__BUDGET__MINUTE_S": "2"}
+        env = {
+            "CONVOWATCH_JUDGE__BACKEND": "openai",
+            "CONVOWATCH_JUDGE__BASE_URL": server.url + "/v1",
+            "CONVOWATCH_JUDGE__MODEL": "stand-in",
+            "CONVOWATCH_JUDGE__API_KEY": "k",
+            "CONVOWATCH_SCORING__BUDGET__CALLS_PER_MINUTE": str(n_questions),  # one conversation per window
+            "CONVOWATCH_SCORING__BUDGET__MINUTE_S": "2",
+        }
         r = convowatch("rubrics", "evaluate", "--rubric-set", rubric_set, "--labelled", labelled, "--json", env=env)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["n"] == 4
@@ -175,8 +250,18 @@ def test_rubrics_evaluate_with_early_stopping_gives_the_labels_of_asking_every_r
     r = convowatch("rubrics", "evaluate", "--rubric-set", rubric_set, "--labelled", synth, "--json", env=recorded(SYNTH_ANSWERS))
     assert r.returncode == 0, r.stderr
     full = json.loads(r.stdout)
-    r = convowatch("rubrics", "evaluate", "--rubric-set", rubric_set, "--labelled", synth, "--json", "--rubrics-per-round", "2",
-                   env=recorded(SYNTH_ANSWERS))
+    r = convowatch(
+        "rubrics",
+        "evaluate",
+        "--rubric-set",
+        rubric_set,
+        "--labelled",
+        synth,
+        "--json",
+        "--rubrics-per-round",
+        "2",
+        env=recorded(SYNTH_ANSWERS),
+    )
     assert r.returncode == 0, r.stderr
     early = json.loads(r.stdout)
     for key in ("n", "n_positive", "yield_rate", "accuracy", "precision", "recall", "f1", "confident_accuracy"):
@@ -185,6 +270,15 @@ def test_rubrics_evaluate_with_early_stopping_gives_the_labels_of_asking_every_r
     n_rubrics = len(json.loads(rubric_set.read_text())["rubrics"])
     assert early["rubric_questions_of_all"] == full["n"] * n_rubrics
     assert 0 < early["rubric_questions_asked"] <= early["rubric_questions_of_all"]
-    r = convowatch("rubrics", "evaluate", "--rubric-set", rubric_set, "--labelled", synth, "--rubrics-per-round", "0",
-                   env=recorded(SYNTH_ANSWERS))
+    r = convowatch(
+        "rubrics",
+        "evaluate",
+        "--rubric-set",
+        rubric_set,
+        "--labelled",
+        synth,
+        "--rubrics-per-round",
+        "0",
+        env=recorded(SYNTH_ANSWERS),
+    )
     assert r.returncode == 2 and "--rubrics-per-round" in r.stderr

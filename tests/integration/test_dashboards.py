@@ -47,8 +47,14 @@ END = datetime.fromtimestamp(T0 + 3600, tz=UTC)
 
 def convowatch(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("CONVOWATCH_")}
-    return subprocess.run([sys.executable, "-m", "stream.cli", *map(str, args)], capture_output=True, text=True,
-                          env={**clean, **(env or {})}, timeout=120, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "stream.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env={**clean, **(env or {})},
+        timeout=120,
+        cwd=ROOT,
+    )
 
 
 def all_panels(model: dict[str, Any]) -> list[dict[str, Any]]:
@@ -126,7 +132,10 @@ def test_provisioning_files_create_the_datasources_and_folder_the_dashboards_use
     clickhouse = by_uid[CLICKHOUSE_UID]
     assert clickhouse["type"] == "grafana-clickhouse-datasource"
     assert {k: clickhouse["jsonData"][k] for k in ("host", "port", "protocol", "defaultDatabase")} == {
-        "host": "127.0.0.1", "port": 8123, "protocol": "http", "defaultDatabase": "convowatch"
+        "host": "127.0.0.1",
+        "port": 8123,
+        "protocol": "http",
+        "defaultDatabase": "convowatch",
     }
     assert clickhouse["secureJsonData"]["password"].startswith("$")  # from Grafana's environment, not the file
     (provider,) = yaml.safe_load((provisioning / "dashboards" / "convowatch.yml").read_text())["providers"]
@@ -185,10 +194,17 @@ def test_every_expanded_promql_parses_with_promtool(tmp_path: Path) -> None:
 
 
 def test_expand_promql_replaces_every_variable() -> None:
-    text = expand_promql('sum(rate(m{product=~"$product", d=~"${dimension}"}[$__rate_interval])) + sum(increase(m[$__range]))',
-                         range_s=7200, interval_s=30, scrape_interval_s=15)
+    text = expand_promql(
+        'sum(rate(m{product=~"$product", d=~"${dimension}"}[$__rate_interval])) + sum(increase(m[$__range]))',
+        range_s=7200,
+        interval_s=30,
+        scrape_interval_s=15,
+    )
     assert text == 'sum(rate(m{product=~".*", d=~".*"}[60s])) + sum(increase(m[7200s]))'
-    assert expand_promql("label_values(m{a=~\"$a\"}, b)", range_s=600, interval_s=15) == 'count by (b) (last_over_time(m{a=~".*"}[600s]))'
+    assert (
+        expand_promql('label_values(m{a=~"$a"}, b)', range_s=600, interval_s=15)
+        == 'count by (b) (last_over_time(m{a=~".*"}[600s]))'
+    )
 
 
 # --- SQL on the real chDB engine ----------------------------------------------------------------
@@ -200,20 +216,44 @@ def real_conversations(n: int) -> list[tuple[str, list[tuple[str, str]]]]:
     return [(cid, [(t.role, t.text) for t in c.turns]) for cid, c in list(conversations.items())[:n]]
 
 
-def record(cid: str, turns: list[tuple[str, str]], product: str, label: str, netsat: float, p_dsat: float,
-           rubrics: dict[str, float], *, closed_at: float = T0 + 60, scored_at: float = T0 + 100,
-           scorer_version: str = "v1") -> ScoreRecord:
+def record(
+    cid: str,
+    turns: list[tuple[str, str]],
+    product: str,
+    label: str,
+    netsat: float,
+    p_dsat: float,
+    rubrics: dict[str, float],
+    *,
+    closed_at: float = T0 + 60,
+    scored_at: float = T0 + 100,
+    scorer_version: str = "v1",
+) -> ScoreRecord:
     conversation = ClosedConversation(
         conversation_id=cid,
         turns=tuple(TurnRecord(i, role, text, closed_at - 50 + i) for i, (role, text) in enumerate(turns)),
         attributes={"product": product, "model_version": "m1" if product == "chat" else "m2"},
-        close_cause="end", closed_at=closed_at, first_event_at=closed_at - 50, last_event_at=closed_at - 50 + len(turns),
+        close_cause="end",
+        closed_at=closed_at,
+        first_event_at=closed_at - 50,
+        last_event_at=closed_at - 50 + len(turns),
     )
     return ScoreRecord(
-        conversation=conversation, status="scored", scorer_version=scorer_version, judge="recorded:test",
-        rubric_set_version="rs1", calibrator_version="cal1", scored_at=scored_at, attempts=1, netsat=netsat, label=label,
-        threshold_label="dsat" if netsat < 0 else "sat", main_question_id="Q0", main_probabilities=(0.25, 0.25, 0.25, 0.25),
-        main_expected_value=4 * (1 - p_dsat), dissatisfaction_probability=p_dsat,
+        conversation=conversation,
+        status="scored",
+        scorer_version=scorer_version,
+        judge="recorded:test",
+        rubric_set_version="rs1",
+        calibrator_version="cal1",
+        scored_at=scored_at,
+        attempts=1,
+        netsat=netsat,
+        label=label,
+        threshold_label="dsat" if netsat < 0 else "sat",
+        main_question_id="Q0",
+        main_probabilities=(0.25, 0.25, 0.25, 0.25),
+        main_expected_value=4 * (1 - p_dsat),
+        dissatisfaction_probability=p_dsat,
         dimensions=(DimensionPrediction("Q1", (0.1, 0.2, 0.3, 0.4), 3.0), DimensionPrediction("Q2", (0.4, 0.3, 0.2, 0.1), 2.0)),
         rubrics=tuple(RubricHit(rid, "dsat" if rid.startswith("D") else "sat", score) for rid, score in rubrics.items()),
     )
@@ -224,21 +264,33 @@ def scored_store(store_factory):
     """A store holding real conversations scored by hand: which rows each panel must return is known."""
     (c0, t0), (c1, t1), (c2, t2), (c3, t3), (c4, t4), (c5, t5) = real_conversations(6)
     store = store_factory()
-    store.write_scores([
-        record(c0, t0, "chat", "dsat", -12.0, 0.9, {"D1": -8.0, "D2": -6.0, "D3": -2.0, "S1": 3.0}),
-        record(c1, t1, "chat", "uncertain", -3.0, 0.6, {"D1": -7.0, "D2": -1.0, "S1": 5.0}),
-        record(c2, t2, "search", "sat", 8.0, 0.2, {"D1": -1.0, "D2": -0.5, "S1": 9.5}),
-        record(c3, t3, "search", "sat", 9.0, 0.1, {"D1": -HIT_RATING, "S1": 9.0}),  # exactly at the hit threshold
-        # outside the dashboard range: its hit must not count
-        record(c5, t5, "chat", "dsat", -15.0, 0.95, {"D2": -9.0}, closed_at=T0 - 86_400, scored_at=T0 - 86_000),
-    ])
+    store.write_scores(
+        [
+            record(c0, t0, "chat", "dsat", -12.0, 0.9, {"D1": -8.0, "D2": -6.0, "D3": -2.0, "S1": 3.0}),
+            record(c1, t1, "chat", "uncertain", -3.0, 0.6, {"D1": -7.0, "D2": -1.0, "S1": 5.0}),
+            record(c2, t2, "search", "sat", 8.0, 0.2, {"D1": -1.0, "D2": -0.5, "S1": 9.5}),
+            record(c3, t3, "search", "sat", 9.0, 0.1, {"D1": -HIT_RATING, "S1": 9.0}),  # exactly at the hit threshold
+            # outside the dashboard range: its hit must not count
+            record(c5, t5, "chat", "dsat", -15.0, 0.95, {"D2": -9.0}, closed_at=T0 - 86_400, scored_at=T0 - 86_000),
+        ]
+    )
     # an older score of c2 by another scorer version, with a hit: latest_scores ignores it
     store.write_scores([record(c2, t2, "search", "dsat", -9.0, 0.8, {"D2": -9.0}, scored_at=T0 + 10, scorer_version="v0")])
-    store.write_scores([ScoreRecord(
-        conversation=record(c4, t4, "chat", "", 0, 0, {}).conversation, status="unscored", scorer_version="v1",
-        judge="recorded:test", rubric_set_version="rs1", calibrator_version="cal1", scored_at=T0 + 100, attempts=3,
-        unscored_reason="JudgeUnavailable: connection refused",
-    )])
+    store.write_scores(
+        [
+            ScoreRecord(
+                conversation=record(c4, t4, "chat", "", 0, 0, {}).conversation,
+                status="unscored",
+                scorer_version="v1",
+                judge="recorded:test",
+                rubric_set_version="rs1",
+                calibrator_version="cal1",
+                scored_at=T0 + 100,
+                attempts=3,
+                unscored_reason="JudgeUnavailable: connection refused",
+            )
+        ]
+    )
     return store, (c0, c1, c2, c3, c4, c5), (t0, t1, t2, t3, t4, t5)
 
 
@@ -268,7 +320,10 @@ def test_variables_list_products_and_model_versions(scored_store) -> None:
 def test_most_firing_dsat_rubrics_count_current_hits_in_range(scored_store) -> None:
     store, _, _ = scored_store
     assert run(store, "Most-firing DSAT rubrics") == [{"rubric": "D1", "hits": 3}, {"rubric": "D2", "hits": 1}]
-    assert run(store, "Most-firing DSAT rubrics", {"product": ["chat"]}) == [{"rubric": "D1", "hits": 2}, {"rubric": "D2", "hits": 1}]
+    assert run(store, "Most-firing DSAT rubrics", {"product": ["chat"]}) == [
+        {"rubric": "D1", "hits": 2},
+        {"rubric": "D2", "hits": 1},
+    ]
     over_time = run(store, "DSAT rubric hits over time")
     assert {(r["rubric"], r["hits"]) for r in over_time} == {("D1", 3), ("D2", 1)}  # all in one 10-minute interval
 
@@ -298,7 +353,10 @@ def test_drill_down_shows_the_selected_conversation(scored_store) -> None:
     assert [(r["scorer_version"], r["label"]) for r in scores] == [("v1", "sat"), ("v0", "dsat")]
     rubric_rows = run(store, "Rubric scores", {"conversation_id": c0})
     assert [(r["rubric"], r["score"], bool(r["dsat_hit"])) for r in rubric_rows] == [
-        ("D1", -8.0, True), ("D2", -6.0, True), ("D3", -2.0, False), ("S1", 3.0, False)
+        ("D1", -8.0, True),
+        ("D2", -6.0, True),
+        ("D3", -2.0, False),
+        ("S1", 3.0, False),
     ]
     assert [r["rubric"] for r in run(store, "Rubric scores", {"conversation_id": c2})] == ["D1", "D2", "S1"]  # current score only
     dims = run(store, "Calibrated dimensions", {"conversation_id": c0})
@@ -384,8 +442,9 @@ class GrafanaStandIn:
     is true, bumping the version when it is. Every POSTed payload is recorded.
     """
 
-    def __init__(self, token: str = "good-token", version: str = "11.6.0", viewer: bool = False,
-                 dashboard_status: int | None = None) -> None:
+    def __init__(
+        self, token: str = "good-token", version: str = "11.6.0", viewer: bool = False, dashboard_status: int | None = None
+    ) -> None:
         self.token, self.version, self.viewer, self.dashboard_status = token, version, viewer, dashboard_status
         self.folders: dict[str, str] = {}
         self.dashboards: dict[str, dict[str, Any]] = {}
@@ -412,7 +471,11 @@ class GrafanaStandIn:
             return reply(403, {"message": "Access denied"})
         if request.method == "GET" and request.path.startswith("/api/folders/"):
             uid = request.path.rsplit("/", 1)[1]
-            return reply(200, {"uid": uid, "title": self.folders[uid]}) if uid in self.folders else reply(404, {"message": "folder not found"})
+            return (
+                reply(200, {"uid": uid, "title": self.folders[uid]})
+                if uid in self.folders
+                else reply(404, {"message": "folder not found"})
+            )
         body = json.loads(request.body or b"{}")
         self.posted.append((request.path, body))
         if request.method == "POST" and request.path == "/api/folders":
@@ -489,7 +552,9 @@ def test_grafana_older_than_10_is_refused_before_anything_is_written() -> None:
 
 def test_other_http_errors_name_the_status_and_grafanas_message() -> None:
     with GrafanaStandIn(dashboard_status=500) as grafana:
-        with pytest.raises(PushError, match=r"failed while saving dashboard 'convowatch-overview' \(500 server error\): database is locked"):
+        with pytest.raises(
+            PushError, match=r"failed while saving dashboard 'convowatch-overview' \(500 server error\): database is locked"
+        ):
             push(grafana.url, "good-token", catalog.dashboards())
     with GrafanaStandIn(dashboard_status=422) as grafana:
         with pytest.raises(PushError, match=r"answered 422 while saving dashboard"):

@@ -107,11 +107,13 @@ def test_embeddings_equal_the_sentence_transformers_reference(embedder: Sentence
 
 
 def test_paraphrases_are_close_and_unrelated_sentences_far(embedder: SentenceEmbedder) -> None:
-    vectors = embedder.encode([
-        "The assistant gives incorrect information.",
-        "The assistant provides wrong information.",
-        "The train to Cambridge leaves at 9 am.",
-    ])
+    vectors = embedder.encode(
+        [
+            "The assistant gives incorrect information.",
+            "The assistant provides wrong information.",
+            "The train to Cambridge leaves at 9 am.",
+        ]
+    )
     sims = vectors.astype(np.float64) @ vectors.T.astype(np.float64)
     assert sims[0, 1] > 0.9
     assert sims[0, 2] < 0.2 and sims[1, 2] < 0.2
@@ -131,14 +133,14 @@ def test_similarity_cut_separates_the_measured_pairs(embedder: SentenceEmbedder)
 
 def test_deduplicate_keeps_the_first_of_each_paraphrase_group(embedder: SentenceEmbedder) -> None:
     texts = [
-        "The assistant gives incorrect information.",          # 0 kept
-        "The assistant ignores the user's request.",           # 1 kept
-        "The assistant provides wrong information.",           # 2 paraphrase of 0
-        "The assistant asks a clarifying question.",           # 3 kept
-        "The assistant disregards what the user asked for.",   # 4 paraphrase of 1
-        "The assistant asks the user to clarify the request.", # 5 paraphrase of 3
-        "The assistant contradicts its earlier statement.",    # 6 kept
-        "The assistant gives incorrect information.",          # 7 exact copy of 0
+        "The assistant gives incorrect information.",  # 0 kept
+        "The assistant ignores the user's request.",  # 1 kept
+        "The assistant provides wrong information.",  # 2 paraphrase of 0
+        "The assistant asks a clarifying question.",  # 3 kept
+        "The assistant disregards what the user asked for.",  # 4 paraphrase of 1
+        "The assistant asks the user to clarify the request.",  # 5 paraphrase of 3
+        "The assistant contradicts its earlier statement.",  # 6 kept
+        "The assistant gives incorrect information.",  # 7 exact copy of 0
     ]
     assert deduplicate(texts, embedder) == [0, 1, 3, 6]
     # Order decides which member of a group survives: reversed, the later phrasings are kept.
@@ -153,14 +155,18 @@ def test_deduplicate_keeps_the_first_of_each_paraphrase_group(embedder: Sentence
 
 def test_deduplicate_against_already_kept_texts(embedder: SentenceEmbedder) -> None:
     pool = ["The assistant provides wrong information.", "The user has to repeat the request several times."]
-    new = ["The assistant gives incorrect information.", "The user must restate the request multiple times.", "The assistant is rude to the user."]
+    new = [
+        "The assistant gives incorrect information.",
+        "The user must restate the request multiple times.",
+        "The assistant is rude to the user.",
+    ]
     assert deduplicate(new, embedder, already_kept=pool) == [2]
     assert deduplicate([], embedder, already_kept=pool) == []
 
 
 def test_threshold_bounds_what_is_merged(embedder: SentenceEmbedder) -> None:
     texts = ["The assistant books the restaurant the user wants.", "The assistant recommends a restaurant in the requested area."]
-    assert deduplicate(texts, embedder) == [0, 1]          # distinct claims (cosine ~0.70) survive the default cut
+    assert deduplicate(texts, embedder) == [0, 1]  # distinct claims (cosine ~0.70) survive the default cut
     assert deduplicate(texts, embedder, threshold=0.5) == [0]
     assert deduplicate(texts, embedder, threshold=1.0) == [0, 1]
     with pytest.raises(ValueError, match="threshold"):

@@ -122,7 +122,9 @@ def test_bad_openai_settings_name_the_field(kwargs: dict[str, object], field: st
         OpenAIGenerator(**options)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("max_tokens", "temperature", "field"), [(0, 0.0, "max_tokens"), (4, -0.1, "temperature"), (4, 2.5, "temperature")])
+@pytest.mark.parametrize(
+    ("max_tokens", "temperature", "field"), [(0, 0.0, "max_tokens"), (4, -0.1, "temperature"), (4, 2.5, "temperature")]
+)
 def test_bad_call_arguments_name_the_field(max_tokens: int, temperature: float, field: str) -> None:
     generator = OpenAIGenerator(base_url="http://127.0.0.1:1/v1", model="m")
     with pytest.raises(ValueError, match=field):

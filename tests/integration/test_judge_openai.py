@@ -79,8 +79,12 @@ OPENAI_404_MODEL = {  # the body api.openai.com sends for an unknown model
         "code": "model_not_found",
     }
 }
-OPENAI_429 = {"error": {"message": "Rate limit reached for requests", "type": "requests", "param": None, "code": "rate_limit_exceeded"}}
-OPENAI_503 = {"error": {"message": "The server is overloaded or not ready yet.", "type": "server_error", "param": None, "code": None}}
+OPENAI_429 = {
+    "error": {"message": "Rate limit reached for requests", "type": "requests", "param": None, "code": "rate_limit_exceeded"}
+}
+OPENAI_503 = {
+    "error": {"message": "The server is overloaded or not ready yet.", "type": "server_error", "param": None, "code": None}
+}
 
 
 def _json(status: int, body: dict[str, Any], delay_s: float = 0.0) -> Reply:
@@ -107,7 +111,8 @@ def _raw_chat(server: LlamaServer, prompt: str, **fields: Any) -> bytes:
     body = {"model": server.model, "messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": 1}
     body.update(fields)
     request = urllib.request.Request(
-        f"{server.url}/chat/completions", data=json.dumps(body).encode(),
+        f"{server.url}/chat/completions",
+        data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {server.api_key}"},
     )
     with urllib.request.urlopen(request, timeout=300) as response:
@@ -136,7 +141,9 @@ def recorded_reply(llama_server: LlamaServer) -> bytes:
 
 
 @pytest.mark.slow
-def test_single_question_mode_reads_the_first_token_distribution(llama_server: LlamaServer, caplog: pytest.LogCaptureFixture) -> None:
+def test_single_question_mode_reads_the_first_token_distribution(
+    llama_server: LlamaServer, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.DEBUG)
     with ScriptedServer(lambda i, r: forward(_upstream(llama_server), r)) as proxy:
         judge = _judge(proxy.url + "/v1", llama_server, questions_per_call=1, max_concurrency=2)
@@ -166,9 +173,7 @@ def test_single_question_mode_reads_the_first_token_distribution(llama_server: L
 @pytest.mark.slow
 def test_multi_question_mode_reads_each_answer_line(llama_server: LlamaServer) -> None:
     with ScriptedServer(lambda i, r: forward(_upstream(llama_server), r)) as proxy:
-        judge = _judge(
-            proxy.url + "/v1", llama_server, questions_per_call=len(QUESTIONS), extra_body=MULTI_LINE_OPTIONS
-        )
+        judge = _judge(proxy.url + "/v1", llama_server, questions_per_call=len(QUESTIONS), extra_body=MULTI_LINE_OPTIONS)
         judgement = judge.judge(CONVERSATION, QUESTIONS)
 
     assert judgement.provenance.calls == 1 and len(proxy.received) == 1
@@ -195,7 +200,9 @@ def test_multi_question_mode_reads_each_answer_line(llama_server: LlamaServer) -
 
 
 @pytest.mark.slow
-def test_bad_api_key_is_an_auth_error_not_retried_and_not_leaked(llama_server: LlamaServer, caplog: pytest.LogCaptureFixture) -> None:
+def test_bad_api_key_is_an_auth_error_not_retried_and_not_leaked(
+    llama_server: LlamaServer, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.DEBUG)
     wrong_key = "wrong-" + llama_server.api_key[::-1]
     with ScriptedServer(lambda i, r: forward(_upstream(llama_server), r)) as proxy:
@@ -311,8 +318,12 @@ def test_reply_without_logprobs_is_a_reply_error_not_retried(llama_server: Llama
 
 
 def test_option_tokens_with_and_without_leading_space_are_summed() -> None:
-    top = [TopLogprob(token="1", logprob=math.log(0.2)), TopLogprob(token=" 1", logprob=math.log(0.1)),
-           TopLogprob(token="2", logprob=math.log(0.3)), TopLogprob(token="You", logprob=math.log(0.4))]
+    top = [
+        TopLogprob(token="1", logprob=math.log(0.2)),
+        TopLogprob(token=" 1", logprob=math.log(0.1)),
+        TopLogprob(token="2", logprob=math.log(0.3)),
+        TopLogprob(token="You", logprob=math.log(0.4)),
+    ]
     assert option_probabilities(top, ("1", "2", "3")) == pytest.approx((0.3, 0.3, 0.0))
 
 
@@ -321,7 +332,10 @@ def test_option_tokens_with_and_without_leading_space_are_summed() -> None:
     [
         (["1", ":", " ", "4", "\n", "2", ":", " ", "1", "\n"], {1: 3, 2: 8}),  # Gemma / llama.cpp style
         (["1", ":", " 4", "\n", "2", ":", " 1"], {1: 2, 2: 6}),  # GPT style: the space rides on the digit
-        (["Sure", ".\n", "2", ": ", "5", "\n", "1", ":", " 3", "\n", "7", ":", " 1"], {2: 4, 1: 8}),  # by number; 7 is out of range
+        (
+            ["Sure", ".\n", "2", ": ", "5", "\n", "1", ":", " 3", "\n", "7", ":", " 1"],
+            {2: 4, 1: 8},
+        ),  # by number; 7 is out of range
     ],
 )
 def test_answer_lines_are_found_by_walking_the_reply_tokens(tokens: list[str], expected: dict[int, int]) -> None:
@@ -345,7 +359,14 @@ def test_an_unreadable_answer_line_says_why(tokens: list[str], reason: str) -> N
 
 @pytest.mark.parametrize(
     "field, value",
-    [("questions_per_call", 0), ("top_logprobs", 21), ("max_concurrency", 0), ("max_retries", -1), ("timeout_s", 0), ("base_url", "localhost:8000")],
+    [
+        ("questions_per_call", 0),
+        ("top_logprobs", 21),
+        ("max_concurrency", 0),
+        ("max_retries", -1),
+        ("timeout_s", 0),
+        ("base_url", "localhost:8000"),
+    ],
 )
 def test_bad_parameters_name_the_field(field: str, value: object) -> None:
     params: dict[str, Any] = dict(base_url="http://127.0.0.1:1/v1", model="m")
@@ -396,7 +417,10 @@ def test_a_json_answer_may_carry_its_quotes_and_spaces_in_its_token() -> None:
         (['{"', "1", '":"', "4", '"}'], {2: "no answer"}),
         (['{"', "1", '":"', "4", '","', "2", '":"', "1", '","', "2", '":"', "3", '"}'], {2: "its number appears more than once"}),
         (['{"', "1", '":"', "4", '","', "2", '":"', '"}'], {2: "its answer is empty"}),
-        (['{"', "1", '":"', "4", '","', "2", '":"', "1", "0", '"}'], {2: "its answer is not one token starting at a token boundary"}),
+        (
+            ['{"', "1", '":"', "4", '","', "2", '":"', "1", "0", '"}'],
+            {2: "its answer is not one token starting at a token boundary"},
+        ),
         (['{"', "1", '":"', "4", '","', "2", '":"4', '"}'], {2: "its answer is not one token starting at a token boundary"}),
         (['{"', "1", '":"', "4", '","', "2", '":"'], {2: "no answer"}),  # truncated: what came before is kept
         (['{"', "1", '":"', "4", '","', "2", '":', "{", '"a":', "1", "}}"], {2: "no answer"}),  # not a flat object
@@ -409,15 +433,19 @@ def test_an_unreadable_json_answer_says_why_and_the_rest_is_kept(tokens: list[st
     assert reading.positions == {1: 3} and reading.unreadable == unreadable
 
 
-@pytest.mark.parametrize("text", ["I cannot say.", '1: 4\n2: 1\n', '["4", "1"]', '"1": "4", "2": "1"'])
+@pytest.mark.parametrize("text", ["I cannot say.", "1: 4\n2: 1\n", '["4", "1"]', '"1": "4", "2": "1"'])
 def test_a_reply_that_is_not_a_json_object_reads_nothing(text: str) -> None:
     reading = read_answer_json(list(text), 2)
     assert reading.positions == {} and set(reading.unreadable) == {1, 2}
 
 
 def test_quoted_option_tokens_count_for_their_key_in_json_replies() -> None:
-    top = [TopLogprob(token='"4', logprob=math.log(0.5)), TopLogprob(token=" 4", logprob=math.log(0.1)),
-           TopLogprob(token='"5"', logprob=math.log(0.2)), TopLogprob(token='":', logprob=math.log(0.2))]
+    top = [
+        TopLogprob(token='"4', logprob=math.log(0.5)),
+        TopLogprob(token=" 4", logprob=math.log(0.1)),
+        TopLogprob(token='"5"', logprob=math.log(0.2)),
+        TopLogprob(token='":', logprob=math.log(0.2)),
+    ]
     assert option_probabilities(top, ("4", "5"), pad=' \t\r\n"') == pytest.approx((0.6, 0.2))
     assert option_probabilities(top, ("4", "5")) == pytest.approx((0.1, 0.0))  # lines: whitespace only
 
@@ -461,12 +489,20 @@ def test_the_constraint_is_sent_with_the_multi_question_call_and_an_explicit_ext
 ) -> None:
     """Double: a scripted server that records the request (any reply will do: every question falls back)."""
     with ScriptedServer(lambda i, r: Reply(200, SINGLE_ANSWER)) as server:
-        judge = OpenAIJudge(base_url=server.url + "/v1", model="m", questions_per_call=len(QUESTIONS), max_retries=0,
-                            answer_format=answer_format, extra_body=explicit)  # type: ignore[arg-type]
+        judge = OpenAIJudge(
+            base_url=server.url + "/v1",
+            model="m",
+            questions_per_call=len(QUESTIONS),
+            max_retries=0,
+            answer_format=answer_format,
+            extra_body=explicit,
+        )  # type: ignore[arg-type]
         judge.judge(CONVERSATION, QUESTIONS)
     first, *alone = [json.loads(r.body) for r in server.received]
     assert first.get(field) == expected
-    assert len(alone) == len(QUESTIONS) and all(a.get(field) == explicit.get(field) for a in alone)  # built constraints: one-pass only
+    assert len(alone) == len(QUESTIONS) and all(
+        a.get(field) == explicit.get(field) for a in alone
+    )  # built constraints: one-pass only
     replies_in_json = "Reply with one JSON object" in first["messages"][0]["content"]
     assert replies_in_json == (answer_format == "json_schema")
 
@@ -477,7 +513,7 @@ def test_the_single_and_the_multi_question_prompts_share_the_transcript_prefix()
     assert single_question_prompt(transcript, QUESTIONS[0]).startswith(start)
     for reply in ("lines", "json"):
         multi = multi_question_prompt(transcript, QUESTIONS, reply)  # type: ignore[arg-type]
-        assert multi.startswith(start) and transcript not in multi[len(start):]  # the questions come after it, once
+        assert multi.startswith(start) and transcript not in multi[len(start) :]  # the questions come after it, once
 
 
 def test_the_single_question_prompt_is_unchanged() -> None:
@@ -496,7 +532,7 @@ def test_the_multi_question_prompt_states_a_shared_stem_and_its_options_once() -
     transcript = render_transcript(CONVERSATION)
     rubrics = [likert_question(f"r{i}", f"The assistant does thing number {i}.") for i in range(20)]
     multi = multi_question_prompt(transcript, rubrics)
-    body = multi[len(prefix(transcript)):]
+    body = multi[len(prefix(transcript)) :]
     assert body.count("Strongly disagree") == 1 and body.count(rubrics[0].stem) == 1
     for number, q in enumerate(rubrics, start=1):
         assert f"\n{number}. {q.item}\n" in body
@@ -529,17 +565,34 @@ def test_questions_are_numbered_grouped_by_stem_and_the_judge_reads_them_in_that
 def _completion(tokens: list[tuple[str, dict[str, float]]], prompt_tokens: int = 100, cached: int | None = None) -> bytes:
     """An OpenAI-shaped chat completion whose reply is ``tokens`` (text, {alternative: probability})."""
     content = [
-        {"token": text, "logprob": math.log(max(top.get(text, 0.5), 1e-9)), "bytes": None,
-         "top_logprobs": [{"token": k, "logprob": math.log(p), "bytes": None} for k, p in top.items()]}
+        {
+            "token": text,
+            "logprob": math.log(max(top.get(text, 0.5), 1e-9)),
+            "bytes": None,
+            "top_logprobs": [{"token": k, "logprob": math.log(p), "bytes": None} for k, p in top.items()],
+        }
         for text, top in tokens
     ]
-    usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": len(tokens), "total_tokens": prompt_tokens + len(tokens)}
+    usage: dict[str, Any] = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": len(tokens),
+        "total_tokens": prompt_tokens + len(tokens),
+    }
     if cached is not None:
         usage["prompt_tokens_details"] = {"cached_tokens": cached}
     body = {
-        "id": "x", "object": "chat.completion", "created": 0, "model": "m",
-        "choices": [{"index": 0, "finish_reason": "stop", "logprobs": {"content": content},
-                     "message": {"role": "assistant", "content": "".join(t for t, _ in tokens)}}],
+        "id": "x",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "stop",
+                "logprobs": {"content": content},
+                "message": {"role": "assistant", "content": "".join(t for t, _ in tokens)},
+            }
+        ],
         "usage": usage,
     }
     return json.dumps(body).encode()
@@ -567,8 +620,9 @@ def _run(multi: bytes, answer_format: str = "lines") -> tuple[Judgement, Scripte
     demand); every single-question fallback gets a fixed answer."""
     server = ScriptedServer(lambda i, r: Reply(200, multi if MULTI_MARKER.encode() in r.body else SINGLE_ANSWER))
     with server:
-        judge = OpenAIJudge(base_url=server.url + "/v1", model="m", questions_per_call=len(QUESTIONS), max_retries=0,
-                            answer_format=answer_format)  # type: ignore[arg-type]
+        judge = OpenAIJudge(
+            base_url=server.url + "/v1", model="m", questions_per_call=len(QUESTIONS), max_retries=0, answer_format=answer_format
+        )  # type: ignore[arg-type]
         judgement = judge.judge(CONVERSATION, QUESTIONS)
     return judgement, server
 
@@ -590,14 +644,19 @@ def test_a_sequence_reply_assigns_token_i_to_question_i() -> None:
     assert json.loads(server.received[0].body)["grammar"] == sequence_grammar(QUESTIONS)
 
 
-@pytest.mark.parametrize("reply, read", [
-    ([("42", {"42": 0.9}), ("5", {"5": 0.9})], 0),  # one token holding two answers: nothing after it can be placed
-    ([("4", {"4": 0.9}), ("x", {"x": 0.9}), ("5", {"5": 0.9})], 1),  # not an option key: the rest is out of step
-    ([("4", {"4": 0.9}), ("2", {"2": 0.9})], 2),  # too short: the missing answer is asked alone
-    ([("Sure", {}), (",", {}), (" 4", {" 4": 0.9})], 0),  # a server that ignored the grammar
-    ([(" 4", {" 4": 0.9}), ("2", {"2": 0.9}), ("5", {"5": 0.9})], 0),  # padding is not an option key here
-])
-def test_a_broken_sequence_reply_is_never_shifted_onto_other_questions(reply: list[tuple[str, dict[str, float]]], read: int) -> None:
+@pytest.mark.parametrize(
+    "reply, read",
+    [
+        ([("42", {"42": 0.9}), ("5", {"5": 0.9})], 0),  # one token holding two answers: nothing after it can be placed
+        ([("4", {"4": 0.9}), ("x", {"x": 0.9}), ("5", {"5": 0.9})], 1),  # not an option key: the rest is out of step
+        ([("4", {"4": 0.9}), ("2", {"2": 0.9})], 2),  # too short: the missing answer is asked alone
+        ([("Sure", {}), (",", {}), (" 4", {" 4": 0.9})], 0),  # a server that ignored the grammar
+        ([(" 4", {" 4": 0.9}), ("2", {"2": 0.9}), ("5", {"5": 0.9})], 0),  # padding is not an option key here
+    ],
+)
+def test_a_broken_sequence_reply_is_never_shifted_onto_other_questions(
+    reply: list[tuple[str, dict[str, float]]], read: int
+) -> None:
     judgement, server = _run(_completion(reply), "sequence")
     ids = [q.id for q in QUESTIONS]
     assert sorted(_asked_alone(server)) == sorted(ids[read:])
@@ -620,19 +679,30 @@ def test_swapped_lines_are_assigned_by_number_not_by_order() -> None:
 
 def test_garbage_lines_and_numbers_out_of_range_are_ignored() -> None:
     multi = _completion(
-        [("Sure", {}), (",", {}), (" here", {}), (":\n", {})] + _line(0, "5", {"5": 1.0}) + _line(2, "2", {"2": 0.3})
-        + _line("note", "1", {"1": 1.0}) + _line(4, "1", {"1": 1.0}) + _line(1, "5", {"5": 0.6})
-        + _line(3, "1", {"1": 0.9}) + _line(12, "3", {"3": 1.0}) + [("Thanks", {}), ("!", {})]
+        [("Sure", {}), (",", {}), (" here", {}), (":\n", {})]
+        + _line(0, "5", {"5": 1.0})
+        + _line(2, "2", {"2": 0.3})
+        + _line("note", "1", {"1": 1.0})
+        + _line(4, "1", {"1": 1.0})
+        + _line(1, "5", {"5": 0.6})
+        + _line(3, "1", {"1": 0.9})
+        + _line(12, "3", {"3": 1.0})
+        + [("Thanks", {}), ("!", {})]
     )
     judgement, server = _run(multi)
     ids = [q.id for q in QUESTIONS]
     assert [judgement.answers[i].probabilities for i in ids] == [
-        pytest.approx((0, 0, 0, 0, 0.6)), pytest.approx((0, 0.3, 0, 0, 0)), pytest.approx((0.9, 0, 0, 0, 0))]
+        pytest.approx((0, 0, 0, 0, 0.6)),
+        pytest.approx((0, 0.3, 0, 0, 0)),
+        pytest.approx((0.9, 0, 0, 0, 0)),
+    ]
     assert len(server.received) == 1 and judgement.extra["fallback_questions"] == "0"
 
 
 def test_a_missing_or_duplicated_line_falls_back_alone_and_the_rest_is_kept() -> None:
-    multi = _completion(_line(1, "2", {"2": 0.8}) + _line(1, "3", {"3": 0.8}) + _line(3, "4", {"4": 0.5}) + _line(9, "1", {"1": 1.0}))
+    multi = _completion(
+        _line(1, "2", {"2": 0.8}) + _line(1, "3", {"3": 0.8}) + _line(3, "4", {"4": 0.5}) + _line(9, "1", {"1": 1.0})
+    )
     judgement, server = _run(multi)
     ids = [q.id for q in QUESTIONS]
     assert judgement.answers[ids[2]].probabilities == pytest.approx((0, 0, 0, 0.5, 0))  # kept from the one pass
@@ -670,12 +740,24 @@ def test_an_answer_glued_to_its_number_is_not_read_at_the_wrong_token() -> None:
 
 
 def test_json_keys_in_another_order_are_assigned_by_key_and_an_extra_key_is_ignored() -> None:
-    multi = _completion(_json_reply([("3", "1", {"1": 0.9}), ("extra", "2", {"2": 1.0}), ("1", "5", {"5": 0.6}),
-                                     ("4", "2", {"2": 1.0}), ("2", "2", {"2": 0.3, '"3': 0.1})]))
+    multi = _completion(
+        _json_reply(
+            [
+                ("3", "1", {"1": 0.9}),
+                ("extra", "2", {"2": 1.0}),
+                ("1", "5", {"5": 0.6}),
+                ("4", "2", {"2": 1.0}),
+                ("2", "2", {"2": 0.3, '"3': 0.1}),
+            ]
+        )
+    )
     judgement, server = _run(multi, "json_schema")
     ids = [q.id for q in QUESTIONS]
     assert [judgement.answers[i].probabilities for i in ids] == [
-        pytest.approx((0, 0, 0, 0, 0.6)), pytest.approx((0, 0.3, 0.1, 0, 0)), pytest.approx((0.9, 0, 0, 0, 0))]
+        pytest.approx((0, 0, 0, 0, 0.6)),
+        pytest.approx((0, 0.3, 0.1, 0, 0)),
+        pytest.approx((0.9, 0, 0, 0, 0)),
+    ]
     assert len(server.received) == 1 and judgement.extra["fallback_questions"] == "0"
     assert judgement.extra["answer_format"] == "json_schema"
 
@@ -693,7 +775,9 @@ def test_a_missing_json_key_falls_back_alone_and_the_rest_is_kept() -> None:
 def test_cached_prompt_tokens_are_read_from_the_usage_details(cached: int | None, expected: int) -> None:
     """Double: an OpenAI-shaped usage body with ``prompt_tokens_details.cached_tokens`` (llama-cpp-python's
     server never reports it, see the real-server test below)."""
-    multi = _completion(_line(1, "5", {"5": 0.6}) + _line(2, "2", {"2": 0.3}) + _line(3, "1", {"1": 0.9}), prompt_tokens=400, cached=cached)
+    multi = _completion(
+        _line(1, "5", {"5": 0.6}) + _line(2, "2", {"2": 0.3}) + _line(3, "1", {"1": 0.9}), prompt_tokens=400, cached=cached
+    )
     judgement, _ = _run(multi)
     assert judgement.provenance.cached_prompt_tokens == expected and judgement.provenance.prompt_tokens == 400
 
@@ -714,16 +798,24 @@ def real_conversation() -> Conversation:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("answer_format, grammar, form", [
-    ("grammar", answer_grammar, r"1: [1-5]\n2: [1-5]\n3: [1-5]\n"),
-    ("sequence", sequence_grammar, r"[1-5][1-5][1-5]"),
-])
+@pytest.mark.parametrize(
+    "answer_format, grammar, form",
+    [
+        ("grammar", answer_grammar, r"1: [1-5]\n2: [1-5]\n3: [1-5]\n"),
+        ("sequence", sequence_grammar, r"[1-5][1-5][1-5]"),
+    ],
+)
 def test_constrained_modes_answer_every_question_in_one_call_on_the_real_server(
     llama_server: LlamaServer, real_conversation: Conversation, answer_format: str, grammar: Any, form: str
 ) -> None:
     with ScriptedServer(lambda i, r: forward(_upstream(llama_server), r)) as proxy:
-        judge = _judge(proxy.url + "/v1", llama_server, questions_per_call=len(QUESTIONS), answer_format=answer_format,
-                       extra_body={"repeat_penalty": 1.0})
+        judge = _judge(
+            proxy.url + "/v1",
+            llama_server,
+            questions_per_call=len(QUESTIONS),
+            answer_format=answer_format,
+            extra_body={"repeat_penalty": 1.0},
+        )
         one_pass = judge.judge(real_conversation, QUESTIONS)
         alone = _judge(proxy.url + "/v1", llama_server).judge(real_conversation, QUESTIONS)
     assert one_pass.provenance.calls == 1 and one_pass.extra["fallback_questions"] == "0"
@@ -757,8 +849,13 @@ def test_json_mode_reads_each_answer_by_its_key_on_the_real_server(llama_server:
     """llama-cpp-python takes a schema as ``{"type": "json_object", "schema": ...}``, sent through ``extra_body``."""
     schema_format = {"type": "json_object", "schema": answer_json_schema(QUESTIONS)}
     with ScriptedServer(lambda i, r: forward(_upstream(llama_server), r)) as proxy:
-        judge = _judge(proxy.url + "/v1", llama_server, questions_per_call=len(QUESTIONS), answer_format="json_schema",
-                       extra_body={"repeat_penalty": 1.0, "response_format": schema_format})
+        judge = _judge(
+            proxy.url + "/v1",
+            llama_server,
+            questions_per_call=len(QUESTIONS),
+            answer_format="json_schema",
+            extra_body={"repeat_penalty": 1.0, "response_format": schema_format},
+        )
         judgement = judge.judge(CONVERSATION, QUESTIONS)
     assert judgement.provenance.calls == 1 and judgement.extra["fallback_questions"] == "0"
     assert json.loads(proxy.received[0].body)["response_format"] == schema_format
@@ -776,7 +873,9 @@ def test_json_mode_reads_each_answer_by_its_key_on_the_real_server(llama_server:
             text += token["token"]
         assert token["token"].strip(' "') == reply[str(number)]
         _assert_distribution(judgement.answers[q.id], q)
-        assert judgement.answers[q.id].probabilities == pytest.approx(_expected(token["top_logprobs"], q.option_keys, ' "'), abs=1e-12)
+        assert judgement.answers[q.id].probabilities == pytest.approx(
+            _expected(token["top_logprobs"], q.option_keys, ' "'), abs=1e-12
+        )
 
 
 @pytest.mark.slow

@@ -24,8 +24,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def convowatch(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("CONVOWATCH_")}
-    return subprocess.run([sys.executable, "-m", "stream.cli", *map(str, args)], capture_output=True, text=True,
-                          env={**clean, **(env or {})}, timeout=600, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "stream.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env={**clean, **(env or {})},
+        timeout=600,
+        cwd=ROOT,
+    )
 
 
 def recorded() -> dict[str, str]:
@@ -44,8 +50,18 @@ def llm_rubric_files(tmp_path_factory) -> tuple[Path, Path]:
     """The real LLM-Rubric conversations as labelled JSONL, and Q1-Q8 as an unfitted rubric set (by the CLI's converter)."""
     out = tmp_path_factory.mktemp("llm-rubric")
     labelled, candidates = out / "real.jsonl", out / "q1-q8.json"
-    r = convowatch("data", "llm-rubric", "--data-dir", LLM_RUBRIC, "--split", "real", "--labelled-out", labelled,
-                   "--rubric-set-out", candidates)
+    r = convowatch(
+        "data",
+        "llm-rubric",
+        "--data-dir",
+        LLM_RUBRIC,
+        "--split",
+        "real",
+        "--labelled-out",
+        labelled,
+        "--rubric-set-out",
+        candidates,
+    )
     assert r.returncode == 0, r.stderr
     return labelled, candidates
 
@@ -53,8 +69,10 @@ def llm_rubric_files(tmp_path_factory) -> tuple[Path, Path]:
 @pytest.fixture(scope="module")
 def domain(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("domain") / "domain.md"
-    path.write_text("A research assistant answers questions about papers, citing the references it was given.\n"
-                    "Success: the user's question is answered correctly and the claims are supported by citations.\n")
+    path.write_text(
+        "A research assistant answers questions about papers, citing the references it was given.\n"
+        "Success: the user's question is answered correctly and the claims are supported by citations.\n"
+    )
     return path
 
 
@@ -64,14 +82,35 @@ def domain(tmp_path_factory) -> Path:
 def test_learn_from_real_labels_with_the_recorded_judge(tmp_path, llm_rubric_files, domain):
     labelled, candidates = llm_rubric_files
     out, report_dir = tmp_path / "rubricset.json", tmp_path / "report"
-    r = convowatch("learn", "--data", labelled, "--domain", domain, "--candidates", candidates, "--out", out,
-                   "--n-sat", "3", "--n-dsat", "0", "--precision", "0.75", "--cache", tmp_path / "scores.sqlite",
-                   "--report-dir", report_dir, env=recorded())
+    r = convowatch(
+        "learn",
+        "--data",
+        labelled,
+        "--domain",
+        domain,
+        "--candidates",
+        candidates,
+        "--out",
+        out,
+        "--n-sat",
+        "3",
+        "--n-dsat",
+        "0",
+        "--precision",
+        "0.75",
+        "--cache",
+        tmp_path / "scores.sqlite",
+        "--report-dir",
+        report_dir,
+        env=recorded(),
+    )
     assert r.returncode == 0, r.stderr
     rubric_set = RubricSet.load(out)
     assert len(rubric_set.rubrics) == 3 and rubric_set.precision == 0.75
     meta = rubric_set.metadata
-    assert meta["selection"]["method"] == "greedy" and meta["judge"].startswith("recorded|gpt-3.5-turbo-16k_real_evaluations_FIXED|")
+    assert meta["selection"]["method"] == "greedy" and meta["judge"].startswith(
+        "recorded|gpt-3.5-turbo-16k_real_evaluations_FIXED|"
+    )
     assert meta["prompt_versions"]["judge"] == "judge-v1" and len(meta["training_data_hash"]) == 16
     assert len(meta["pool"]["hash"]) == 16 and meta["pool"]["size"] == 8 and len(meta["domain_sha256"]) == 16
     assert f"wrote {out} (version {rubric_set.version})" in r.stdout
@@ -82,8 +121,26 @@ def test_learn_from_real_labels_with_the_recorded_judge(tmp_path, llm_rubric_fil
     assert [s["id"] for s in report["selected"]] == [x.id for x in rubric_set.rubrics]
     assert (report_dir / "precision_curves.png").stat().st_size > 20_000
 
-    again = convowatch("learn", "--data", labelled, "--domain", domain, "--candidates", candidates, "--out", tmp_path / "again.json",
-                       "--n-sat", "3", "--n-dsat", "0", "--precision", "0.75", "--cache", tmp_path / "scores.sqlite", env=recorded())
+    again = convowatch(
+        "learn",
+        "--data",
+        labelled,
+        "--domain",
+        domain,
+        "--candidates",
+        candidates,
+        "--out",
+        tmp_path / "again.json",
+        "--n-sat",
+        "3",
+        "--n-dsat",
+        "0",
+        "--precision",
+        "0.75",
+        "--cache",
+        tmp_path / "scores.sqlite",
+        env=recorded(),
+    )
     assert again.returncode == 0, again.stderr
     assert "1784 answers from the cache, 0 asked" in again.stdout.strip().splitlines()[-1]
     assert RubricSet.load(tmp_path / "again.json").version == rubric_set.version
@@ -92,8 +149,9 @@ def test_learn_from_real_labels_with_the_recorded_judge(tmp_path, llm_rubric_fil
 def test_uss_to_rubric_set_that_the_cli_scores_with(tmp_path, domain):
     """USS -> labelled JSONL (2+2 train, 2+2 test) -> learn (2 seed rubrics, packaged Gemma judge) -> `rubrics evaluate` uses the set."""
     train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
-    r = convowatch("data", "uss", "--file", MWOZ, "--labelled-out", train, "--n-per-class", "4", "--seed", "3",
-                   "--split-out-test", test)
+    r = convowatch(
+        "data", "uss", "--file", MWOZ, "--labelled-out", train, "--n-per-class", "4", "--seed", "3", "--split-out-test", test
+    )
     assert r.returncode == 0, r.stderr
     pool_file = tmp_path / "pool.json"
     full = seed_pool()
@@ -102,8 +160,28 @@ def test_uss_to_rubric_set_that_the_cli_scores_with(tmp_path, domain):
     full.subset(sat + dsat).save(pool_file)
     local = {"CONVOWATCH_JUDGE__BACKEND": "local", "CONVOWATCH_CACHE_DIR": str(servers.cache_dir())}
     out = tmp_path / "uss-rubricset.json"
-    r = convowatch("learn", "--data", train, "--domain", domain, "--pool", "generated", "--pool-file", pool_file, "--out", out,
-                   "--n-sat", "1", "--n-dsat", "1", "--folds", "2", "--cache", tmp_path / "scores.sqlite", env=local)
+    r = convowatch(
+        "learn",
+        "--data",
+        train,
+        "--domain",
+        domain,
+        "--pool",
+        "generated",
+        "--pool-file",
+        pool_file,
+        "--out",
+        out,
+        "--n-sat",
+        "1",
+        "--n-dsat",
+        "1",
+        "--folds",
+        "2",
+        "--cache",
+        tmp_path / "scores.sqlite",
+        env=local,
+    )
     assert r.returncode == 0, r.stderr
     rubric_set = RubricSet.load(out)
     assert {x.polarity.value for x in rubric_set.rubrics} == {"sat", "dsat"}
@@ -120,8 +198,9 @@ def test_learn_and_evaluate_ask_all_questions_of_a_conversation_in_one_call(tmp_
     """judge.questions_per_call reaches `learn` and `rubrics evaluate`: one request per conversation to the real llama
     server (Gemma 270M, answers held by the sequence grammar), every question of the pool or set in it."""
     train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
-    r = convowatch("data", "uss", "--file", MWOZ, "--labelled-out", train, "--n-per-class", "4", "--seed", "5",
-                   "--split-out-test", test)
+    r = convowatch(
+        "data", "uss", "--file", MWOZ, "--labelled-out", train, "--n-per-class", "4", "--seed", "5", "--split-out-test", test
+    )
     assert r.returncode == 0, r.stderr
     full = seed_pool()
     sat = [j for j, x in enumerate(full.rubrics) if x.polarity.value == "sat"][:2]
@@ -130,19 +209,46 @@ def test_learn_and_evaluate_ask_all_questions_of_a_conversation_in_one_call(tmp_
     full.subset(sat + dsat).save(pool_file)
     out = tmp_path / "set.json"
     with servers.ScriptedServer(lambda i, req: servers.forward(llama_server.url.removesuffix("/v1"), req)) as proxy:
-        one_pass = {"CONVOWATCH_JUDGE__BACKEND": "openai", "CONVOWATCH_JUDGE__BASE_URL": proxy.url + "/v1",
-                    "CONVOWATCH_JUDGE__MODEL": llama_server.model, "CONVOWATCH_JUDGE__API_KEY": str(llama_server.api_key),
-                    "CONVOWATCH_JUDGE__QUESTIONS_PER_CALL": "100", "CONVOWATCH_JUDGE__ANSWER_FORMAT": "sequence",
-                    "CONVOWATCH_JUDGE__TIMEOUT_S": "300", "CONVOWATCH_CACHE_DIR": str(tmp_path / "cache")}
-        r = convowatch("learn", "--data", train, "--domain", domain, "--pool", "generated", "--pool-file", pool_file,
-                       "--out", out, "--n-sat", "1", "--n-dsat", "1", "--folds", "2", "--cache", tmp_path / "scores.sqlite",
-                       env=one_pass)
+        one_pass = {
+            "CONVOWATCH_JUDGE__BACKEND": "openai",
+            "CONVOWATCH_JUDGE__BASE_URL": proxy.url + "/v1",
+            "CONVOWATCH_JUDGE__MODEL": llama_server.model,
+            "CONVOWATCH_JUDGE__API_KEY": str(llama_server.api_key),
+            "CONVOWATCH_JUDGE__QUESTIONS_PER_CALL": "100",
+            "CONVOWATCH_JUDGE__ANSWER_FORMAT": "sequence",
+            "CONVOWATCH_JUDGE__TIMEOUT_S": "300",
+            "CONVOWATCH_CACHE_DIR": str(tmp_path / "cache"),
+        }
+        r = convowatch(
+            "learn",
+            "--data",
+            train,
+            "--domain",
+            domain,
+            "--pool",
+            "generated",
+            "--pool-file",
+            pool_file,
+            "--out",
+            out,
+            "--n-sat",
+            "1",
+            "--n-dsat",
+            "1",
+            "--folds",
+            "2",
+            "--cache",
+            tmp_path / "scores.sqlite",
+            env=one_pass,
+        )
         assert r.returncode == 0, r.stderr
         learn_report = r.stdout.strip().splitlines()[-1]
         learn_requests = [json.loads(q.body) for q in proxy.received if q.path.endswith("/chat/completions")]
         r = convowatch("rubrics", "evaluate", "--rubric-set", out, "--labelled", test, "--json", env=one_pass)
         assert r.returncode == 0, r.stderr
-        evaluate_requests = [json.loads(q.body) for q in proxy.received if q.path.endswith("/chat/completions")][len(learn_requests):]
+        evaluate_requests = [json.loads(q.body) for q in proxy.received if q.path.endswith("/chat/completions")][
+            len(learn_requests) :
+        ]
     rubric_set = RubricSet.load(out)
     n_train, n_test = len(load_labelled_jsonl(train)), len(load_labelled_jsonl(test))
     assert len(learn_requests) == n_train and len(evaluate_requests) == n_test
@@ -191,7 +297,10 @@ def test_empty_class(tmp_path, llm_rubric_files, domain):
     positives = tmp_path / "positives.jsonl"
     positives.write_text("".join(line + "\n" for line in labelled.read_text().splitlines() if '"label": "positive"' in line))
     r = convowatch("learn", "--data", positives, "--domain", domain, "--out", tmp_path / "o.json", env=recorded())
-    assert error_line(r) == f"convowatch: error: {positives}: no negative conversations (150 positive, 0 negative); learning needs both classes"
+    assert (
+        error_line(r)
+        == f"convowatch: error: {positives}: no negative conversations (150 positive, 0 negative); learning needs both classes"
+    )
     assert not (tmp_path / "o.json").exists()
 
 
@@ -212,21 +321,42 @@ def test_missing_or_empty_domain_file(tmp_path, llm_rubric_files):
     empty = tmp_path / "empty.md"
     empty.write_text("  \n")
     r = convowatch("learn", "--data", labelled, "--domain", empty, "--out", tmp_path / "o.json", env=recorded())
-    assert error_line(r) == f"convowatch: error: {empty}: the domain description is empty (say what the assistant is for and what success means)"
+    assert (
+        error_line(r)
+        == f"convowatch: error: {empty}: the domain description is empty (say what the assistant is for and what success means)"
+    )
 
 
 def test_generator_unreachable(tmp_path, llm_rubric_files, domain):
     labelled, _ = llm_rubric_files
     url = f"http://127.0.0.1:{servers.free_port()}/v1"  # nothing listens there
-    r = convowatch("learn", "--data", labelled, "--domain", domain, "--out", tmp_path / "o.json", "--pool", "generated",
-                   "--generator-base-url", url, "--generator-model", "qwen", env={**recorded(), "CONVOWATCH_JUDGE__MAX_RETRIES": "0"})
+    r = convowatch(
+        "learn",
+        "--data",
+        labelled,
+        "--domain",
+        domain,
+        "--out",
+        tmp_path / "o.json",
+        "--pool",
+        "generated",
+        "--generator-base-url",
+        url,
+        "--generator-model",
+        "qwen",
+        env={**recorded(), "CONVOWATCH_JUDGE__MAX_RETRIES": "0"},
+    )
     line = error_line(r)
-    assert line.startswith(f"convowatch: error: cannot use the generator: generator 'qwen' at {url} still failing after 1 attempt(s): connection error")
+    assert line.startswith(
+        f"convowatch: error: cannot use the generator: generator 'qwen' at {url} still failing after 1 attempt(s): connection error"
+    )
 
 
 def test_a_generated_pool_needs_a_generator(tmp_path, llm_rubric_files, domain):
     labelled, _ = llm_rubric_files
-    r = convowatch("learn", "--data", labelled, "--domain", domain, "--out", tmp_path / "o.json", "--pool", "both", env=recorded())
+    r = convowatch(
+        "learn", "--data", labelled, "--domain", domain, "--out", tmp_path / "o.json", "--pool", "both", env=recorded()
+    )
     assert "a generated pool needs a generator" in error_line(r)
 
 

@@ -119,11 +119,18 @@ class PhasedStream:
 
 
 def alertmanager_config(webhook_url: str) -> str:
-    return yaml.safe_dump({
-        "route": {"receiver": "webhook", "group_by": ["alertname", "product", "model_version"],
-                  "group_wait": "1s", "group_interval": "1s", "repeat_interval": "1h"},
-        "receivers": [{"name": "webhook", "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}],
-    })
+    return yaml.safe_dump(
+        {
+            "route": {
+                "receiver": "webhook",
+                "group_by": ["alertname", "product", "model_version"],
+                "group_wait": "1s",
+                "group_interval": "1s",
+                "repeat_interval": "1h",
+            },
+            "receivers": [{"name": "webhook", "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}],
+        }
+    )
 
 
 @dataclass
@@ -139,7 +146,9 @@ class Replayed:
 
 
 @pytest.fixture(scope="module")
-def replayed(kafka_broker: str, scoring_artifacts: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replayed]:
+def replayed(
+    kafka_broker: str, scoring_artifacts: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Replayed]:
     root = tmp_path_factory.mktemp("monitoring")
     rubric_set, calibrator = scoring_artifacts
     stream = PhasedStream.arrange(dissatisfaction_probabilities(calibrator))
@@ -158,15 +167,20 @@ def replayed(kafka_broker: str, scoring_artifacts: tuple[Path, Path], tmp_path_f
         pipeline.wait_assigned([worker])
         rules = root / "convowatch.rules.yml"
         rules.write_text(rules_yaml(TEST_WINDOWS), encoding="utf-8")
-        prom_url = prometheuses.start([f"127.0.0.1:{worker.metrics_port}", f"127.0.0.1:{sink.metrics_port}"], rule_files=[rules], alertmanager_url=am_url)
+        prom_url = prometheuses.start(
+            [f"127.0.0.1:{worker.metrics_port}", f"127.0.0.1:{sink.metrics_port}"], rule_files=[rules], alertmanager_url=am_url
+        )
         wait_for(lambda: prometheus_query(prom_url, 'up{job="convowatch"} == 1'), timeout=30, what="first scrape")
         # a few refused events too, so the dead-letter panels have data
         pipeline.produce([(b"bad-1", b"not json"), (b"bad-2", b'{"schema_version": 1}'), (None, b"\xff\xfe")])
         started = time.time()
         pipeline.replay("jsonl", str(events), "--speed", "1")
         finished = time.time()
-        wait_for(lambda: sink.metric_sum("convowatch_sink_rows_total", table="conversation_scores") >= len(stream.starts),
-                 timeout=120, what="every conversation stored")
+        wait_for(
+            lambda: sink.metric_sum("convowatch_sink_rows_total", table="conversation_scores") >= len(stream.starts),
+            timeout=120,
+            what="every conversation stored",
+        )
         yield Replayed(pipeline, prom_url, am_url, webhook, stream, started, started + CALM_S, finished)
     finally:
         pipeline.stop_all()
@@ -176,7 +190,9 @@ def replayed(kafka_broker: str, scoring_artifacts: tuple[Path, Path], tmp_path_f
 
 
 def spike_alerts(webhook: WebhookReceiver, status: str, product: str) -> list[dict]:
-    return [a for a in webhook.alerts(status) if a["labels"].get("alertname") == SPIKE_ALERT and a["labels"].get("product") == product]
+    return [
+        a for a in webhook.alerts(status) if a["labels"].get("alertname") == SPIKE_ALERT and a["labels"].get("product") == product
+    ]
 
 
 # --- the spike ---------------------------------------------------------------------
@@ -195,7 +211,9 @@ def test_burst_is_dissatisfied_by_the_scorer_not_by_humans(scoring_artifacts: tu
 
 
 def test_the_dissatisfaction_spike_fires_reaches_alertmanager_and_resolves(replayed: Replayed) -> None:
-    firing = wait_for(lambda: spike_alerts(replayed.webhook, "firing", "spiky"), timeout=60, what="spike delivered to the webhook")
+    firing = wait_for(
+        lambda: spike_alerts(replayed.webhook, "firing", "spiky"), timeout=60, what="spike delivered to the webhook"
+    )
     alert = firing[0]
     assert alert["labels"]["model_version"] == "v1"
     assert alert["labels"]["severity"]
@@ -255,8 +273,11 @@ def _unexplained(empty: list[str], exprs: dict[str, str]) -> list[str]:
 def test_every_dashboard_promql_runs_on_the_real_prometheus_with_data_where_data_must_exist(replayed: Replayed) -> None:
     span = time.time() - replayed.started + 30
     exprs = {
-        f"{q.dashboard} / {q.panel} / {q.ref_id}": grafana_macros.expand_promql(q.expr, range_s=span, interval_s=5, scrape_interval_s=1)
-        for q in catalog.queries() if q.kind == "prometheus"
+        f"{q.dashboard} / {q.panel} / {q.ref_id}": grafana_macros.expand_promql(
+            q.expr, range_s=span, interval_s=5, scrape_interval_s=1
+        )
+        for q in catalog.queries()
+        if q.kind == "prometheus"
     }
     assert len(exprs) >= 50
     errors, empty = _run_promql(replayed, exprs)
@@ -302,7 +323,10 @@ def test_every_sql_panel_runs_on_the_sinks_clickhouse(replayed: Replayed) -> Non
             results[f"{q.panel} / {q.ref_id}"] = replayed.pipeline.query_store(sql)
     assert len(results) >= 8
     # the scoring-core rubric set (LLM-Rubric's Q1-Q8) has no DSAT rubric: nothing else may be empty
-    assert sorted(name for name, rows in results.items() if not rows) == ["DSAT rubric hits over time / A", "Most-firing DSAT rubrics / A"]
+    assert sorted(name for name, rows in results.items() if not rows) == [
+        "DSAT rubric hits over time / A",
+        "Most-firing DSAT rubrics / A",
+    ]
     # the drill-down panels show the chosen conversation: all its turns, its score, its rubric scores
     conversation = load_real_conversations(LLM_RUBRIC_DATA / "real_data.json")[burst_id]
     assert len(results["Turns / A"]) == len(conversation.turns)
@@ -313,6 +337,7 @@ def test_every_sql_panel_runs_on_the_sinks_clickhouse(replayed: Replayed) -> Non
 
 def _timestamp(rfc3339: str) -> float:
     from datetime import datetime
+
     return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
 
 
@@ -327,10 +352,18 @@ def test_convowatch_report_renders_the_replay(replayed: Replayed) -> None:
         if process.name == "sink":
             process.terminate()
     out = replayed.pipeline.root / "report"
-    done = subprocess.run([sys.executable, "-m", "stream.cli", "report", "--since", "1h", "--product", "spiky", "--out", str(out)],
-                          cwd=REPO, env={**__import__("os").environ, **replayed.pipeline.env,
-                                         "CONVOWATCH_SCORING__QUESTIONS": str(LLM_RUBRIC_DATA / "questions.json")},
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "stream.cli", "report", "--since", "1h", "--product", "spiky", "--out", str(out)],
+        cwd=REPO,
+        env={
+            **__import__("os").environ,
+            **replayed.pipeline.env,
+            "CONVOWATCH_SCORING__QUESTIONS": str(LLM_RUBRIC_DATA / "questions.json"),
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     spiky = sum(1 for product, _ in replayed.stream.starts.values() if product == "spiky")
     assert done.stdout.startswith(f"{spiky} conversations ({spiky} scored, 0 unscored)")

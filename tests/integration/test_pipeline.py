@@ -79,6 +79,7 @@ def _wait_sink_caught_up(pipeline: Pipeline, timeout: float = 120) -> None:
         last[m.partition] = max(last.get(m.partition, -1), m.offset)
     admin = KafkaAdminClient(bootstrap_servers=pipeline.bootstrap)
     try:
+
         def committed() -> bool:
             group = pipeline.env["CONVOWATCH_KAFKA__SINK_GROUP"]
             offsets = admin.list_group_offsets(group)[group]
@@ -112,14 +113,22 @@ def test_replayed_conversations_are_scored_in_clickhouse_and_metrics(pipeline: P
     assert f"sent {N_REAL_TURNS + N_REAL} events" in done.stdout
 
     feedback = tmp_path / "feedback.jsonl"
-    feedback.write_text("".join(
-        encode_event(FeedbackEvent(conversation_id=cid, turn_index=1, rating=rating, timestamp=1.7e9 + i)).decode() + "\n"
-        for i, (cid, rating) in enumerate([(ids[0], "up"), (ids[1], "down"), (ids[2], "down")])
-    ))
+    feedback.write_text(
+        "".join(
+            encode_event(FeedbackEvent(conversation_id=cid, turn_index=1, rating=rating, timestamp=1.7e9 + i)).decode() + "\n"
+            for i, (cid, rating) in enumerate([(ids[0], "up"), (ids[1], "down"), (ids[2], "down")])
+        )
+    )
     pipeline.replay("jsonl", str(feedback))
 
-    wait_for(lambda: sink.metric_sum("convowatch_sink_rows_total", table="conversation_scores") >= N_REAL
-             and sink.metric_sum("convowatch_sink_rows_total", table="feedback") >= 3, timeout=180, what="sink rows")
+    wait_for(
+        lambda: (
+            sink.metric_sum("convowatch_sink_rows_total", table="conversation_scores") >= N_REAL
+            and sink.metric_sum("convowatch_sink_rows_total", table="feedback") >= 3
+        ),
+        timeout=180,
+        what="sink rows",
+    )
 
     # Worker metrics: every event counted by type and outcome, every conversation closed and scored once.
     assert worker.metric_sum("convowatch_events_total", type="turn", outcome="accepted") == N_REAL_TURNS
@@ -133,8 +142,14 @@ def test_replayed_conversations_are_scored_in_clickhouse_and_metrics(pipeline: P
     assert worker.metric_sum("convowatch_dead_letters_total") == 0
     assert sink.metric_sum("convowatch_close_to_store_latency_seconds_count") == N_REAL
     # tansu reports high-water marks: once everything is consumed, both consumers show lag series at 0
-    wait_for(lambda: worker.metric_sum("convowatch_consumer_lag", topic=pipeline.topic("events")) == 0
-             and len([k for k in worker.metrics() if k[0] == "convowatch_consumer_lag"]) >= 4, timeout=30, what="worker lag 0")
+    wait_for(
+        lambda: (
+            worker.metric_sum("convowatch_consumer_lag", topic=pipeline.topic("events")) == 0
+            and len([k for k in worker.metrics() if k[0] == "convowatch_consumer_lag"]) >= 4
+        ),
+        timeout=30,
+        what="worker lag 0",
+    )
     assert sink.metric_sum("convowatch_consumer_lag", topic=pipeline.topic("scores")) == 0
     assert any(k[0] == "convowatch_consumer_lag" for k in sink.metrics())
 
@@ -146,8 +161,11 @@ def test_replayed_conversations_are_scored_in_clickhouse_and_metrics(pipeline: P
     [turns] = pipeline.query_store("SELECT sum(n_turns) AS n FROM convowatch.conversations FINAL")
     assert turns["n"] == N_REAL_TURNS
     fb = pipeline.query_store("SELECT conversation_id, rating FROM convowatch.feedback FINAL ORDER BY conversation_id")
-    assert fb == [{"conversation_id": ids[0], "rating": "up"}, {"conversation_id": ids[1], "rating": "down"},
-                  {"conversation_id": ids[2], "rating": "down"}]
+    assert fb == [
+        {"conversation_id": ids[0], "rating": "up"},
+        {"conversation_id": ids[1], "rating": "down"},
+        {"conversation_id": ids[2], "rating": "down"},
+    ]
     # The calibrated dissatisfaction in the metrics is the sum of the stored probabilities.
     [s] = pipeline.query_store("SELECT sum(dissatisfaction_probability) AS p FROM convowatch.conversation_scores FINAL")
     assert s["p"] == pytest.approx(p_dsat, rel=1e-9)
@@ -206,14 +224,53 @@ def test_bad_input_is_dead_lettered_with_its_reason_and_valid_conversations_are_
         (b"c-c", b"[1, 2]", "not_object"),
         (b"c-d", None, "not_json"),
         (b"c-e", b'{"schema_version": 1, "type": "turn", "conversation_id": "c-e"}', "missing_field"),
-        (b"c-f", json.dumps({"schema_version": 1, "type": "turn", "conversation_id": "c-f", "turn_index": 0, "role": "robot",
-                             "text": "hi", "timestamp": "2024-02-09T00:00:00Z"}).encode(), "unknown_role"),
-        (b"c-g", json.dumps({"schema_version": 1, "type": "turn", "conversation_id": "c-g", "turn_index": -1, "role": "user",
-                             "text": "hi", "timestamp": "2024-02-09T00:00:00Z"}).encode(), "negative_turn_index"),
+        (
+            b"c-f",
+            json.dumps(
+                {
+                    "schema_version": 1,
+                    "type": "turn",
+                    "conversation_id": "c-f",
+                    "turn_index": 0,
+                    "role": "robot",
+                    "text": "hi",
+                    "timestamp": "2024-02-09T00:00:00Z",
+                }
+            ).encode(),
+            "unknown_role",
+        ),
+        (
+            b"c-g",
+            json.dumps(
+                {
+                    "schema_version": 1,
+                    "type": "turn",
+                    "conversation_id": "c-g",
+                    "turn_index": -1,
+                    "role": "user",
+                    "text": "hi",
+                    "timestamp": "2024-02-09T00:00:00Z",
+                }
+            ).encode(),
+            "negative_turn_index",
+        ),
         (b"c-h", encode_event(TurnEvent("c-h", 0, "user", "x" * 20001, t, {})), "oversized_text"),
         (b"not-c-i", encode_event(TurnEvent("c-i", 0, "user", "hi", t, {})), "key_mismatch"),
-        (b"c-j", json.dumps({"schema_version": 1, "type": "turn", "conversation_id": "c-j", "turn_index": True, "role": "user",
-                             "text": "hi", "timestamp": "2024-02-09T00:00:00Z"}).encode(), "wrong_type"),
+        (
+            b"c-j",
+            json.dumps(
+                {
+                    "schema_version": 1,
+                    "type": "turn",
+                    "conversation_id": "c-j",
+                    "turn_index": True,
+                    "role": "user",
+                    "text": "hi",
+                    "timestamp": "2024-02-09T00:00:00Z",
+                }
+            ).encode(),
+            "wrong_type",
+        ),
         (b"c-k", encode_event(EndEvent("c-k", t)), "empty_conversation"),
         (k, encode_event(TurnEvent(first, 0, "user", "a different first turn", t, {})), "duplicate_turn_index"),
     ]
@@ -261,7 +318,7 @@ def parse_event_reason(raw: bytes, key: bytes | None) -> str:
 def _publish_in_steps(pipeline: Pipeline, items: list[ReplayItem], steps: int) -> Iterator[int]:
     chunk = -(-len(items) // steps)
     for i in range(steps):
-        part = items[i * chunk:(i + 1) * chunk]
+        part = items[i * chunk : (i + 1) * chunk]
         pipeline.produce((item.key, item.raw) for item in part)
         yield i
 
@@ -292,7 +349,9 @@ def test_kill_9_of_worker_and_sink_loses_nothing_and_shows_no_duplicates(pipelin
     stored = {r["conversation_id"] for r in pipeline.query_store("SELECT conversation_id FROM convowatch.conversations FINAL")}
     assert stored == ids
     # Every stored conversation has all its turns, although the worker died while assembling some.
-    [turns] = pipeline.query_store("SELECT sum(n_turns) AS n, sum(length(missing_turn_indices)) AS missing FROM convowatch.conversations FINAL")
+    [turns] = pipeline.query_store(
+        "SELECT sum(n_turns) AS n, sum(length(missing_turn_indices)) AS missing FROM convowatch.conversations FINAL"
+    )
     assert turns == {"n": N_REAL_TURNS, "missing": 0}
     redelivered = sum(len(rs) - 1 for rs in records.values())
     print(f"re-delivered score records after the crashes: {redelivered}")
@@ -368,9 +427,18 @@ def _completion() -> dict:
 
     top = [{"token": str(i), "logprob": math.log(p), "bytes": None} for i, p in zip(range(1, 5), (0.1, 0.2, 0.3, 0.35))]
     return {
-        "id": "x", "object": "chat.completion", "created": 0, "model": "stand-in",
-        "choices": [{"index": 0, "finish_reason": "length", "message": {"role": "assistant", "content": top[3]["token"]},
-                     "logprobs": {"content": [{"token": "4", "logprob": top[3]["logprob"], "bytes": None, "top_logprobs": top}]}}],
+        "id": "x",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "stand-in",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "length",
+                "message": {"role": "assistant", "content": top[3]["token"]},
+                "logprobs": {"content": [{"token": "4", "logprob": top[3]["logprob"], "bytes": None, "top_logprobs": top}]},
+            }
+        ],
         "usage": {"prompt_tokens": 100, "completion_tokens": 1, "total_tokens": 101},
     }
 
@@ -421,8 +489,11 @@ def test_judge_that_stays_down_leaves_conversations_unscored_with_the_reason(pip
     pipeline.produce((i.key, i.raw) for i in items)
 
     records = _wait_scores(pipeline, ids, timeout=120)
-    assert all(r.status == "unscored" and r.unscored_reason.startswith("JudgeUnavailable") and r.attempts == 2
-               for rs in records.values() for r in rs)
+    assert all(
+        r.status == "unscored" and r.unscored_reason.startswith("JudgeUnavailable") and r.attempts == 2
+        for rs in records.values()
+        for r in rs
+    )
     _wait_sink_caught_up(pipeline)
     sink.terminate()
     rows = pipeline.query_store("SELECT conversation_id, status, unscored_reason FROM convowatch.conversation_scores FINAL")
@@ -435,11 +506,13 @@ def test_judge_that_stays_down_leaves_conversations_unscored_with_the_reason(pip
 
 
 def test_idle_timeout_max_turns_and_retention_in_a_real_worker(pipeline: Pipeline) -> None:
-    pipeline.extra_env.update({
-        "CONVOWATCH_ASSEMBLY__IDLE_TIMEOUT_S": "3",
-        "CONVOWATCH_ASSEMBLY__CLOSED_RETENTION_S": "6",
-        "CONVOWATCH_ASSEMBLY__MAX_TURNS": "4",
-    })
+    pipeline.extra_env.update(
+        {
+            "CONVOWATCH_ASSEMBLY__IDLE_TIMEOUT_S": "3",
+            "CONVOWATCH_ASSEMBLY__CLOSED_RETENTION_S": "6",
+            "CONVOWATCH_ASSEMBLY__MAX_TURNS": "4",
+        }
+    )
     worker = pipeline.start_worker()
     pipeline.wait_assigned([worker])
     items = _real_items()
@@ -458,8 +531,11 @@ def test_idle_timeout_max_turns_and_retention_in_a_real_worker(pipeline: Pipelin
     assert sorted(letter.reason for letter in letters) == ["conversation_closed"] * (len(turns[capped_id]) - 4)
 
     # After the retention the worker forgets both; a redelivered turn then starts a new conversation.
-    wait_for(lambda: worker.metric_sum("convowatch_events_total", type="end", outcome="expired") == 2, timeout=60,
-             what="closed conversations forgotten after the retention")
+    wait_for(
+        lambda: worker.metric_sum("convowatch_events_total", type="end", outcome="expired") == 2,
+        timeout=60,
+        what="closed conversations forgotten after the retention",
+    )
     assert worker.metric_sum("convowatch_conversations_closed_total", cause="idle_timeout") == 1
     assert worker.metric_sum("convowatch_conversations_closed_total", cause="max_turns") == 1
     assert worker.metric_sum("convowatch_open_conversations") == 0

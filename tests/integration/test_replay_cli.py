@@ -43,8 +43,14 @@ def kafka_env(bootstrap: str) -> dict[str, str]:
 def convowatch(*args: str | Path, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("CONVOWATCH_")}
     full_env.update(env)
-    return subprocess.run([sys.executable, "-m", "stream.cli", *map(str, args)], capture_output=True, text=True,
-                          env=full_env, timeout=timeout, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "stream.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        cwd=REPO,
+    )
 
 
 def create_topic(bootstrap: str, topic: str) -> None:
@@ -147,7 +153,9 @@ def test_skip_invalid_sends_the_valid_lines_and_reports_the_rest(tmp_path: Path,
     assert [s.split(": ")[0] for s in skipped] == [f"skipped {f.path}:{line}" for line, _ in f.bad]
     assert [s.split(": ")[1] for s in skipped] == [reason for _, reason in f.bad]
     assert read_topic(kafka_broker, events_topic) == [(b"conv-a", raw) for raw in f.good]  # byte for byte, keyed, in order
-    assert {env[f"CONVOWATCH_KAFKA__{t}_TOPIC"] for t in ("EVENTS", "CLOSED", "SCORES", "DEAD_LETTER")} <= list_topics(kafka_broker)
+    assert {env[f"CONVOWATCH_KAFKA__{t}_TOPIC"] for t in ("EVENTS", "CLOSED", "SCORES", "DEAD_LETTER")} <= list_topics(
+        kafka_broker
+    )
 
 
 # --- usage ---------------------------------------------------------------------------------

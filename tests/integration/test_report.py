@@ -54,8 +54,18 @@ def fixture_records():
         at(scored("c1", "sat", 12.0, 0.10, 3.6, attributes=a, dimensions=dims(3.5, 3.0)), T0 + 600),
         at(scored("c2", "dsat", -9.0, 0.90, 1.4, attributes=a, rubrics=hits, dimensions=dims(1.5, 2.0)), T0 + 3600),
         at(scored("c3", "uncertain", 1.0, 0.40, 2.6, attributes=b, dimensions=dims(2.5, 2.5)), T0 + 7200),
-        at(scored("<script>alert(1)</script>", "uncertain", -2.0, 0.60, 2.2, attributes=b,
-                  rubrics=(RubricHit("<b>rubric</b>", "dsat", -6.0),)), T0 + 14400),
+        at(
+            scored(
+                "<script>alert(1)</script>",
+                "uncertain",
+                -2.0,
+                0.60,
+                2.2,
+                attributes=b,
+                rubrics=(RubricHit("<b>rubric</b>", "dsat", -6.0),),
+            ),
+            T0 + 14400,
+        ),
         at(unscored("c5", attributes=b), T0 + 18000),
         at(scored("outside", "dsat", -5.0, 0.99, 1.0, attributes=a), T0 + 3 * 86400),  # after the window
     ]
@@ -74,7 +84,8 @@ def store(store_factory):
 def test_durations_count_back_from_now_and_iso_times_are_utc() -> None:
     assert resolve_window("6h", now=NOW) == Window(NOW - timedelta(hours=6), NOW)
     assert resolve_window("2024-02-09", "2024-02-09T12:00:00+02:00", now=NOW) == Window(
-        datetime(2024, 2, 9, tzinfo=UTC), datetime(2024, 2, 9, 10, tzinfo=UTC))
+        datetime(2024, 2, 9, tzinfo=UTC), datetime(2024, 2, 9, 10, tzinfo=UTC)
+    )
 
 
 @pytest.mark.parametrize("since, until, message", [
@@ -104,7 +115,8 @@ def test_totals_rates_and_worst_match_the_store(store) -> None:
     assert (t.conversations, t.scored, t.unscored, t.sat, t.dsat, t.uncertain, t.calibrated) == (5, 4, 1, 1, 1, 2, 4)
     independent = store.query(
         "SELECT count() AS n FROM latest_scores WHERE closed_at >= {a:DateTime64(6, 'UTC')} AND closed_at < {b:DateTime64(6, 'UTC')}",
-        {"a": DAY.since, "b": DAY.until})[0]["n"]
+        {"a": DAY.since, "b": DAY.until},
+    )[0]["n"]
     assert t.conversations == independent
     p = [0.10, 0.90, 0.40, 0.60]
     assert t.calibrated_dsat_rate == pytest.approx(sum(p) / 4)
@@ -124,10 +136,22 @@ def test_sampled_rows_are_weighted_and_unsampled_ones_count_as_volume_only(store
     """Model version a judged at π = 0.25 (each of its rows stands for 4), b fully: rates weight by 1/π."""
     store = store_factory()
     a, b = {"product": "shop", "model_version": "a"}, {"product": "shop", "model_version": "b"}
-    sampled = [dataclasses.replace(at(scored(f"a{i}", "dsat", -3.0, 0.8, 1.5, attributes=a), T0 + 600), inclusion_probability=0.25,
-                                   sampling_reason="rate") for i in range(2)]
-    left_out = [dataclasses.replace(at(ScoreRecord(closed(f"u{i}", a), "unsampled", "v1", "recorded:test", "rs1", "cal1", T0 + 100, 0),
-                                       T0 + 600), inclusion_probability=0.25, sampling_reason="rate") for i in range(6)]
+    sampled = [
+        dataclasses.replace(
+            at(scored(f"a{i}", "dsat", -3.0, 0.8, 1.5, attributes=a), T0 + 600),
+            inclusion_probability=0.25,
+            sampling_reason="rate",
+        )
+        for i in range(2)
+    ]
+    left_out = [
+        dataclasses.replace(
+            at(ScoreRecord(closed(f"u{i}", a), "unsampled", "v1", "recorded:test", "rs1", "cal1", T0 + 100, 0), T0 + 600),
+            inclusion_probability=0.25,
+            sampling_reason="rate",
+        )
+        for i in range(6)
+    ]
     full = [at(scored(f"b{i}", "sat", 3.0, 0.2, 3.5, attributes=b), T0 + 600) for i in range(8)]
     store.write_scores(sampled + left_out + full)
     t = load_report(store, DAY).totals
@@ -189,8 +213,14 @@ def test_a_store_without_the_database_is_a_clear_error(store_factory) -> None:
 
 
 def convowatch(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "stream.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "stream.cli", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=300,
+    )
 
 
 def test_the_command_refuses_a_bad_window_with_exit_2(tmp_path) -> None:
@@ -210,8 +240,16 @@ def test_the_command_renders_a_store_written_by_another_process(tmp_path) -> Non
         "    s.migrate(); s.write_scores(fixture_records())\n"
     )
     subprocess.run([sys.executable, "-c", code, dsn], cwd=REPO, check=True, timeout=300)
-    done = convowatch("report", "--since", "2024-02-09T00:00:00Z", "--until", "2024-02-11", "--out", str(tmp_path / "report"),
-                      env={"CONVOWATCH_STORE__DSN": dsn})
+    done = convowatch(
+        "report",
+        "--since",
+        "2024-02-09T00:00:00Z",
+        "--until",
+        "2024-02-11",
+        "--out",
+        str(tmp_path / "report"),
+        env={"CONVOWATCH_STORE__DSN": dsn},
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("5 conversations (4 scored, 1 unscored); wrote")
     assert (tmp_path / "report" / PAGE).is_file() and (tmp_path / "report" / IMAGES["overview"]).is_file()
@@ -222,7 +260,12 @@ def test_the_command_renders_a_store_written_by_another_process(tmp_path) -> Non
 REAL_DATA = REPO / "data" / "llm-rubric"
 WEEK_END = datetime(2024, 3, 1, tzinfo=UTC).timestamp()
 WEEK_START = WEEK_END - 7 * 86400
-LABEL_PIXELS = {"sat": (0x2A, 0x9D, 0x5C), "dsat": (0xD1, 0x49, 0x5B), "uncertain": (0xE9, 0xA2, 0x3B), "unscored": (0x9A, 0xA5, 0xB1)}
+LABEL_PIXELS = {
+    "sat": (0x2A, 0x9D, 0x5C),
+    "dsat": (0xD1, 0x49, 0x5B),
+    "uncertain": (0xE9, 0xA2, 0x3B),
+    "unscored": (0x9A, 0xA5, 0xB1),
+}
 
 
 @functools.lru_cache(maxsize=1)
@@ -259,7 +302,9 @@ def real_records() -> tuple[ScoreRecord, ...]:
     netsats = unfitted.netsats(judge, (Conversation(i, ()) for i in ids))
     rubric_set = unfitted.fit_windows(netsats, np.array([labels[i] for i in ids]), precision=0.75)
     calibrator = CalibrationNetwork(seed=0).fit(load_split(REAL_DATA, "synth"))
-    scorer = ConversationScorer(judge, rubric_set, calibrator, ScoringSettings(questions=REAL_DATA / QUESTIONS_FILE), ServiceMetrics())
+    scorer = ConversationScorer(
+        judge, rubric_set, calibrator, ScoringSettings(questions=REAL_DATA / QUESTIONS_FILE), ServiceMetrics()
+    )
 
     assembler, states, closed_conversations = ConversationAssembler(AssemblySettings()), {}, []
     for item in llm_rubric_events(REAL_DATA / "real_data.json"):
@@ -314,8 +359,12 @@ def test_a_week_of_real_conversations(store_factory, tmp_path) -> None:
     assert 150 < len(inside) < 223 and all(expected[k] > 0 for k in expected)
     shown = page_totals(text)
     assert {k: int(shown[k]) for k in expected} == expected
-    assert store.query("SELECT count() AS n FROM latest_scores WHERE closed_at >= {a:DateTime64(6, 'UTC')}",
-                       {"a": window.since})[0]["n"] == expected["conversations"]
+    assert (
+        store.query("SELECT count() AS n FROM latest_scores WHERE closed_at >= {a:DateTime64(6, 'UTC')}", {"a": window.since})[0][
+            "n"
+        ]
+        == expected["conversations"]
+    )
     p = sum(r.dissatisfaction_probability for r in scored_) / len(scored_)
     assert data.totals.calibrated_dsat_rate == pytest.approx(p)
     assert shown["calibrated_dsat_rate"] == f"{p:.1%}"
@@ -333,7 +382,9 @@ def test_a_week_of_real_conversations(store_factory, tmp_path) -> None:
         width, height = png_size(tmp_path / name)
         assert width >= 1000 and height >= 600, (name, width, height)
     overview = (imread(tmp_path / IMAGES["overview"])[..., :3] * 255).round().astype(int).reshape(-1, 3)
-    assert all(np.all(overview == rgb, axis=1).any() for rgb in LABEL_PIXELS.values())  # the stacked volume bars show all four outcomes
+    assert all(
+        np.all(overview == rgb, axis=1).any() for rgb in LABEL_PIXELS.values()
+    )  # the stacked volume bars show all four outcomes
 
     b = load_report(store, window, model_version="model-b")
     assert b.totals.conversations == sum(r.conversation.attributes["model_version"] == "model-b" for r in inside)

@@ -17,19 +17,27 @@ PRICE = PriceSettings(prompt_per_million=2.0, cached_prompt_per_million=0.5, com
 
 
 def spent(record, calls: int, prompt: int, cached: int, completion: int, judge: str = "openai:qwen"):
-    return dataclasses.replace(record, judge=judge, judge_calls=calls, judge_prompt_tokens=prompt,
-                               judge_cached_prompt_tokens=cached, judge_completion_tokens=completion)
+    return dataclasses.replace(
+        record,
+        judge=judge,
+        judge_calls=calls,
+        judge_prompt_tokens=prompt,
+        judge_cached_prompt_tokens=cached,
+        judge_completion_tokens=completion,
+    )
 
 
 @pytest.fixture
 def store(store_factory):
     s = store_factory()
-    s.write_scores([
-        spent(scored("c1", "sat", 3.0, 0.1, 3.5), 9, 9000, 6000, 9),
-        spent(scored("c2", "dsat", -3.0, 0.8, 1.5), 9, 11000, 8000, 9),
-        spent(scored("c3", "sat", 2.0, 0.2, 3.0), 1, 1500, 0, 30, judge="openai:other"),
-        unscored("c4"),  # failed attempts report no tokens: not in the figures
-    ])
+    s.write_scores(
+        [
+            spent(scored("c1", "sat", 3.0, 0.1, 3.5), 9, 9000, 6000, 9),
+            spent(scored("c2", "dsat", -3.0, 0.8, 1.5), 9, 11000, 8000, 9),
+            spent(scored("c3", "sat", 2.0, 0.2, 3.0), 1, 1500, 0, 30, judge="openai:other"),
+            unscored("c4"),  # failed attempts report no tokens: not in the figures
+        ]
+    )
     # c1 scored again (a redelivery): the latest score counts once
     s.write_scores([spent(scored("c1", "sat", 3.0, 0.1, 3.5, scored_at=T0 + 200), 9, 9000, 6000, 9)])
     return s
@@ -40,7 +48,12 @@ def test_tokens_per_conversation_and_cost_per_thousand_come_from_the_scored_rows
     costs = {c.judge: c for c in data.judge_costs}
     qwen = costs["openai:qwen"]
     assert (qwen.conversations, qwen.calls, qwen.prompt_tokens, qwen.cached_prompt_tokens, qwen.completion_tokens) == (
-        2, 18, 20_000, 14_000, 18)
+        2,
+        18,
+        20_000,
+        14_000,
+        18,
+    )
     assert qwen.per_conversation(qwen.prompt_tokens) == 10_000
     # cached prompt tokens at 0.5, the other 6,000 prompt tokens at 2, completion at 8 (per million)
     cost = (6_000 * 2.0 + 14_000 * 0.5 + 18 * 8.0) / 1e6

@@ -114,8 +114,16 @@ def _server_generator(server: LlamaServer, **kwargs: object) -> OpenAIGenerator:
 @pytest.mark.parametrize(
     ("reply", "max_items", "expected"),
     [
-        ("1. The assistant books the table.\n2. The user thanks the assistant.", 3, ["The assistant books the table.", "The user thanks the assistant."]),
-        ("Here are the reasons:\n\n1) first reason here\n2) second reason here\n", 3, ["first reason here", "second reason here"]),
+        (
+            "1. The assistant books the table.\n2. The user thanks the assistant.",
+            3,
+            ["The assistant books the table.", "The user thanks the assistant."],
+        ),
+        (
+            "Here are the reasons:\n\n1) first reason here\n2) second reason here\n",
+            3,
+            ["first reason here", "second reason here"],
+        ),
         ("  1.   spaced   out  \n", 1, ["spaced   out"]),
     ],
 )
@@ -196,7 +204,10 @@ def test_unacceptable_assertions_are_rejected_with_the_reason(item: str, problem
 
 
 def test_reasons_need_words_and_no_placeholders() -> None:
-    assert check_reason(' "The assistant found a cheap restaurant in the east." ') == "The assistant found a cheap restaurant in the east."
+    assert (
+        check_reason(' "The assistant found a cheap restaurant in the east." ')
+        == "The assistant found a cheap restaurant in the east."
+    )
     for bad in ["<reason>", "Booked.", "word " * 61]:
         with pytest.raises(ItemRejected):
             check_reason(bad)
@@ -249,7 +260,13 @@ def test_local_base_model_replies_are_retried_then_skipped_and_logged(
     report = GenerationReport(generator.name)
     progress: list[tuple[str, int, int]] = []
     reasons = extract_reasons(
-        generator, labelled[:1], DOMAIN, k=3, max_attempts=2, max_tokens=24, report=report,
+        generator,
+        labelled[:1],
+        DOMAIN,
+        k=3,
+        max_attempts=2,
+        max_tokens=24,
+        report=report,
         progress=lambda *a: progress.append(a),
     )
     conversation_id = labelled[0].conversation.id
@@ -275,8 +292,19 @@ def test_generate_pool_with_a_format_held_model_builds_a_deduplicated_pool(
     generator = _server_generator(llama_server, extra_body=THREE_LINES)
     progress: list[tuple[str, int, int]] = []
     pool, report = generate_pool(
-        generator, pair, DOMAIN, embedder, k=3, batch_size=4, max_new_per_batch=3, max_attempts=2,
-        existing=seed, seed=7, extraction_max_tokens=96, summarisation_max_tokens=96, max_transcript_chars=2000,
+        generator,
+        pair,
+        DOMAIN,
+        embedder,
+        k=3,
+        batch_size=4,
+        max_new_per_batch=3,
+        max_attempts=2,
+        existing=seed,
+        seed=7,
+        extraction_max_tokens=96,
+        summarisation_max_tokens=96,
+        max_transcript_chars=2000,
         progress=lambda *a: progress.append(a),
     )
     assert isinstance(pool, RubricPool) and len(pool) >= 1
@@ -321,7 +349,9 @@ def test_summarise_batches_see_the_rubrics_of_earlier_batches(llama_server: Llam
     ]
     existing = ["The assistant ignores the user's request."]
     report = GenerationReport(generator.name)
-    new = summarise(generator, reasons, Polarity.DSAT, domain=DOMAIN, batch_size=2, existing=existing, max_new=3, max_tokens=96, report=report)
+    new = summarise(
+        generator, reasons, Polarity.DSAT, domain=DOMAIN, batch_size=2, existing=existing, max_new=3, max_tokens=96, report=report
+    )
     assert len(generator.prompts) == 2 and report.batches == report.batches_used == 2
     first_batch = [t for t in new if f"- {t}" in generator.prompts[1]]
     assert first_batch and all(f"- {t}" not in generator.prompts[0] for t in first_batch)
@@ -375,7 +405,9 @@ def test_conversation_without_turns_is_refused_before_any_call(labelled: list[La
     assert generator.prompts == []
 
 
-@pytest.mark.parametrize(("kwargs", "field"), [({"k": 0}, "k"), ({"max_attempts": 0}, "max_attempts"), ({"domain": " "}, "domain")])
+@pytest.mark.parametrize(
+    ("kwargs", "field"), [({"k": 0}, "k"), ({"max_attempts": 0}, "max_attempts"), ({"domain": " "}, "domain")]
+)
 def test_bad_settings_are_refused(labelled: list[LabelledConversation], kwargs: dict[str, object], field: str) -> None:
     generator = OpenAIGenerator(base_url=f"http://127.0.0.1:{free_port()}/v1", model="m", max_retries=0)
     options: dict[str, object] = {"domain": DOMAIN}

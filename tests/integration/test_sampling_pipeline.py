@@ -51,9 +51,13 @@ RATES = {
 def pipelines(tmp_path: Path, kafka_broker: str, scoring_artifacts: tuple[Path, Path]) -> Iterator[tuple[Pipeline, Pipeline]]:
     rubric_set, calibrator = scoring_artifacts
     full = Pipeline(tmp_path / "full", kafka_broker, rubric_set, calibrator)
-    sampled = Pipeline(tmp_path / "sampled", kafka_broker, rubric_set, calibrator,
-                       extra_env={"CONVOWATCH_SCORING__SAMPLING__DEFAULT_RATE": str(RATE),
-                                  "CONVOWATCH_SCORING__SAMPLING__SALT": SALT})
+    sampled = Pipeline(
+        tmp_path / "sampled",
+        kafka_broker,
+        rubric_set,
+        calibrator,
+        extra_env={"CONVOWATCH_SCORING__SAMPLING__DEFAULT_RATE": str(RATE), "CONVOWATCH_SCORING__SAMPLING__SALT": SALT},
+    )
     try:
         yield full, sampled
     finally:
@@ -78,8 +82,11 @@ def test_a_sampled_replay_estimates_the_full_replays_rates_within_their_interval
     for p in pipelines:
         assert f"sent {N_REAL_TURNS + N_REAL} events" in p.replay("llm-rubric").stdout
     for sink in sinks:
-        wait_for(lambda sink=sink: sink.metric_sum("convowatch_sink_rows_total", table="conversation_scores") >= N_REAL,
-                 timeout=300, what="sink rows")
+        wait_for(
+            lambda sink=sink: sink.metric_sum("convowatch_sink_rows_total", table="conversation_scores") >= N_REAL,
+            timeout=300,
+            what="sink rows",
+        )
 
     w = workers[1]
     judged = w.metric_sum("convowatch_conversations_sampled_total", decision="judged")
@@ -90,9 +97,16 @@ def test_a_sampled_replay_estimates_the_full_replays_rates_within_their_interval
     for sink in sinks:
         sink.terminate()  # the embedded store can be read by one process only
 
-    full_rows, sampled_rows = ({r["conversation_id"]: r for r in p.query_store(
-        "SELECT conversation_id, status, inclusion_probability, sampling_reason, dissatisfaction_probability "
-        "FROM convowatch.latest_scores")} for p in pipelines)
+    full_rows, sampled_rows = (
+        {
+            r["conversation_id"]: r
+            for r in p.query_store(
+                "SELECT conversation_id, status, inclusion_probability, sampling_reason, dissatisfaction_probability "
+                "FROM convowatch.latest_scores"
+            )
+        }
+        for p in pipelines
+    )
     assert len(full_rows) == len(sampled_rows) == N_REAL  # nothing lost: every conversation stored in both
     assert {r["status"] for r in full_rows.values()} == {"scored"}
     assert {r["inclusion_probability"] for r in full_rows.values()} == {1.0}
@@ -100,7 +114,10 @@ def test_a_sampled_replay_estimates_the_full_replays_rates_within_their_interval
     assert len(chosen) == judged and 0.35 * N_REAL < judged < 0.65 * N_REAL
     for cid, r in sampled_rows.items():
         assert (r["status"], r["inclusion_probability"], r["sampling_reason"]) == (
-            "scored" if cid in chosen else "unsampled", RATE, "rate"), cid
+            "scored" if cid in chosen else "unsampled",
+            RATE,
+            "rate",
+        ), cid
         if cid in chosen:  # the same judge on the same conversation: the same score as in the full replay
             assert r["dissatisfaction_probability"] == pytest.approx(full_rows[cid]["dissatisfaction_probability"])
 

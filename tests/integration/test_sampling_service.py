@@ -37,8 +37,12 @@ def _attrs(closed: ClosedConversation) -> dict[str, str]:
 
 def _total(metrics: ServiceMetrics, name: str, **labels: str) -> float:
     """A counter summed over every label set that has ``labels``."""
-    return sum(s.value for family in metrics.registry.collect() for s in family.samples
-               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+    return sum(
+        s.value
+        for family in metrics.registry.collect()
+        for s in family.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 # --- settings -------------------------------------------------------------------------------------
@@ -112,7 +116,14 @@ def test_a_sample_is_judged_and_the_rest_is_stored_unsampled(judge, rubric_set, 
     assert {r.conversation_id for r in judged} == chosen and len(judged) + len(unsampled) == N_CONVERSATIONS
     assert all((r.inclusion_probability, r.sampling_reason) == (0.5, "rate") for r in records)
     for r in unsampled:  # counted, never judged
-        assert (r.label, r.netsat, r.dissatisfaction_probability, r.rubrics, r.judge_calls, r.attempts) == ("", None, None, (), 0, 0)
+        assert (r.label, r.netsat, r.dissatisfaction_probability, r.rubrics, r.judge_calls, r.attempts) == (
+            "",
+            None,
+            None,
+            (),
+            0,
+            0,
+        )
     assert _total(metrics, "convowatch_judge_latency_seconds_count") == len(judged)  # the judge ran for the chosen only
 
     assert _total(metrics, "convowatch_conversations_sampled_total", decision="judged", reason="rate") == len(judged)
@@ -134,9 +145,13 @@ def test_a_sample_is_judged_and_the_rest_is_stored_unsampled(judge, rubric_set, 
     store = store_factory()
     store.write_scores(records)
     assert store.query("SELECT status, count() AS n FROM latest_scores GROUP BY status ORDER BY status") == [
-        {"status": "scored", "n": len(judged)}, {"status": "unsampled", "n": len(unsampled)}]
+        {"status": "scored", "n": len(judged)},
+        {"status": "unsampled", "n": len(unsampled)},
+    ]
     summary = store.summary(group_by="product")
-    assert summary.by_label["unsampled"] == len(unsampled) and sum(summary.by_label[k] for k in ("sat", "dsat", "uncertain")) == len(judged)
+    assert summary.by_label["unsampled"] == len(unsampled) and sum(
+        summary.by_label[k] for k in ("sat", "dsat", "uncertain")
+    ) == len(judged)
     [v] = summary.variants
     assert (v.n, v.n_scored) == (N_CONVERSATIONS, len(judged))  # unsampled rows are volume, never scored
     assert v.calibrated_dissatisfaction == pytest.approx(sum(p) / len(p))  # equal weights: the plain mean of the judged
@@ -151,8 +166,9 @@ def test_negative_feedback_and_new_model_versions_are_always_judged(judge, rubri
     for c in firsts:
         r = score(scorer, c)
         assert (r.status, r.inclusion_probability, r.sampling_reason) == ("scored", 1.0, "new_model_version")
-    unhappy = replace(next(c for c in conversations if c not in firsts and unit_hash("", c.conversation_id) >= 0.01),
-                      negative_feedback=True)
+    unhappy = replace(
+        next(c for c in conversations if c not in firsts and unit_hash("", c.conversation_id) >= 0.01), negative_feedback=True
+    )
     r = score(scorer, unhappy)
     assert (r.status, r.inclusion_probability, r.sampling_reason) == ("scored", 1.0, "negative_feedback")
     assert _total(metrics, "convowatch_conversations_sampled_total", decision="judged", reason="negative_feedback") == 1
@@ -173,32 +189,45 @@ def test_at_full_rate_the_weighted_counters_are_the_unweighted_ones(judge, rubri
     pairs = {
         "convowatch_calibrated_weight_total": "convowatch_calibrated_conversations_total",
         "convowatch_calibrated_dissatisfaction_probability_weighted_total": "convowatch_calibrated_dissatisfaction_probability_total",
-        "convowatch_calibrated_dissatisfaction_probability_squared_weighted_total":
-            "convowatch_calibrated_dissatisfaction_probability_squared_total",
+        "convowatch_calibrated_dissatisfaction_probability_squared_weighted_total": "convowatch_calibrated_dissatisfaction_probability_squared_total",
         "convowatch_conversations_scored_weight_total": "convowatch_conversations_scored_total",
     }
     for weighted, plain in pairs.items():
         assert _total(metrics, weighted) == _total(metrics, plain) > 0, weighted
-    for name in ("convowatch_calibrated_sampling_variance_total", "convowatch_conversations_scored_sampling_variance_total",
-                 "convowatch_calibrated_dissatisfaction_probability_sampling_variance_total",
-                 "convowatch_calibrated_dissatisfaction_probability_squared_sampling_variance_total"):
+    for name in (
+        "convowatch_calibrated_sampling_variance_total",
+        "convowatch_conversations_scored_sampling_variance_total",
+        "convowatch_calibrated_dissatisfaction_probability_sampling_variance_total",
+        "convowatch_calibrated_dissatisfaction_probability_squared_sampling_variance_total",
+    ):
         assert _total(metrics, name) == 0.0 and any(  # exported (as 0), so the PromQL over it has series
-            s.name == name for f in metrics.registry.collect() for s in f.samples), name
+            s.name == name for f in metrics.registry.collect() for s in f.samples
+        ), name
 
 
 def _counts(values: list[float], pi: float) -> Counts:
     """What the report's SQL sums to for judged conversations with P(dsat) ``values`` and inclusion probability ``pi``."""
-    w, v = 1 / pi, (1 - pi) / pi ** 2
+    w, v = 1 / pi, (1 - pi) / pi**2
     n = len(values)
-    return Counts(conversations=round(n * w), scored=n, calibrated=n, scored_weight=n * w, sat_weight=n * w, calibrated_weight=n * w,
-                  dsat_probability_sum=w * sum(values), dsat_probability_sq_sum=w * sum(x * x for x in values),
-                  sampling_s0=n * v, sampling_s1=v * sum(values), sampling_s2=v * sum(x * x for x in values))
+    return Counts(
+        conversations=round(n * w),
+        scored=n,
+        calibrated=n,
+        scored_weight=n * w,
+        sat_weight=n * w,
+        calibrated_weight=n * w,
+        dsat_probability_sum=w * sum(values),
+        dsat_probability_sq_sum=w * sum(x * x for x in values),
+        sampling_s0=n * v,
+        sampling_s1=v * sum(values),
+        sampling_s2=v * sum(x * x for x in values),
+    )
 
 
 def test_the_report_interval_reduces_to_the_sample_mean_one_at_full_rate_and_widens_when_sampled() -> None:
     values = [0.1, 0.9, 0.4, 0.2, 0.7]
     mean = sum(values) / len(values)
-    half = Z95 * math.sqrt((sum(x * x for x in values) / len(values) - mean ** 2) / len(values))  # the formula before sampling
+    half = Z95 * math.sqrt((sum(x * x for x in values) / len(values) - mean**2) / len(values))  # the formula before sampling
     full = _counts(values, 1.0)
     assert full.calibrated_dsat_rate == pytest.approx(mean)
     assert full.calibrated_dsat_interval == pytest.approx((mean - half, mean + half))

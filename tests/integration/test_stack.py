@@ -36,8 +36,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 def _config(tmp_path: Path, **overrides: object) -> StackConfig:
     kafka_port, prometheus_port, alertmanager_port = free_ports(3)
     values: dict[str, object] = {
-        "kafka_port": kafka_port, "prometheus_port": prometheus_port, "alertmanager_port": alertmanager_port,
-        "scrape_interval_s": 1, "evaluation_interval_s": 1,
+        "kafka_port": kafka_port,
+        "prometheus_port": prometheus_port,
+        "alertmanager_port": alertmanager_port,
+        "scrape_interval_s": 1,
+        "evaluation_interval_s": 1,
     }
     values.update(overrides)
     return StackConfig(state_dir=tmp_path / "stack", **values)  # type: ignore[arg-type]
@@ -190,7 +193,14 @@ def test_failed_start_quotes_the_log(tmp_path: Path) -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "deploy.local.stack", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "deploy.local.stack", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_cli_starts_the_whole_stack_and_a_rule_alert_reaches_alertmanager(tmp_path: Path) -> None:
@@ -198,13 +208,34 @@ def test_cli_starts_the_whole_stack_and_a_rule_alert_reaches_alertmanager(tmp_pa
     rules.write_text("groups:\n- name: always\n  rules:\n  - alert: AlwaysFiring\n    expr: vector(1)\n")
     cfg = _config(tmp_path, rule_files=[rules])
     ports = [
-        "--state-dir", str(cfg.state_dir), "--kafka-port", str(cfg.kafka_port),
-        "--prometheus-port", str(cfg.prometheus_port), "--alertmanager-port", str(cfg.alertmanager_port),
+        "--state-dir",
+        str(cfg.state_dir),
+        "--kafka-port",
+        str(cfg.kafka_port),
+        "--prometheus-port",
+        str(cfg.prometheus_port),
+        "--alertmanager-port",
+        str(cfg.alertmanager_port),
     ]
-    started = _cli("start", *ports, "--scrape-interval", "1", "--evaluation-interval", "1", "--rule-file", str(rules), "--scrape-target", "127.0.0.1:1")
+    started = _cli(
+        "start",
+        *ports,
+        "--scrape-interval",
+        "1",
+        "--evaluation-interval",
+        "1",
+        "--rule-file",
+        str(rules),
+        "--scrape-target",
+        "127.0.0.1:1",
+    )
     try:
         assert started.returncode == 0, started.stderr
-        for url in (f"127.0.0.1:{cfg.kafka_port}", f"http://127.0.0.1:{cfg.prometheus_port}", f"http://127.0.0.1:{cfg.alertmanager_port}"):
+        for url in (
+            f"127.0.0.1:{cfg.kafka_port}",
+            f"http://127.0.0.1:{cfg.prometheus_port}",
+            f"http://127.0.0.1:{cfg.alertmanager_port}",
+        ):
             assert url in started.stdout
         assert all(s.running for s in stack.status(cfg).values())
 

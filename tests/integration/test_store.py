@@ -33,7 +33,9 @@ def utc(t: float) -> datetime:
     return datetime.fromtimestamp(t, tz=UTC)
 
 
-def closed(cid: str, attributes: dict[str, str] | None = None, n_turns: int = 2, closed_at: float = T0 + 60) -> ClosedConversation:
+def closed(
+    cid: str, attributes: dict[str, str] | None = None, n_turns: int = 2, closed_at: float = T0 + 60
+) -> ClosedConversation:
     turns = tuple(TurnRecord(i, ("user", "assistant")[i % 2], f"{cid} turn {i}", T0 + i + 0.25) for i in range(n_turns))
     return ClosedConversation(
         conversation_id=cid,
@@ -80,7 +82,9 @@ def scored(
     )
 
 
-def unscored(cid: str, attributes: dict[str, str] | None = None, scored_at: float = T0 + 100, scorer_version: str = "v1") -> ScoreRecord:
+def unscored(
+    cid: str, attributes: dict[str, str] | None = None, scored_at: float = T0 + 100, scorer_version: str = "v1"
+) -> ScoreRecord:
     return ScoreRecord(
         conversation=closed(cid, attributes),
         status="unscored",
@@ -115,7 +119,9 @@ def test_migrate_is_idempotent(store_factory) -> None:
     ids = [m[0] for m in MIGRATIONS]
     assert store.query("SELECT id FROM schema_migrations ORDER BY id") == [{"id": i} for i in ids]
     assert store.applied_migrations() == ids
-    engines = {r["name"]: r["engine"] for r in store.query("SELECT name, engine FROM system.tables WHERE database = currentDatabase()")}
+    engines = {
+        r["name"]: r["engine"] for r in store.query("SELECT name, engine FROM system.tables WHERE database = currentDatabase()")
+    }
     assert all(
         engines[t] == "ReplacingMergeTree"
         for t in ("conversations", "conversation_scores", "dimension_predictions", "rubric_scores", "feedback")
@@ -137,8 +143,16 @@ def test_a_database_of_the_first_schema_is_upgraded_and_keeps_its_rows(store_fac
     )
     monkeypatch.setattr(store_module, "MIGRATIONS", MIGRATIONS)
     assert store.migrate() == [m[0] for m in MIGRATIONS[1:]]
-    [row] = store.query("SELECT netsat, netsat_lower, netsat_upper, rubrics_unasked, judge_cached_prompt_tokens FROM latest_scores")
-    assert row == {"netsat": 3.5, "netsat_lower": None, "netsat_upper": None, "rubrics_unasked": [], "judge_cached_prompt_tokens": 0}
+    [row] = store.query(
+        "SELECT netsat, netsat_lower, netsat_upper, rubrics_unasked, judge_cached_prompt_tokens FROM latest_scores"
+    )
+    assert row == {
+        "netsat": 3.5,
+        "netsat_lower": None,
+        "netsat_upper": None,
+        "rubrics_unasked": [],
+        "judge_cached_prompt_tokens": 0,
+    }
 
 
 def test_a_database_before_sampling_is_upgraded_and_its_rows_count_with_weight_one(store_factory, monkeypatch) -> None:
@@ -157,7 +171,9 @@ def test_a_database_before_sampling_is_upgraded_and_its_rows_count_with_weight_o
     )
     monkeypatch.setattr(store_module, "MIGRATIONS", MIGRATIONS)
     assert store.migrate() == ["0003_sampling"]
-    rows = store.query("SELECT conversation_id, status, inclusion_probability, sampling_reason FROM latest_scores ORDER BY conversation_id")
+    rows = store.query(
+        "SELECT conversation_id, status, inclusion_probability, sampling_reason FROM latest_scores ORDER BY conversation_id"
+    )
     assert rows == [
         {"conversation_id": "old-dsat", "status": "scored", "inclusion_probability": 1.0, "sampling_reason": ""},
         {"conversation_id": "old-sat", "status": "scored", "inclusion_probability": 1.0, "sampling_reason": ""},
@@ -221,7 +237,12 @@ def test_write_and_read_back_every_field(store_factory) -> None:
         sampling_reason="rate",
         extra={"note": "x"},
     )
-    assert store.write_scores([record]) == {"conversations": 1, "conversation_scores": 1, "dimension_predictions": 2, "rubric_scores": 2}
+    assert store.write_scores([record]) == {
+        "conversations": 1,
+        "conversation_scores": 1,
+        "dimension_predictions": 2,
+        "rubric_scores": 2,
+    }
 
     [c] = store.query("SELECT * FROM conversations FINAL")
     assert c == {
@@ -327,7 +348,11 @@ def test_duplicate_delivery_leaves_counts_unchanged(store_factory) -> None:
     store.write_scores(batch)  # the sink crashed before committing: the same records again
     store.write_scores(batch[2:4])
     assert store.query("SELECT count() AS n FROM conversation_scores")[0]["n"] > 6  # the raw table holds the copies ...
-    assert final_counts(store) == once == {"conversations": 6, "conversation_scores": 6, "dimension_predictions": 15, "rubric_scores": 10}
+    assert (
+        final_counts(store)
+        == once
+        == {"conversations": 6, "conversation_scores": 6, "dimension_predictions": 15, "rubric_scores": 10}
+    )
     assert store.count_conversations() == 6  # ... reads see each conversation once
     assert store.summary() == summary_once
     assert store.query("SELECT count() AS n FROM latest_scores")[0]["n"] == 6
@@ -407,7 +432,13 @@ def test_summary_matches_hand_computed_numbers(store_factory) -> None:
         store.write_scores(batch)
     s = store.summary(worst=3)  # latest score per conversation: g counts with its v2 score
     assert s.group_by == "dialogue_version"
-    assert s.by_label == {"sat": 3, "dsat": 2, "uncertain": 1, "unscored": 1, "unsampled": 0}  # sat a f g; dsat b d; uncertain c; unscored e
+    assert s.by_label == {
+        "sat": 3,
+        "dsat": 2,
+        "uncertain": 1,
+        "unscored": 1,
+        "unsampled": 0,
+    }  # sat a f g; dsat b d; uncertain c; unscored e
     by_variant = {v.variant: v for v in s.variants}
     assert [v.variant for v in s.variants] == ["", "0", "1"]
     f = by_variant[""]
@@ -495,7 +526,9 @@ def test_write_scores_is_one_insert_per_table(store_factory) -> None:
         "SELECT table, max(max_block_number) AS b FROM system.parts WHERE database = currentDatabase() AND active "
         "AND table != 'schema_migrations' GROUP BY table ORDER BY table"
     )
-    assert blocks == [{"table": t, "b": 1} for t in ("conversation_scores", "conversations", "dimension_predictions", "rubric_scores")]
+    assert blocks == [
+        {"table": t, "b": 1} for t in ("conversation_scores", "conversations", "dimension_predictions", "rubric_scores")
+    ]
     assert final_counts(store) == written
 
 
@@ -625,7 +658,9 @@ def test_every_documented_query_runs_on_the_real_schema(store_factory) -> None:
     empty = [sql for sql, rows in zip(blocks, results) if not rows]
     assert not empty, f"documented queries returning no rows on this fixture: {empty}"
     by_first_line = {sql.strip().splitlines()[0]: rows for sql, rows in zip(blocks, results)}
-    assert by_first_line["SELECT f.conversation_id, f.turn_index, f.rating, f.comment, s.label, s.dissatisfaction_probability"] == [
+    assert by_first_line[
+        "SELECT f.conversation_id, f.turn_index, f.rating, f.comment, s.label, s.dissatisfaction_probability"
+    ] == [
         {
             "conversation_id": "b",
             "turn_index": 1,

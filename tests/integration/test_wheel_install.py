@@ -36,7 +36,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     dist = base / "dist"
     # Built from a copy: setuptools writes build/ into the source tree, and a stale build/ would leak into wheels.
     source = base / "source"
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__", ".convowatch"))
+    shutil.copytree(
+        REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__", ".convowatch")
+    )
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(dist), str(source)])
     (wheel,) = dist.glob("convowatch-*.whl")
     env_dir = base / "venv"

@@ -33,10 +33,17 @@ def assembler(max_turns: int = 50) -> ConversationAssembler:
     return ConversationAssembler(AssemblySettings(idle_timeout_s=IDLE_S, closed_retention_s=RETENTION_S, max_turns=max_turns))
 
 
-def turn(i: int, text: str | None = None, role: str | None = None, at: float | None = None, cid: str = CID,
-         **attributes: str) -> TurnEvent:
-    return TurnEvent(cid, i, role or ("user" if i % 2 == 0 else "assistant"), text if text is not None else f"message {i}",
-                     T0 + 10 * i if at is None else at, dict(attributes))
+def turn(
+    i: int, text: str | None = None, role: str | None = None, at: float | None = None, cid: str = CID, **attributes: str
+) -> TurnEvent:
+    return TurnEvent(
+        cid,
+        i,
+        role or ("user" if i % 2 == 0 else "assistant"),
+        text if text is not None else f"message {i}",
+        T0 + 10 * i if at is None else at,
+        dict(attributes),
+    )
 
 
 def end(at: float = T0 + 1000, cause: str = "end", cid: str = CID, **attributes: str) -> EndEvent:
@@ -62,7 +69,9 @@ def apply_checked(a: ConversationAssembler, state: State | None, event: Event, n
     return step
 
 
-def run(a: ConversationAssembler, events: list[Event], now: float = NOW, state: State | None = None) -> tuple[State | None, list[Step]]:
+def run(
+    a: ConversationAssembler, events: list[Event], now: float = NOW, state: State | None = None
+) -> tuple[State | None, list[Step]]:
     steps = []
     for e in events:
         step = apply_checked(a, state, e, now)
@@ -316,7 +325,9 @@ def test_any_arrival_order_with_redeliveries_closes_the_same_conversation(case: 
     assert [s.outcome for s in steps].count("duplicate") == len(arrival) - len(turns)
     assert all(s.dead_letter is None for s in steps)
     closed = closed_of(steps)
-    assert [(t.index, t.role, t.text, t.timestamp) for t in closed.turns] == [(t.turn_index, t.role, t.text, t.timestamp) for t in turns]
+    assert [(t.index, t.role, t.text, t.timestamp) for t in closed.turns] == [
+        (t.turn_index, t.role, t.text, t.timestamp) for t in turns
+    ]
     assert closed.missing_turn_indices == ()
     assert closed.first_event_at == min(t.timestamp for t in turns)
     # every redelivery after the close is still recognised

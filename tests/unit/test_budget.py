@@ -132,8 +132,9 @@ def test_no_limit_means_no_gate() -> None:
 # --- settings and prices ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("field", "value"), [("calls_per_minute", -1), ("tokens_per_minute", 0), ("tokens_per_day", -5),
-                                              ("minute_s", 0)])
+@pytest.mark.parametrize(
+    ("field", "value"), [("calls_per_minute", -1), ("tokens_per_minute", 0), ("tokens_per_day", -5), ("minute_s", 0)]
+)
 def test_bad_budget_settings_name_the_setting(field: str, value: float) -> None:
     with pytest.raises(SettingsError, match=rf"scoring\.budget\.{field}"):
         load_settings(scoring={"budget": {field: value}})
@@ -145,7 +146,11 @@ def test_budget_and_price_from_the_environment(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("CONVOWATCH_JUDGE__PRICE__PROMPT_PER_MILLION", "0.5")
     monkeypatch.setenv("CONVOWATCH_JUDGE__PRICE__COMPLETION_PER_MILLION", "1.5")
     s = load_settings()
-    assert (s.scoring.budget.calls_per_minute, s.scoring.budget.tokens_per_minute, s.scoring.budget.tokens_per_day) == (120, None, 5_000_000)
+    assert (s.scoring.budget.calls_per_minute, s.scoring.budget.tokens_per_minute, s.scoring.budget.tokens_per_day) == (
+        120,
+        None,
+        5_000_000,
+    )
     assert s.judge.price == PriceSettings(prompt_per_million=0.5, completion_per_million=1.5)
     with pytest.raises(SettingsError, match=r"judge\.price\.prompt_per_million"):
         load_settings(judge={"price": {"prompt_per_million": -1, "completion_per_million": 1}})

@@ -225,8 +225,11 @@ def test_reason_table_covers_every_code() -> None:
         (dump(with_(TURN, attributes={"k": "v" * 257})), "invalid_value", "257"),
         (dump(with_(TURN, attributes={f"k{i}": "v" for i in range(33)})), "invalid_value", "33 keys"),
         (json.dumps(with_(TURN, text="a\ud800b")).encode(), "invalid_value", "surrogate"),
-        (b'{"schema_version":1,"type":"end","conversation_id":"c","timestamp":"2024-01-01T00:00:00Z","attributes":{"a":"\\udfff"}}',
-         "invalid_value", "surrogate"),  # fmt: skip
+        (
+            b'{"schema_version":1,"type":"end","conversation_id":"c","timestamp":"2024-01-01T00:00:00Z","attributes":{"a":"\\udfff"}}',
+            "invalid_value",
+            "surrogate",
+        ),  # fmt: skip
         (dump(with_(END, cause="timeout")), "invalid_value", "cause"),
         (dump(with_(END, turn_index=3)), "unknown_field", "turn_index"),
         (dump(with_(FEEDBACK, rating="thumbs_down")), "invalid_value", "rating"),
@@ -307,7 +310,15 @@ attributes = st.dictionaries(st.text(min_size=1, max_size=64), st.text(max_size=
 events = st.one_of(
     st.builds(TurnEvent, ids, st.integers(0, MAX_TURN_INDEX), st.sampled_from(ROLES), st.text(), micros_timestamps, attributes),
     st.builds(EndEvent, ids, micros_timestamps, st.sampled_from(END_CAUSES), attributes),
-    st.builds(FeedbackEvent, ids, st.integers(0, MAX_TURN_INDEX), st.sampled_from(["up", "down"]), micros_timestamps, st.text(), attributes),
+    st.builds(
+        FeedbackEvent,
+        ids,
+        st.integers(0, MAX_TURN_INDEX),
+        st.sampled_from(["up", "down"]),
+        micros_timestamps,
+        st.text(),
+        attributes,
+    ),
 )
 
 
@@ -336,7 +347,10 @@ def test_encoding_is_canonical() -> None:
         b'{"schema_version":1,"type":"turn","conversation_id":"conv-1","turn_index":0,"role":"user",'
         b'"text":"My order never arrived.","timestamp":"2024-02-09T05:14:33.250000Z","attributes":{"a":"1","b":"2"}}'
     )
-    assert encode_event(EndEvent("c", 0.0)) == b'{"schema_version":1,"type":"end","conversation_id":"c","timestamp":"1970-01-01T00:00:00.000000Z","cause":"end"}'
+    assert (
+        encode_event(EndEvent("c", 0.0))
+        == b'{"schema_version":1,"type":"end","conversation_id":"c","timestamp":"1970-01-01T00:00:00.000000Z","cause":"end"}'
+    )
 
 
 def test_encoder_refuses_events_that_break_the_contract() -> None:
@@ -517,10 +531,22 @@ def test_dead_letter_of_a_null_value_and_a_surrogate_detail() -> None:
         (b"nope", "not JSON"),
         (b"[]", "object"),
         (b'{"dead_letter_version": 2}', "dead_letter_version"),
-        (json.dumps({**json.loads(DeadLetter("x", "y", b"z", None, "t", 0, 0, 0.0).to_json()), "original_base64": "!!"}).encode(), "base64"),
-        (json.dumps({**json.loads(DeadLetter("x", "y", b"z", None, "t", 0, 0, 0.0).to_json()), "offset": "3"}).encode(), "'offset'"),
-        (json.dumps({k: v for k, v in json.loads(DeadLetter("x", "y", b"z", None, "t", 0, 0, 0.0).to_json()).items() if k != "topic"}).encode(),
-         "'topic'"),  # fmt: skip
+        (
+            json.dumps(
+                {**json.loads(DeadLetter("x", "y", b"z", None, "t", 0, 0, 0.0).to_json()), "original_base64": "!!"}
+            ).encode(),
+            "base64",
+        ),
+        (
+            json.dumps({**json.loads(DeadLetter("x", "y", b"z", None, "t", 0, 0, 0.0).to_json()), "offset": "3"}).encode(),
+            "'offset'",
+        ),
+        (
+            json.dumps(
+                {k: v for k, v in json.loads(DeadLetter("x", "y", b"z", None, "t", 0, 0, 0.0).to_json()).items() if k != "topic"}
+            ).encode(),
+            "'topic'",
+        ),  # fmt: skip
     ],
 )
 def test_bad_dead_letters_are_refused(raw: bytes, message: str) -> None:

@@ -178,15 +178,19 @@ def test_a_stalled_partition_is_fetched_again_only_when_its_agent_idles_with_rec
     assert consumer.seeks == [(P0, 6)]
 
 
-@pytest.mark.parametrize(("acked", "finished", "expected"), [
-    ([5, 6, 7], [5, 6, 7], 8),
-    ([7, 5, 6], [5, 6, 7], 8),
-    ([5, 6, 7], [5, 7], 6),  # 6 handed out unprocessed (a stop): the commit stops below it
-    ([5, 6], [6], None),  # 5 unfinished: nothing to commit (Faust alone would commit 7)
-    ([6, 7], [6, 7], None),  # 5 never arrived
-])
-def test_only_finished_offsets_from_the_committed_one_on_are_committed(acked: list[int], finished: list[int],
-                                                                       expected: int | None) -> None:
+@pytest.mark.parametrize(
+    ("acked", "finished", "expected"),
+    [
+        ([5, 6, 7], [5, 6, 7], 8),
+        ([7, 5, 6], [5, 6, 7], 8),
+        ([5, 6, 7], [5, 7], 6),  # 6 handed out unprocessed (a stop): the commit stops below it
+        ([5, 6], [6], None),  # 5 unfinished: nothing to commit (Faust alone would commit 7)
+        ([6, 7], [6, 7], None),  # 5 never arrived
+    ],
+)
+def test_only_finished_offsets_from_the_committed_one_on_are_committed(
+    acked: list[int], finished: list[int], expected: int | None
+) -> None:
     consumer = _Consumer()
     consumer._committed_offset[P0] = 5
     for offset in acked:

@@ -131,7 +131,14 @@ def fitted_q1_q8() -> RubricSet:
     labels = satisfaction_labels(data)
     judge = RecordedJudge.from_tsv(SYNTH_TSV)
     ids = sorted(labels)
-    netsats = np.array([rubric_set.netsat(judge.judge(Conversation.from_messages(i, [{"role": "user", "content": "-"}]), rubric_set.questions())) for i in ids])
+    netsats = np.array(
+        [
+            rubric_set.netsat(
+                judge.judge(Conversation.from_messages(i, [{"role": "user", "content": "-"}]), rubric_set.questions())
+            )
+            for i in ids
+        ]
+    )
     return rubric_set.fit_windows(netsats, np.array([labels[i] for i in ids]))
 
 

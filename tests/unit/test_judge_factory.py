@@ -20,8 +20,15 @@ def test_recorded_backend_reads_the_configured_file(tmp_path):
 
 
 def test_openai_backend_passes_the_settings_through(tmp_path):
-    settings = JudgeSettings(backend="openai", base_url="http://127.0.0.1:9/v1", model="m", api_key="sk-factory-secret",
-                             questions_per_call=3, answer_format="grammar", max_retries=1)
+    settings = JudgeSettings(
+        backend="openai",
+        base_url="http://127.0.0.1:9/v1",
+        model="m",
+        api_key="sk-factory-secret",
+        questions_per_call=3,
+        answer_format="grammar",
+        max_retries=1,
+    )
     judge = judge_from_settings(settings, tmp_path)
     assert isinstance(judge, OpenAIJudge) and judge.model == "m"
     assert (judge.questions_per_call, judge.answer_format, judge.max_retries) == (3, "grammar", 1)

@@ -1,6 +1,5 @@
 """The recorded judge replays GPT-3.5's real answer distributions from the LLM-Rubric release."""
 
-
 import pytest
 
 from scorers.conversation import Conversation, Turn

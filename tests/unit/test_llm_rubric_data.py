@@ -69,9 +69,7 @@ def test_real_split_shape_and_features_are_the_recorded_probabilities(n_options)
 def test_zero_answers_and_empty_cells_are_not_labels(n_options):
     header, rows = _rows(SYNTH_HUMANS)
     labels = load_labels(SYNTH_HUMANS, n_options)
-    expected = sum(
-        1 for r in rows for q in QUESTION_IDS if r[q].strip() and float(r[q]) != 0
-    )
+    expected = sum(1 for r in rows for q in QUESTION_IDS if r[q].strip() and float(r[q]) != 0)
     assert len(labels) == expected
     assert all(1 <= lab.answer <= n_options[lab.question] for lab in labels)
     zero_q0 = [r for r in rows if r["Q0"] == "0"]

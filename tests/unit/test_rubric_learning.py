@@ -142,7 +142,9 @@ def test_evaluate_on_the_held_out_split_matches_direct_scoring(fitted, judge, sp
 def test_baseline_methods(method, fitted, candidates, split):
     _, cache, _ = fitted
     train, _ = split
-    learner = RubricLearner(n_sat=3, n_dsat=0, precision=PRECISION, method=method).fit(candidates, train, RecordedJudge({}, model=MODEL), cache)
+    learner = RubricLearner(n_sat=3, n_dsat=0, precision=PRECISION, method=method).fit(
+        candidates, train, RecordedJudge({}, model=MODEL), cache
+    )
     meta = learner.rubric_set_.metadata
     assert len(learner.rubric_set_.rubrics) == 3
     if method == "brute_force":
@@ -192,8 +194,12 @@ def test_fewer_examples_per_class_than_folds_is_refused(candidates, split, tmp_p
     _refuses(RubricLearner(folds=5), items, "10 positive and 4 negative.*folds=5", candidates, tmp_path)
     # brute force does no cross-validation, so 4 negatives are enough
     with ScoreCache(tmp_path / "c.sqlite") as cache:
-        RubricLearner(n_sat=2, n_dsat=0, method="brute_force").fit(candidates, items, RecordedJudge(load_answer_table(
-            LLM_RUBRIC / "gpt-3.5-turbo-16k_real_evaluations_FIXED.tsv"), model=MODEL), cache)
+        RubricLearner(n_sat=2, n_dsat=0, method="brute_force").fit(
+            candidates,
+            items,
+            RecordedJudge(load_answer_table(LLM_RUBRIC / "gpt-3.5-turbo-16k_real_evaluations_FIXED.tsv"), model=MODEL),
+            cache,
+        )
 
 
 def test_conversations_without_text_or_with_duplicate_ids_are_refused(candidates, split, tmp_path):

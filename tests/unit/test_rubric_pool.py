@@ -22,12 +22,30 @@ from scorers.rubric_pool import (
 from scorers.rubrics import LIKERT_SCALE, Polarity, RubricSet
 
 AMULET_SUB_MAXIMS = {
-    "quantity 1", "quantity 2", "quality", "relevance 1", "relevance 2", "manner 1", "manner 2",
-    "benevolence 1", "benevolence 2", "transparency 1", "transparency 2", "transparency 3",
+    "quantity 1",
+    "quantity 2",
+    "quality",
+    "relevance 1",
+    "relevance 2",
+    "manner 1",
+    "manner 2",
+    "benevolence 1",
+    "benevolence 2",
+    "transparency 1",
+    "transparency 2",
+    "transparency 3",
 }
 ABC_EVAL_BEHAVIOURS = {
-    "ignore", "irrelevant", "self contradiction", "partner contradiction", "redundant", "lack of empathy",
-    "commonsense contradiction", "incorrect fact", "uninterpretable", "antisocial",
+    "ignore",
+    "irrelevant",
+    "self contradiction",
+    "partner contradiction",
+    "redundant",
+    "lack of empathy",
+    "commonsense contradiction",
+    "incorrect fact",
+    "uninterpretable",
+    "antisocial",
 }
 
 
@@ -134,7 +152,12 @@ def test_pools_refuse_duplicates_on_construction():
 def _doc(**rubric_overrides) -> dict:
     rubric = {"id": "r.1", "text": "The assistant helps.", "polarity": "sat", "source": "manual"}
     rubric.update(rubric_overrides)
-    return {"schema_version": 1, "prompt_versions": {}, "metadata": {}, "rubrics": [{k: v for k, v in rubric.items() if v is not None}]}
+    return {
+        "schema_version": 1,
+        "prompt_versions": {},
+        "metadata": {},
+        "rubrics": [{k: v for k, v in rubric.items() if v is not None}],
+    }
 
 
 @pytest.mark.parametrize(
@@ -148,7 +171,10 @@ def _doc(**rubric_overrides) -> dict:
         (_doc(text=""), r"rubrics\[0\].text: rubric 'r.1': must be a non-empty string"),
         (_doc(text="Line one.\nLine two."), r"rubrics\[0\].text: .*must be one line"),
         (_doc(text=" padded."), r"rubrics\[0\].text: .*without surrounding whitespace"),
-        (_doc(text="x" * (MAX_TEXT_CHARS + 1)), rf"rubrics\[0\].text: .*{MAX_TEXT_CHARS + 1} characters, at most {MAX_TEXT_CHARS}"),
+        (
+            _doc(text="x" * (MAX_TEXT_CHARS + 1)),
+            rf"rubrics\[0\].text: .*{MAX_TEXT_CHARS + 1} characters, at most {MAX_TEXT_CHARS}",
+        ),
         (_doc(polarity="neutral"), r"rubrics\[0\].polarity: rubric 'r.1': 'neutral' is not 'sat' or 'dsat'"),
         (_doc(source="web"), r"rubrics\[0\].source: rubric 'r.1': 'web' is not one of"),
         (_doc(id="has space"), r"rubrics\[0\].id: 'has space' does not match"),

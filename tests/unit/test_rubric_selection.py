@@ -278,8 +278,15 @@ def test_to_rubric_set_fits_windows_and_records_how_it_was_made(tmp_path):
     selection = greedy_select(R, y, pols, n_sat=2, n_dsat=1, alpha=0.3)
     data_hash = training_data_hash([f"c{i}" for i in range(N)], list(y))
     rubric_set = to_rubric_set(
-        pool, selection, R, y, precision=0.9, judge="recorded|gpt|judge-v1", training_data_hash=data_hash,
-        prompt_versions={"extract": "extract-v2"}, metadata={"domain": "synthetic"},
+        pool,
+        selection,
+        R,
+        y,
+        precision=0.9,
+        judge="recorded|gpt|judge-v1",
+        training_data_hash=data_hash,
+        prompt_versions={"extract": "extract-v2"},
+        metadata={"domain": "synthetic"},
     )
     assert [r.id for r in rubric_set.rubrics] == [pool.rubrics[j].id for j in selection.indices]
     netsats = netsat_matrix(R[:, list(selection.indices)], rubric_set.polarities)
@@ -303,7 +310,9 @@ def test_to_rubric_set_refuses_a_selection_that_does_not_match_the_pool():
     pool = _pool_for(pols)
     selection = greedy_select(R, y, pols, n_sat=1, n_dsat=1)
     flipped = _pool_for(["dsat" if p == "sat" else "sat" for p in pols])
-    with pytest.raises(LearningError, match="is dsat in the pool, sat in the selection|is sat in the pool, dsat in the selection"):
+    with pytest.raises(
+        LearningError, match="is dsat in the pool, sat in the selection|is sat in the pool, dsat in the selection"
+    ):
         to_rubric_set(flipped, selection, R, y, judge="j", training_data_hash="h")
     with pytest.raises(LearningError, match="recorded by to_rubric_set itself"):
         to_rubric_set(pool, selection, R, y, judge="j", training_data_hash="h", metadata={"judge": "other"})

@@ -249,6 +249,7 @@ def test_bad_labelled_data_is_refused(netsats, labels, match):
 
 def _reference_windows(s: list[float], y: list[bool], precision: float, theta: float) -> tuple:
     """Windows by brute force, straight from the definition."""
+
     def share(selected: list[bool], want: bool) -> float:
         return sum(v == want for v in selected) / len(selected)
 
@@ -432,7 +433,11 @@ BAD_DOCS = {
     "missing threshold": (_drop("threshold"), "(top level)", "'threshold' is a required property"),
     "score above 10": (_set(("rubrics", 2, "scale", 2, "score"), 11), "rubrics[2].scale[2].score", "maximum of 10"),
     "negative score": (_set(("rubrics", 2, "scale", 0, "score"), -1), "rubrics[2].scale[0].score", "minimum of 0"),
-    "score not a number": (_set(("rubrics", 2, "scale", 0, "score"), "high"), "rubrics[2].scale[0].score", "not of type 'number'"),
+    "score not a number": (
+        _set(("rubrics", 2, "scale", 0, "score"), "high"),
+        "rubrics[2].scale[0].score",
+        "not of type 'number'",
+    ),
     "duplicate option key": (_set(("rubrics", 2, "scale", 1, "key"), "1"), "rubrics[2].scale[1].key", "duplicate option key '1'"),
     "one-option scale": (_set(("rubrics", 2, "scale"), [{"key": "1", "score": 0}]), "rubrics[2].scale", "too short"),
     "duplicate rubric id": (_set(("rubrics", 1, "id"), "fix"), "rubrics[1].id", "duplicate id 'fix' (also rubrics[0])"),

@@ -89,7 +89,7 @@ def test_the_ratio_form_from_counter_sums_is_unbiased_and_its_intervals_cover_th
             decision = policy.decide(cid, attrs)
             if decision.scored:
                 pi = decision.inclusion_probability
-                v = (1 - pi) / pi ** 2
+                v = (1 - pi) / pi**2
                 weight, s_y = weight + 1 / pi, s_y + y / pi
                 s0, s1, s2 = s0 + v, s1 + v * y, s2 + v * y * y
         rate = s_y / weight

@@ -95,7 +95,9 @@ def conversation(closed_conversations: dict[str, ClosedConversation]) -> ClosedC
 
 
 def fast_retries(**overrides: object) -> ScoringSettings:
-    return ScoringSettings(**{"questions": QUESTIONS, "retry_initial_s": 0.001, "retry_max_s": 0.004, "max_attempts": 3, **overrides})
+    return ScoringSettings(
+        **{"questions": QUESTIONS, "retry_initial_s": 0.001, "retry_max_s": 0.004, "max_attempts": 3, **overrides}
+    )
 
 
 def sample(metrics: ServiceMetrics, name: str, **labels: str) -> float | None:
@@ -181,14 +183,18 @@ def test_scoring_updates_the_metrics(judge, rubric_set, calibrator, conversation
     assert sample(metrics, "convowatch_conversations_scored_total", label=record.label, **attrs) == 1
     assert sample(metrics, "convowatch_calibrated_conversations_total", **attrs) == 1
     assert sample(metrics, "convowatch_calibrated_dissatisfaction_probability_total", **attrs) == pytest.approx(
-        record.dissatisfaction_probability)
+        record.dissatisfaction_probability
+    )
     assert sample(metrics, "convowatch_calibrated_dissatisfaction_probability_squared_total", **attrs) == pytest.approx(
-        record.dissatisfaction_probability ** 2)
+        record.dissatisfaction_probability**2
+    )
     assert sample(metrics, "convowatch_netsat_count", **attrs) == 1
     # no convowatch_netsat_sum: see tests/unit/test_service_metrics.py (negative buckets)
     assert sample(metrics, "convowatch_netsat_bucket", le="+Inf", **attrs) == 1
     for d in record.dimensions:
-        assert sample(metrics, "convowatch_dimension_expected_value_sum", dimension=d.question_id, **attrs) == pytest.approx(d.expected_value)
+        assert sample(metrics, "convowatch_dimension_expected_value_sum", dimension=d.question_id, **attrs) == pytest.approx(
+            d.expected_value
+        )
     assert sample(metrics, "convowatch_judge_latency_seconds_count", judge=name) == 1
     assert sample(metrics, "convowatch_judge_calls_total", judge=name) == 0  # a recorded judge makes no requests
     assert sample(metrics, "convowatch_scoring_latency_seconds_count") == 1
@@ -221,7 +227,9 @@ def test_scorer_version_follows_the_components(judge, rubric_set, unfitted, cali
 
     base = version()
     assert version() == base  # deterministic
-    other_calibrator = CalibrationNetwork(**{**FAST, "pretrain_epochs": 1, "finetune_epochs": 1}, seed=1).fit(load_split(DATA, "synth"))
+    other_calibrator = CalibrationNetwork(**{**FAST, "pretrain_epochs": 1, "finetune_epochs": 1}, seed=1).fit(
+        load_split(DATA, "synth")
+    )
     others = {
         "unfitted rubric set": version(rs=unfitted),
         "no calibrator": version(cal=None),
@@ -242,12 +250,16 @@ def test_scored_records_differ_across_conversations(judge, rubric_set, calibrato
 
 def test_trusted_judges_aggregate_the_calibrated_prediction(judge, rubric_set, calibrator, conversation) -> None:
     trusted = list(calibrator.judges_[:3])
-    record = score(ConversationScorer(judge, rubric_set, calibrator, fast_retries(trusted_judges=trusted), ServiceMetrics()), conversation)
+    record = score(
+        ConversationScorer(judge, rubric_set, calibrator, fast_retries(trusted_judges=trusted), ServiceMetrics()), conversation
+    )
     shared = score(ConversationScorer(judge, rubric_set, calibrator, fast_retries(), ServiceMetrics()), conversation)
     assert record.status == "scored" and sum(record.main_probabilities) == pytest.approx(1.0)
     assert record.dissatisfaction_probability == pytest.approx(record.main_probabilities[0] + record.main_probabilities[1])
     assert record.main_probabilities != shared.main_probabilities  # the trusted judges' weights, not the shared ones
-    x = calibrator.features_from_judgement(judge.judge(conversation.to_conversation(), scoring_questions(rubric_set, calibrator, QUESTIONS)))
+    x = calibrator.features_from_judgement(
+        judge.judge(conversation.to_conversation(), scoring_questions(rubric_set, calibrator, QUESTIONS))
+    )
     expected = calibrator.predict_aggregate(x, trusted, "Q0").probabilities[0]
     assert record.main_probabilities == pytest.approx(tuple(expected))
 
@@ -265,8 +277,12 @@ def test_unknown_conversation_is_unscored_at_once(judge, rubric_set, calibrator,
     metrics = ServiceMetrics()
     flaky = FlakyJudge(judge, failures=0)
     unknown = ClosedConversation(
-        conversation_id="not-in-the-recording", turns=conversation.turns, attributes=dict(conversation.attributes),
-        close_cause="end", closed_at=conversation.closed_at, first_event_at=conversation.first_event_at,
+        conversation_id="not-in-the-recording",
+        turns=conversation.turns,
+        attributes=dict(conversation.attributes),
+        close_cause="end",
+        closed_at=conversation.closed_at,
+        first_event_at=conversation.first_event_at,
         last_event_at=conversation.last_event_at,
     )
     scorer = ConversationScorer(flaky, rubric_set, calibrator, fast_retries(max_attempts=5), metrics)
@@ -358,7 +374,9 @@ def test_early_stopping_keeps_the_labels_and_records_what_it_skipped(judge, rubr
 def test_early_stopping_still_asks_every_question_the_calibrator_reads(judge, rubric_set, calibrator, conversation) -> None:
     """This calibrator reads Q0–Q8 and the rubrics are Q1–Q8: nothing can be skipped, and P(dsat) is unchanged."""
     full = score(ConversationScorer(judge, rubric_set, calibrator, fast_retries(), ServiceMetrics()), conversation)
-    early = score(ConversationScorer(judge, rubric_set, calibrator, fast_retries(rubrics_per_round=1), ServiceMetrics()), conversation)
+    early = score(
+        ConversationScorer(judge, rubric_set, calibrator, fast_retries(rubrics_per_round=1), ServiceMetrics()), conversation
+    )
     assert early.rubrics_unasked == () and early.netsat == pytest.approx(full.netsat)
     assert early.dissatisfaction_probability == pytest.approx(full.dissatisfaction_probability)
     assert early.judge_calls == full.judge_calls == 0  # the recorded judge makes no requests

@@ -140,10 +140,19 @@ def test_metric_names_lists_the_readme_metrics_once_labelled() -> None:
     metrics = ServiceMetrics()
     every_series(metrics)
     names = set(metric_names(metrics))
-    for name in ("convowatch_events_total", "convowatch_dead_letters_total", "convowatch_conversations_scored_total",
-                 "convowatch_calibrated_dissatisfaction_probability_total", "convowatch_calibrated_conversations_total",
-                 "convowatch_netsat_bucket", "convowatch_dimension_expected_value_bucket", "convowatch_judge_tokens_total",
-                 "convowatch_scoring_latency_seconds_count", "convowatch_open_conversations", "convowatch_assigned_partitions"):
+    for name in (
+        "convowatch_events_total",
+        "convowatch_dead_letters_total",
+        "convowatch_conversations_scored_total",
+        "convowatch_calibrated_dissatisfaction_probability_total",
+        "convowatch_calibrated_conversations_total",
+        "convowatch_netsat_bucket",
+        "convowatch_dimension_expected_value_bucket",
+        "convowatch_judge_tokens_total",
+        "convowatch_scoring_latency_seconds_count",
+        "convowatch_open_conversations",
+        "convowatch_assigned_partitions",
+    ):
         assert name in names, name
 
 

@@ -77,7 +77,9 @@ def test_uss_labels_and_the_middle(uss_file):
     labelled, middle = uss_labelled(dialogues)
     positives = [item for item in labelled if item.positive]
     negatives = [item for item in labelled if not item.positive]
-    print(f"{uss_file.stem}: {len(positives)} positive (mean OVERALL >= 3.5), {len(negatives)} negative (< 3), {len(middle)} middle")
+    print(
+        f"{uss_file.stem}: {len(positives)} positive (mean OVERALL >= 3.5), {len(negatives)} negative (< 3), {len(middle)} middle"
+    )
     means = _raw_overall_means(uss_file)
     assert len(negatives) == sum(m < 3 for m in means) > 0
     assert len(positives) == sum(m >= 3.5 for m in means) > 0
@@ -154,7 +156,10 @@ NO_OVERALL = "the dialogue starting at line {} has no final USER OVERALL line"
         ("USER\tOVERALL\t\t3\n", r"x\.txt:1: OVERALL line before any turn"),
         ("USER\t \t\t3\nUSER\tOVERALL\t\t3\n", r"x\.txt:1: empty turn text"),
         ("USER\thi\t\t3\nSYSTEM\t\t\t\nUSER\tOVERALL\t\t3\n", r"x\.txt:2: empty turn text"),
-        ("USER\thi\t\t3\nUSER\tOVERALL\t\t3\n\nUSER\tcaf\xe9\t\t3\n", r"x\.txt:4: not UTF-8 \(invalid continuation byte at byte 8\)"),
+        (
+            "USER\thi\t\t3\nUSER\tOVERALL\t\t3\n\nUSER\tcaf\xe9\t\t3\n",
+            r"x\.txt:4: not UTF-8 \(invalid continuation byte at byte 8\)",
+        ),
         ("\n\n", r"x\.txt: no dialogues"),
         ("", r"x\.txt: no dialogues"),
     ],
@@ -173,7 +178,9 @@ def test_a_minimal_uss_file_lf_or_crlf(tmp_path):
     dialogues = read_uss(path)
     assert [d.id for d in dialogues] == ["x-0001", "x-0002"] and [d.first_line for d in dialogues] == [1, 6]
     assert [(t.role, t.text) for t in dialogues[0].conversation.turns] == [("user", "hi"), ("assistant", "hello")]
-    assert dialogues[0].turn_ratings == ((3, 4), ()) and dialogues[0].overall_ratings == (4, 5) and dialogues[0].mean_overall == 4.5
+    assert (
+        dialogues[0].turn_ratings == ((3, 4), ()) and dialogues[0].overall_ratings == (4, 5) and dialogues[0].mean_overall == 4.5
+    )
     assert dialogues[1].turn_ratings == ((2,),) and dialogues[1].mean_overall == 1.0
     path.write_bytes(lf.replace(b"\n", b"\r\n"))
     assert read_uss(path) == dialogues  # CRLF: the same dialogues, no stray "\r" in texts or ratings
@@ -190,7 +197,9 @@ def test_llm_rubric_real_conversations_labelled_from_human_q0():
     assert len(items) == len(expected) == 223
     assert {i.conversation.id: i.positive for i in items} == expected
     assert all(isinstance(i, LabelledConversation) and i.conversation.turns for i in items)
-    print(f"LLM-Rubric real: {sum(i.positive for i in items)} positive, {sum(not i.positive for i in items)} negative (mean Q0 <= 2)")
+    print(
+        f"LLM-Rubric real: {sum(i.positive for i in items)} positive, {sum(not i.positive for i in items)} negative (mean Q0 <= 2)"
+    )
 
 
 def test_llm_rubric_synthetic_conversations_come_without_text():

@@ -137,8 +137,13 @@ M1 = 1500
 TODAY = [(1461, 1500)]
 
 
-def _bursty(conversations: Sequence[float], p: tuple[float, float], p2: tuple[float, float], bursts: list[tuple[int, int]],
-            pi: float = 1.0) -> dict[str, Any]:
+def _bursty(
+    conversations: Sequence[float],
+    p: tuple[float, float],
+    p2: tuple[float, float],
+    bursts: list[tuple[int, int]],
+    pi: float = 1.0,
+) -> dict[str, Any]:
     """Per minute, for ``conversations`` closing of which a share ``pi`` is judged (weight 1/pi each): the weight
     (= conversations), the weighted sums of P(dsat) and P(dsat)^2, and the sampling-variance sums
     (1-pi)/pi^2 * P^k over the judged ones; (calm, burst) means of P and P^2 per conversation."""
@@ -155,17 +160,17 @@ def _bursty(conversations: Sequence[float], p: tuple[float, float], p2: tuple[fl
 
 
 PRODUCTS = {
-    "shop": _bursty([10] * M1, (.1, .5), (.03, .3), TODAY),  # on two workers, 5 conversations a minute each
-    "daily": _bursty([10] * M1, (.1, .5), (.03, .3), [(21, 60)] + TODAY),
-    "small": _bursty([2] * M1, (.1, .5), (.03, .3), TODAY),
-    "calm": _bursty([10] * M1, (.1, .5), (.03, .3), []),
-    "blip": _bursty([100] * M1, (.1, .5), (.03, .3), [(1461, 1462)]),
-    "grown": _bursty([2] * 1200 + [10] * 300, (.1, .5), (.03, .3), TODAY),
-    "edge": _bursty([100] * M1, (.1, .14), (.03, .14 * .14 + .02), TODAY),
-    "noisy": _bursty([10] * M1, (.1, .17), (.1, .17), TODAY),
-    "noisier": _bursty([10] * M1, (.1, .25), (.1, .25), TODAY),
-    "full": _bursty([100] * M1, (.1, .17), (.1, .17), TODAY),
-    "sampled": _bursty([100] * M1, (.1, .17), (.1, .17), TODAY, pi=0.1),
+    "shop": _bursty([10] * M1, (0.1, 0.5), (0.03, 0.3), TODAY),  # on two workers, 5 conversations a minute each
+    "daily": _bursty([10] * M1, (0.1, 0.5), (0.03, 0.3), [(21, 60)] + TODAY),
+    "small": _bursty([2] * M1, (0.1, 0.5), (0.03, 0.3), TODAY),
+    "calm": _bursty([10] * M1, (0.1, 0.5), (0.03, 0.3), []),
+    "blip": _bursty([100] * M1, (0.1, 0.5), (0.03, 0.3), [(1461, 1462)]),
+    "grown": _bursty([2] * 1200 + [10] * 300, (0.1, 0.5), (0.03, 0.3), TODAY),
+    "edge": _bursty([100] * M1, (0.1, 0.14), (0.03, 0.14 * 0.14 + 0.02), TODAY),
+    "noisy": _bursty([10] * M1, (0.1, 0.17), (0.1, 0.17), TODAY),
+    "noisier": _bursty([10] * M1, (0.1, 0.25), (0.1, 0.25), TODAY),
+    "full": _bursty([100] * M1, (0.1, 0.17), (0.1, 0.17), TODAY),
+    "sampled": _bursty([100] * M1, (0.1, 0.17), (0.1, 0.17), TODAY, pi=0.1),
 }
 WORKERS = {"shop": 2}
 
@@ -175,14 +180,14 @@ def sampling_variance(s: dict[str, Any], t: int, offset: int = 0) -> float:
     n = window(s["n"], t, SHORT, offset)
     r = window(s["dsat"], t, SHORT, offset) / n
     s0, s1, s2 = (window(s[k], t, SHORT, offset) for k in ("s0", "s1", "s2"))
-    return max(s2 - 2 * r * s1 + r * r * s0, 0) / n ** 2
+    return max(s2 - 2 * r * s1 + r * r * s0, 0) / n**2
 
 
 def spike(name: str, t: int) -> tuple[bool, dict[str, float]]:
     s = PRODUCTS[name]
     n, nb = window(s["n"], t, SHORT), window(s["n"], t, BASE)
     p, pb = window(s["dsat"], t, SHORT) / n, window(s["dsat"], t, BASE) / nb
-    var = max(window(s["sq"], t, BASE) / nb - pb ** 2, 0)
+    var = max(window(s["sq"], t, BASE) / nb - pb**2, 0)
     threshold = pb + max(LIFT, Z * math.sqrt(var / n + sampling_variance(s, t)))
     return p > threshold and n >= MIN_CONVERSATIONS, {"P": p, "N": n, "B": pb}
 
@@ -193,7 +198,7 @@ def above_yesterday(name: str, t: int) -> tuple[bool, dict[str, float]]:
     if ny == 0:
         return False, {}
     p, py = window(s["dsat"], t, SHORT) / n, window(s["dsat"], t, SHORT, DAY) / ny
-    var = max(window(s["sq"], t, SHORT, DAY) / ny - py ** 2, 0)
+    var = max(window(s["sq"], t, SHORT, DAY) / ny - py**2, 0)
     threshold = py + max(LIFT, Z * math.sqrt(var * (1 / n + 1 / ny) + sampling_variance(s, t) + sampling_variance(s, t, DAY)))
     return p > threshold and n >= MIN_CONVERSATIONS and ny >= MIN_CONVERSATIONS, {"P": p, "N": n, "B": py, "Y": ny}
 
@@ -209,68 +214,99 @@ def _state(kind: Callable[[str, int], tuple[bool, dict[str, float]]], name: str,
 
 def _spike_alert(name: str, t: int) -> Alert:
     v = spike(name, t)[1]
-    return {"labels": {"severity": "page", "product": name, "model_version": "v1"},
-            "summary": f"Dissatisfaction spike on {name} v1",
-            "description": f"Calibrated dissatisfaction rate over the last 10m: {pct(v['P'])} over {count(v['N'])} conversations, "
-                           f"significantly above its 6h baseline of {pct(v['B'])} (threshold: baseline + max(5 points, 3 standard errors), for 10m).",
-            "runbook_url": "docs/runbooks.md#convowatchdissatisfactionspike"}
+    return {
+        "labels": {"severity": "page", "product": name, "model_version": "v1"},
+        "summary": f"Dissatisfaction spike on {name} v1",
+        "description": f"Calibrated dissatisfaction rate over the last 10m: {pct(v['P'])} over {count(v['N'])} conversations, "
+        f"significantly above its 6h baseline of {pct(v['B'])} (threshold: baseline + max(5 points, 3 standard errors), for 10m).",
+        "runbook_url": "docs/runbooks.md#convowatchdissatisfactionspike",
+    }
 
 
 def _yesterday_alert(name: str, t: int) -> Alert:
     v = above_yesterday(name, t)[1]
-    return {"labels": {"severity": "ticket", "product": name, "model_version": "v1"},
-            "summary": f"Dissatisfaction above yesterday on {name} v1",
-            "description": f"Calibrated dissatisfaction rate over the last 10m: {pct(v['P'])} over {count(v['N'])} conversations; "
-                           f"the same window 1d ago: {pct(v['B'])} over {count(v['Y'])} conversations "
-                           "(threshold: that + max(5 points, 3 standard errors of the difference), for 10m).",
-            "runbook_url": "docs/runbooks.md#convowatchdissatisfactionaboveyesterday"}
+    return {
+        "labels": {"severity": "ticket", "product": name, "model_version": "v1"},
+        "summary": f"Dissatisfaction above yesterday on {name} v1",
+        "description": f"Calibrated dissatisfaction rate over the last 10m: {pct(v['P'])} over {count(v['N'])} conversations; "
+        f"the same window 1d ago: {pct(v['B'])} over {count(v['Y'])} conversations "
+        "(threshold: that + max(5 points, 3 standard errors of the difference), for 10m).",
+        "runbook_url": "docs/runbooks.md#convowatchdissatisfactionaboveyesterday",
+    }
 
 
 def dissatisfaction_tests() -> str:
-    out = [header("dissatisfaction spike, against the 6h baseline and against yesterday", [
-        "Minutes 0-1500 (25 h). Per minute: conversations and the sum of their calibrated P(dsat) and P(dsat)^2.",
-        "Calm: mean P 0.1 (mean P^2 0.03). Burst (minutes 1461-1500, i.e. 1d + 21m onwards): mean P 0.5 (mean P^2 0.3).",
-        "  shop   10/min on two workers, burst today                  -> both alerts fire",
-        "  daily  10/min, the same burst yesterday (minutes 21-60)    -> baseline alert only: yesterday was as bad",
-        "  small   2/min, burst today: the rate spikes, n = 20 < 50   -> nothing (low volume)",
-        "  calm   10/min, no burst                                    -> nothing",
-        "  blip  100/min, a 2-minute burst: true for 8m < for (10m)   -> pending, never firing",
-        "  grown   2/min until minute 1200, then 10/min, burst today  -> baseline alert; yesterday had n = 20 < 50",
-        "  edge  100/min, mean P 0.1 -> 0.14 today: 4 points < min_lift (5), though 8 standard errors -> nothing",
-        "  noisy  10/min, every P 0 or 1, 0.1 -> 0.17: 7 points > min_lift but < 3 standard errors -> nothing",
-        "  noisier 10/min, every P 0 or 1, 0.1 -> 0.25: above 3 standard errors  -> both alerts fire",
-        "  full   100/min all judged, every P 0 or 1, 0.1 -> 0.17: n = 1000 makes 7 points significant -> both alerts fire",
-        "  sampled the same 100/min, 10 % judged (weight 10): the same rates and n = sum of weights = 1000, but the",
-        "         sampling variance widens the threshold past 0.17          -> nothing",
-        "Counters are the 1/pi-weighted ones (pi = 1: the plain sums) and the sampling-variance sums (0 when pi = 1).",
-    ])]
-    metrics = {"n": "convowatch_calibrated_weight_total", "dsat": "convowatch_calibrated_dissatisfaction_probability_weighted_total",
-               "sq": "convowatch_calibrated_dissatisfaction_probability_squared_weighted_total",
-               "s0": "convowatch_calibrated_sampling_variance_total",
-               "s1": "convowatch_calibrated_dissatisfaction_probability_sampling_variance_total",
-               "s2": "convowatch_calibrated_dissatisfaction_probability_squared_sampling_variance_total"}
+    out = [
+        header(
+            "dissatisfaction spike, against the 6h baseline and against yesterday",
+            [
+                "Minutes 0-1500 (25 h). Per minute: conversations and the sum of their calibrated P(dsat) and P(dsat)^2.",
+                "Calm: mean P 0.1 (mean P^2 0.03). Burst (minutes 1461-1500, i.e. 1d + 21m onwards): mean P 0.5 (mean P^2 0.3).",
+                "  shop   10/min on two workers, burst today                  -> both alerts fire",
+                "  daily  10/min, the same burst yesterday (minutes 21-60)    -> baseline alert only: yesterday was as bad",
+                "  small   2/min, burst today: the rate spikes, n = 20 < 50   -> nothing (low volume)",
+                "  calm   10/min, no burst                                    -> nothing",
+                "  blip  100/min, a 2-minute burst: true for 8m < for (10m)   -> pending, never firing",
+                "  grown   2/min until minute 1200, then 10/min, burst today  -> baseline alert; yesterday had n = 20 < 50",
+                "  edge  100/min, mean P 0.1 -> 0.14 today: 4 points < min_lift (5), though 8 standard errors -> nothing",
+                "  noisy  10/min, every P 0 or 1, 0.1 -> 0.17: 7 points > min_lift but < 3 standard errors -> nothing",
+                "  noisier 10/min, every P 0 or 1, 0.1 -> 0.25: above 3 standard errors  -> both alerts fire",
+                "  full   100/min all judged, every P 0 or 1, 0.1 -> 0.17: n = 1000 makes 7 points significant -> both alerts fire",
+                "  sampled the same 100/min, 10 % judged (weight 10): the same rates and n = sum of weights = 1000, but the",
+                "         sampling variance widens the threshold past 0.17          -> nothing",
+                "Counters are the 1/pi-weighted ones (pi = 1: the plain sums) and the sampling-variance sums (0 when pi = 1).",
+            ],
+        )
+    ]
+    metrics = {
+        "n": "convowatch_calibrated_weight_total",
+        "dsat": "convowatch_calibrated_dissatisfaction_probability_weighted_total",
+        "sq": "convowatch_calibrated_dissatisfaction_probability_squared_weighted_total",
+        "s0": "convowatch_calibrated_sampling_variance_total",
+        "s1": "convowatch_calibrated_dissatisfaction_probability_sampling_variance_total",
+        "s2": "convowatch_calibrated_dissatisfaction_probability_squared_sampling_variance_total",
+    }
     for name, s in PRODUCTS.items():
         workers = WORKERS.get(name, 1)
         for k in range(workers):
             for key, metric in metrics.items():
-                out.append(series(metric, [x / workers for x in s[key]], instance=f"worker-{k + 1}:9464", product=name, model_version="v1"))
+                out.append(
+                    series(
+                        metric, [x / workers for x in s[key]], instance=f"worker-{k + 1}:9464", product=name, model_version="v1"
+                    )
+                )
 
     out.append("    alert_rule_test:\n")
-    for kind, alertname in ((spike, "ConvowatchDissatisfactionSpike"), (above_yesterday, "ConvowatchDissatisfactionAboveYesterday")):
+    for kind, alertname in (
+        (spike, "ConvowatchDissatisfactionSpike"),
+        (above_yesterday, "ConvowatchDissatisfactionAboveYesterday"),
+    ):
         assert all(_state(kind, p, 1455) == "inactive" for p in PRODUCTS), alertname
         out.append(alert_test(1455, alertname, [], "before the burst: calm everywhere"))
     for t in (1475, 1490):
         later = ["noisier", "full"] if t == 1490 else []
         firing = [p for p in PRODUCTS if _state(spike, p, t) == "firing"]
         assert firing == ["shop", "daily", "grown", *later], (t, firing)
-        out.append(alert_test(t, "ConvowatchDissatisfactionSpike", [_spike_alert(p, t) for p in firing],
-                              "shop, daily, grown fire (and noisier and full, which cross later); small (n < 50), calm, "
-                              "blip (burst shorter than for), edge, noisy, sampled (sampling error) do not"))
+        out.append(
+            alert_test(
+                t,
+                "ConvowatchDissatisfactionSpike",
+                [_spike_alert(p, t) for p in firing],
+                "shop, daily, grown fire (and noisier and full, which cross later); small (n < 50), calm, "
+                "blip (burst shorter than for), edge, noisy, sampled (sampling error) do not",
+            )
+        )
         firing = [p for p in PRODUCTS if _state(above_yesterday, p, t) == "firing"]
         assert firing == ["shop", *later], (t, firing)
-        out.append(alert_test(t, "ConvowatchDissatisfactionAboveYesterday", [_yesterday_alert(p, t) for p in firing],
-                              "shop (and noisier and full, which cross later): daily was as bad yesterday, grown had too few "
-                              "conversations yesterday, sampled's sampling error is too wide"))
+        out.append(
+            alert_test(
+                t,
+                "ConvowatchDissatisfactionAboveYesterday",
+                [_yesterday_alert(p, t) for p in firing],
+                "shop (and noisier and full, which cross later): daily was as bad yesterday, grown had too few "
+                "conversations yesterday, sampled's sampling error is too wide",
+            )
+        )
 
     assert _state(spike, "blip", 1466) == "pending" and _state(spike, "blip", 1475) == "inactive"
     for name in ("small", "calm", "blip", "edge", "noisy", "sampled"):
@@ -284,25 +320,25 @@ def dissatisfaction_tests() -> str:
         "    promql_expr_test:\n",
         "      # blip's 2-minute burst met the condition (pending) but not for 10m, so it never fired (1475 above)\n",
         '      - expr: ALERTS{alertname="ConvowatchDissatisfactionSpike", product="blip"}\n        eval_time: 1466m\n        exp_samples:\n',
-        "          - labels: 'ALERTS{alertname=\"ConvowatchDissatisfactionSpike\", alertstate=\"pending\", product=\"blip\", "
-        "model_version=\"v1\", severity=\"page\"}'\n            value: 1\n",
+        '          - labels: \'ALERTS{alertname="ConvowatchDissatisfactionSpike", alertstate="pending", product="blip", '
+        'model_version="v1", severity="page"}\'\n            value: 1\n',
         "      # over the last hour, none of the quiet products ever fired (blip was pending for 8 minutes only)\n",
         '      - expr: max_over_time(ALERTS{alertname=~"ConvowatchDissatisfaction.*", alertstate="firing", '
         'product=~"small|calm|blip|edge|noisy|sampled"}[1h])\n        eval_time: 1500m\n        exp_samples: []\n',
         "      # small's rate did spike; only its volume kept it from alerting\n",
         '      - expr: convowatch:calibrated_dsat_rate:ratio_rate10m{product="small"}\n        eval_time: 1490m\n        exp_samples:\n',
-        "          - labels: 'convowatch:calibrated_dsat_rate:ratio_rate10m{product=\"small\", model_version=\"v1\"}'\n"
+        '          - labels: \'convowatch:calibrated_dsat_rate:ratio_rate10m{product="small", model_version="v1"}\'\n'
         f"            value: {_num(window(small['dsat'], 1490, SHORT) / window(small['n'], 1490, SHORT))}\n",
         '      - expr: convowatch:calibrated_weight:increase10m{product="small"}\n        eval_time: 1490m\n        exp_samples:\n',
-        "          - labels: 'convowatch:calibrated_weight:increase10m{product=\"small\", model_version=\"v1\"}'\n"
+        '          - labels: \'convowatch:calibrated_weight:increase10m{product="small", model_version="v1"}\'\n'
         f"            value: {_num(window(small['n'], 1490, SHORT))}\n",
         "      # sampled: the weights stand for all 1000 conversations of the window; the sampling variance is what keeps it quiet\n",
         '      - expr: convowatch:calibrated_weight:increase10m{product="sampled"}\n        eval_time: 1490m\n        exp_samples:\n',
-        "          - labels: 'convowatch:calibrated_weight:increase10m{product=\"sampled\", model_version=\"v1\"}'\n"
+        '          - labels: \'convowatch:calibrated_weight:increase10m{product="sampled", model_version="v1"}\'\n'
         f"            value: {_num(window(sampled['n'], 1490, SHORT))}\n",
         '      - expr: convowatch:calibrated_dsat_sampling_variance:increase10m{product="sampled"}\n        eval_time: 1490m\n'
         "        exp_samples:\n",
-        "          - labels: 'convowatch:calibrated_dsat_sampling_variance:increase10m{product=\"sampled\", model_version=\"v1\"}'\n"
+        '          - labels: \'convowatch:calibrated_dsat_sampling_variance:increase10m{product="sampled", model_version="v1"}\'\n'
         f"            value: {sampling_variance(sampled, 1490):.10g}\n",  # small: keep the significant digits
     ]
     return "".join(out)
@@ -324,8 +360,11 @@ def seg(n: int, parts: list[tuple[int, int, float]]) -> Increments:
 
 
 SCORED = {  # conversations per minute by label: the sum of 1/pi over the judged ones
-    "shop": {"uncertain": seg(M2, [(1, 360, 2), (361, 400, 8)]), "sat": seg(M2, [(1, 360, 6), (361, 400, 1)]),
-             "dsat": seg(M2, [(1, 360, 2), (361, 400, 1)])},
+    "shop": {
+        "uncertain": seg(M2, [(1, 360, 2), (361, 400, 8)]),
+        "sat": seg(M2, [(1, 360, 6), (361, 400, 1)]),
+        "dsat": seg(M2, [(1, 360, 2), (361, 400, 1)]),
+    },
     "small": {"uncertain": seg(M2, [(361, 400, 2)]), "sat": seg(M2, [(1, 360, 2)])},
     "calm": {"uncertain": seg(M2, [(1, 400, 3)]), "sat": seg(M2, [(1, 400, 5)]), "dsat": seg(M2, [(1, 400, 2)])},
     "dense": {"uncertain": seg(M2, [(1, 360, 30), (361, 400, 50)]), "sat": seg(M2, [(1, 360, 70), (361, 400, 50)])},
@@ -339,10 +378,13 @@ def _spread(name: str, increments: Increments) -> Increments:
     pi = SCORED_PI.get(name, 1.0)
     return [x * (1 - pi) / pi for x in increments]
 
+
 Judges = dict[str, dict[str, Any]]  # judge -> {"ok": successful judgements per minute or None, "errors": {type: per minute}}
 JUDGES: Judges = {
-    "openai:flaky": {"ok": seg(M2, [(1, 400, 10)]),
-                     "errors": {"JudgeTimeout": seg(M2, [(361, 400, 2)]), "JudgeUnavailable": seg(M2, [(361, 400, 3)])}},
+    "openai:flaky": {
+        "ok": seg(M2, [(1, 400, 10)]),
+        "errors": {"JudgeTimeout": seg(M2, [(361, 400, 2)]), "JudgeUnavailable": seg(M2, [(361, 400, 3)])},
+    },
     "openai:down": {"ok": None, "errors": {"JudgeUnavailable": seg(M2, [(1, 400, 5)])}},
     "openai:rare": {"ok": None, "errors": {"JudgeUnavailable": seg(M2, [(1, 400, 1)])}},
     "openai:healthy": {"ok": seg(M2, [(1, 400, 10)]), "errors": {"JudgeTimeout": seg(M2, [])}},
@@ -360,19 +402,21 @@ def uncertain(name: str, t: int) -> tuple[bool, dict[str, float]]:
     p, pb = window(labels["uncertain"], t, SHORT) / n, window(labels["uncertain"], t, BASE) / nb
     b_uncertain = window(_spread(name, labels["uncertain"]), t, SHORT)
     b_others = sum(window(_spread(name, a), t, SHORT) for label, a in labels.items() if label != "uncertain")
-    sampling_var = ((1 - p) ** 2 * b_uncertain + p ** 2 * b_others) / n ** 2
+    sampling_var = ((1 - p) ** 2 * b_uncertain + p**2 * b_others) / n**2
     threshold = pb + max(UNCERTAIN_LIFT, Z * math.sqrt(pb * (1 - pb) / n + sampling_var))
     return p > threshold and n >= MIN_CONVERSATIONS, {"P": p, "N": n, "B": pb}
 
 
 def _uncertain_alert(name: str, t: int) -> Alert:
     v = uncertain(name, t)[1]
-    return {"labels": {"severity": "ticket", "product": name, "model_version": "v1"},
-            "summary": f"Uncertain share surging on {name} v1 (judge drift?)",
-            "description": f"Share of scored conversations labelled uncertain over the last 10m: {pct(v['P'])} of {count(v['N'])}, "
-                           f"against {pct(v['B'])} over 6h (threshold: baseline + max(15 points, 3 standard errors), for 10m). "
-                           "The judge may have stopped separating conversations.",
-            "runbook_url": "docs/runbooks.md#convowatchuncertainsurge"}
+    return {
+        "labels": {"severity": "ticket", "product": name, "model_version": "v1"},
+        "summary": f"Uncertain share surging on {name} v1 (judge drift?)",
+        "description": f"Share of scored conversations labelled uncertain over the last 10m: {pct(v['P'])} of {count(v['N'])}, "
+        f"against {pct(v['B'])} over 6h (threshold: baseline + max(15 points, 3 standard errors), for 10m). "
+        "The judge may have stopped separating conversations.",
+        "runbook_url": "docs/runbooks.md#convowatchuncertainsurge",
+    }
 
 
 def judge(judges: Judges, name: str, t: int) -> tuple[bool, dict[str, float]]:
@@ -394,32 +438,48 @@ def _judge_series(judges: Judges) -> list[str]:
 
 def _judge_alert(name: str, t: int) -> Alert:
     v = judge(JUDGES, name, t)[1]
-    return {"labels": {"severity": "ticket", "judge": name}, "summary": f"Judge {name} is failing",
-            "description": f"{pct(v['P'])} of {count(v['N'])} judge attempts failed over the last 10m (threshold 10%, for 10m). "
-                           "Failed attempts are retried; conversations that run out of attempts are stored unscored.",
-            "runbook_url": "docs/runbooks.md#convowatchjudgeerrors"}
+    return {
+        "labels": {"severity": "ticket", "judge": name},
+        "summary": f"Judge {name} is failing",
+        "description": f"{pct(v['P'])} of {count(v['N'])} judge attempts failed over the last 10m (threshold 10%, for 10m). "
+        "Failed attempts are retried; conversations that run out of attempts are stored unscored.",
+        "runbook_url": "docs/runbooks.md#convowatchjudgeerrors",
+    }
 
 
 def uncertain_and_judge_tests() -> str:
-    out = [header("uncertain surge (judge drift) and judge errors", [
-        "Minutes 0-400. Scored conversations per minute and label:",
-        "  shop  10/min, uncertain 2 -> 8 from minute 361          -> fires",
-        "  small  2/min, all sat -> all uncertain: n = 20 < 50      -> nothing (low volume)",
-        "  calm  10/min, 30 % uncertain throughout                  -> nothing",
-        "  dense 100/min all judged, uncertain 30 % -> 50 % from minute 361  -> fires",
-        "  sampled the same 100/min, 5 % judged (weight 20): the same shares, widened by sampling error -> nothing",
-        "Judges: successful judgements (latency _count) and errors by type per minute:",
-        "  openai:flaky    10 ok; 5 errors (2 timeouts + 3 unavailable) from 361 -> fires (33 %)",
-        "  openai:down     never succeeds (no latency series), 5 errors    -> fires (100 %)",
-        "  openai:rare     never succeeds, 1 error: 10 attempts < 20        -> nothing (low volume)",
-        "  openai:healthy  10 ok, an error series that never grows          -> nothing",
-    ])]
+    out = [
+        header(
+            "uncertain surge (judge drift) and judge errors",
+            [
+                "Minutes 0-400. Scored conversations per minute and label:",
+                "  shop  10/min, uncertain 2 -> 8 from minute 361          -> fires",
+                "  small  2/min, all sat -> all uncertain: n = 20 < 50      -> nothing (low volume)",
+                "  calm  10/min, 30 % uncertain throughout                  -> nothing",
+                "  dense 100/min all judged, uncertain 30 % -> 50 % from minute 361  -> fires",
+                "  sampled the same 100/min, 5 % judged (weight 20): the same shares, widened by sampling error -> nothing",
+                "Judges: successful judgements (latency _count) and errors by type per minute:",
+                "  openai:flaky    10 ok; 5 errors (2 timeouts + 3 unavailable) from 361 -> fires (33 %)",
+                "  openai:down     never succeeds (no latency series), 5 errors    -> fires (100 %)",
+                "  openai:rare     never succeeds, 1 error: 10 attempts < 20        -> nothing (low volume)",
+                "  openai:healthy  10 ok, an error series that never grows          -> nothing",
+            ],
+        )
+    ]
     for name, labels in SCORED.items():
         for label, increments in labels.items():
-            out.append(series("convowatch_conversations_scored_weight_total", increments, label=label, product=name,
-                              model_version="v1"))
-            out.append(series("convowatch_conversations_scored_sampling_variance_total", _spread(name, increments), label=label,
-                              product=name, model_version="v1"))
+            out.append(
+                series("convowatch_conversations_scored_weight_total", increments, label=label, product=name, model_version="v1")
+            )
+            out.append(
+                series(
+                    "convowatch_conversations_scored_sampling_variance_total",
+                    _spread(name, increments),
+                    label=label,
+                    product=name,
+                    model_version="v1",
+                )
+            )
     out += _judge_series(JUDGES)
 
     out.append("    alert_rule_test:\n")
@@ -428,10 +488,18 @@ def uncertain_and_judge_tests() -> str:
     states = {n: state_at(partial(_fires, uncertain, n), 390, 360) for n in SCORED}
     assert [n for n, s in states.items() if s == "firing"] == ["shop", "dense"], states
     assert math.isclose(uncertain("dense", 390)[1]["P"], uncertain("sampled", 390)[1]["P"])
-    out.append(alert_test(390, "ConvowatchUncertainSurge", [_uncertain_alert(n, 390) for n in ("shop", "dense")],
-                          "shop and dense fire; small (n < 50), calm and sampled (sampling error) do not"))
-    for t, expected, comment in ((360, ["openai:down"], "before flaky fails: only the judge that never succeeds"),
-                                 (390, ["openai:flaky", "openai:down"], "flaky and down fire; rare (10 attempts < 20) and healthy do not")):
+    out.append(
+        alert_test(
+            390,
+            "ConvowatchUncertainSurge",
+            [_uncertain_alert(n, 390) for n in ("shop", "dense")],
+            "shop and dense fire; small (n < 50), calm and sampled (sampling error) do not",
+        )
+    )
+    for t, expected, comment in (
+        (360, ["openai:down"], "before flaky fails: only the judge that never succeeds"),
+        (390, ["openai:flaky", "openai:down"], "flaky and down fire; rare (10 attempts < 20) and healthy do not"),
+    ):
         states = {n: state_at(partial(_fires, partial(judge, JUDGES), n), t, SHORT + 1) for n in JUDGES}
         firing = [n for n, s in states.items() if s == "firing"]
         assert firing == expected, states
@@ -440,11 +508,16 @@ def uncertain_and_judge_tests() -> str:
 
 
 def quiet_judge_tests() -> str:
-    out = [header("judge errors: nothing fires below the ratio or the minimum attempts", [
-        "  openai:rare     never succeeds, 1 error per minute: 10 attempts < 20",
-        "  openai:healthy  10 ok per minute, no errors",
-        "  openai:noisy    10 ok and 1 error per minute: 9.1 % < 10 %",
-    ])]
+    out = [
+        header(
+            "judge errors: nothing fires below the ratio or the minimum attempts",
+            [
+                "  openai:rare     never succeeds, 1 error per minute: 10 attempts < 20",
+                "  openai:healthy  10 ok per minute, no errors",
+                "  openai:noisy    10 ok and 1 error per minute: 9.1 % < 10 %",
+            ],
+        )
+    ]
     out += _judge_series(QUIET_JUDGES)
     for n in QUIET_JUDGES:
         assert state_at(partial(_fires, partial(judge, QUIET_JUDGES), n), 100, SHORT + 1) == "inactive", n
@@ -455,18 +528,39 @@ def quiet_judge_tests() -> str:
 # --- pipeline stalled and dead letters ----------------------------------------------------------
 
 
-def _stall_test(name: str, comments: list[str], closed: Increments, scored: Increments | None, unscored: Increments | None,
-                checks: list[tuple[int, bool, str]], unsampled: Increments | None = None) -> str:
-    out = [header(name, comments),
-           series("convowatch_events_total", seg(M3, [(1, M3, 30)]), type="turn", outcome="accepted"),
-           series("convowatch_events_total", closed, type="end", outcome="closed")]
+def _stall_test(
+    name: str,
+    comments: list[str],
+    closed: Increments,
+    scored: Increments | None,
+    unscored: Increments | None,
+    checks: list[tuple[int, bool, str]],
+    unsampled: Increments | None = None,
+) -> str:
+    out = [
+        header(name, comments),
+        series("convowatch_events_total", seg(M3, [(1, M3, 30)]), type="turn", outcome="accepted"),
+        series("convowatch_events_total", closed, type="end", outcome="closed"),
+    ]
     if scored is not None:
         out.append(series("convowatch_conversations_scored_total", scored, label="sat", product="shop", model_version="v1"))
     if unscored is not None:
-        out.append(series("convowatch_conversations_unscored_total", unscored, reason="JudgeUnavailable", product="shop", model_version="v1"))
+        out.append(
+            series(
+                "convowatch_conversations_unscored_total", unscored, reason="JudgeUnavailable", product="shop", model_version="v1"
+            )
+        )
     if unsampled is not None:
-        out.append(series("convowatch_conversations_sampled_total", unsampled, decision="unsampled", reason="rate", product="shop",
-                          model_version="v1"))
+        out.append(
+            series(
+                "convowatch_conversations_sampled_total",
+                unsampled,
+                decision="unsampled",
+                reason="rate",
+                product="shop",
+                model_version="v1",
+            )
+        )
 
     def stalled(t: int) -> bool:
         finished = window(scored, t, STALL) + window(unscored, t, STALL) + window(unsampled, t, STALL)
@@ -475,43 +569,80 @@ def _stall_test(name: str, comments: list[str], closed: Increments, scored: Incr
     out.append("    alert_rule_test:\n")
     for t, firing, comment in checks:
         assert (state_at(stalled, t, STALL) == "firing") == firing, (name, t)
-        alerts = [{"labels": {"severity": "page"}, "summary": "convowatch pipeline stalled: conversations close but none is scored",
-                   "description": f"{count(window(closed, t, STALL))} conversations closed over the last 15m and none was scored, "
-                                  "stored unscored or left unsampled (for 10m). Quality monitoring is blind until scoring resumes.",
-                   "runbook_url": "docs/runbooks.md#convowatchpipelinestalled"}] if firing else []
+        alerts = (
+            [
+                {
+                    "labels": {"severity": "page"},
+                    "summary": "convowatch pipeline stalled: conversations close but none is scored",
+                    "description": f"{count(window(closed, t, STALL))} conversations closed over the last 15m and none was scored, "
+                    "stored unscored or left unsampled (for 10m). Quality monitoring is blind until scoring resumes.",
+                    "runbook_url": "docs/runbooks.md#convowatchpipelinestalled",
+                }
+            ]
+            if firing
+            else []
+        )
         out.append(alert_test(t, "ConvowatchPipelineStalled", alerts, comment))
     return "".join(out)
 
 
 def stall_tests() -> str:
     closing = seg(M3, [(1, M3, 10)])
-    return "".join([
-        _stall_test("pipeline stalled: scoring stops at minute 60 while conversations keep closing",
-                    ["10 conversations close per minute; scored 10/min until minute 60, then nothing. No unscored series at all",
-                     "(a worker that never stored a conversation unscored does not export it): the rule must still fire."],
-                    closing, seg(M3, [(1, 60, 10)]), None,
-                    [(70, False, "nothing scored for 10m only: the 15m window still holds scores"),
-                     (80, False, "condition true since minute 75: pending"),
-                     (100, True, "stalled since minute 75, for 10m: fires")]),
-        _stall_test("pipeline not stalled: the judge is down and every conversation is stored unscored",
-                    ["Unscored conversations are finished work (the judge-errors alert covers them); no scored series at all."],
-                    closing, None, seg(M3, [(1, M3, 10)]), [(100, False, "unscored counts as progress")]),
-        _stall_test("pipeline not stalled: at a low sampling rate no conversation was judged for a while",
-                    ["Every conversation closing from minute 60 on is left unsampled (counted, not judged): finished work."],
-                    closing, seg(M3, [(1, 59, 10)]), None, [(100, False, "unsampled counts as progress")],
-                    unsampled=seg(M3, [(60, M3, 10)])),
-        _stall_test("pipeline not stalled: no conversation closes",
-                    ["Turns arrive (long conversations) but none closes, and nothing is scored: nothing to score, no alert."],
-                    seg(M3, []), seg(M3, []), None, [(100, False, "quiet is not stalled")]),
-    ])
+    return "".join(
+        [
+            _stall_test(
+                "pipeline stalled: scoring stops at minute 60 while conversations keep closing",
+                [
+                    "10 conversations close per minute; scored 10/min until minute 60, then nothing. No unscored series at all",
+                    "(a worker that never stored a conversation unscored does not export it): the rule must still fire.",
+                ],
+                closing,
+                seg(M3, [(1, 60, 10)]),
+                None,
+                [
+                    (70, False, "nothing scored for 10m only: the 15m window still holds scores"),
+                    (80, False, "condition true since minute 75: pending"),
+                    (100, True, "stalled since minute 75, for 10m: fires"),
+                ],
+            ),
+            _stall_test(
+                "pipeline not stalled: the judge is down and every conversation is stored unscored",
+                ["Unscored conversations are finished work (the judge-errors alert covers them); no scored series at all."],
+                closing,
+                None,
+                seg(M3, [(1, M3, 10)]),
+                [(100, False, "unscored counts as progress")],
+            ),
+            _stall_test(
+                "pipeline not stalled: at a low sampling rate no conversation was judged for a while",
+                ["Every conversation closing from minute 60 on is left unsampled (counted, not judged): finished work."],
+                closing,
+                seg(M3, [(1, 59, 10)]),
+                None,
+                [(100, False, "unsampled counts as progress")],
+                unsampled=seg(M3, [(60, M3, 10)]),
+            ),
+            _stall_test(
+                "pipeline not stalled: no conversation closes",
+                ["Turns arrive (long conversations) but none closes, and nothing is scored: nothing to score, no alert."],
+                seg(M3, []),
+                seg(M3, []),
+                None,
+                [(100, False, "quiet is not stalled")],
+            ),
+        ]
+    )
 
 
-def _dead_letter_test(name: str, comments: list[str], accepted: Increments, invalid: Increments,
-                      checks: list[tuple[int, bool, str]]) -> str:
-    out = [header(name, comments),
-           series("convowatch_events_total", accepted, type="turn", outcome="accepted"),
-           series("convowatch_events_total", invalid, type="invalid", outcome="dead_letter"),
-           series("convowatch_dead_letters_total", invalid, reason="not_json")]
+def _dead_letter_test(
+    name: str, comments: list[str], accepted: Increments, invalid: Increments, checks: list[tuple[int, bool, str]]
+) -> str:
+    out = [
+        header(name, comments),
+        series("convowatch_events_total", accepted, type="turn", outcome="accepted"),
+        series("convowatch_events_total", invalid, type="invalid", outcome="dead_letter"),
+        series("convowatch_dead_letters_total", invalid, reason="not_json"),
+    ]
 
     def events(t: int) -> float:
         return window(accepted, t, SHORT) + window(invalid, t, SHORT)
@@ -522,25 +653,45 @@ def _dead_letter_test(name: str, comments: list[str], accepted: Increments, inva
     out.append("    alert_rule_test:\n")
     for t, firing, comment in checks:
         assert (state_at(surging, t, SHORT) == "firing") == firing, (name, t)
-        alerts = [{"labels": {"severity": "ticket"}, "summary": "Dead letters surging",
-                   "description": f"Dead letters over the last 10m: {pct(window(invalid, t, SHORT) / events(t))} of the {count(events(t))} "
-                                  "consumed events (threshold 5%, for 10m). Producers may be sending events that break the contract.",
-                   "runbook_url": "docs/runbooks.md#convowatchdeadlettersurge"}] if firing else []
+        alerts = (
+            [
+                {
+                    "labels": {"severity": "ticket"},
+                    "summary": "Dead letters surging",
+                    "description": f"Dead letters over the last 10m: {pct(window(invalid, t, SHORT) / events(t))} of the {count(events(t))} "
+                    "consumed events (threshold 5%, for 10m). Producers may be sending events that break the contract.",
+                    "runbook_url": "docs/runbooks.md#convowatchdeadlettersurge",
+                }
+            ]
+            if firing
+            else []
+        )
         out.append(alert_test(t, "ConvowatchDeadLetterSurge", alerts, comment))
     return "".join(out)
 
 
 def dead_letter_tests() -> str:
-    return "".join([
-        _dead_letter_test("dead-letter surge: 10 bad events per minute among 100 good ones from minute 31",
-                          ["Every bad event is counted twice: in convowatch_events_total (type invalid, outcome dead_letter) and in",
-                           "convowatch_dead_letters_total by reason."],
-                          seg(M3, [(1, M3, 100)]), seg(M3, [(31, M3, 10)]),
-                          [(30, False, "no dead letters yet"), (40, False, "above 5 % since minute 36: pending"), (60, True, "fires")]),
-        _dead_letter_test("dead letters at low volume: half the events are bad, but only 100 events in 10m",
-                          ["5 good and 5 bad events per minute: the ratio is 50 % but 100 events < 200."],
-                          seg(M3, [(1, M3, 5)]), seg(M3, [(1, M3, 5)]), [(60, False, "low volume cannot alert")]),
-    ])
+    return "".join(
+        [
+            _dead_letter_test(
+                "dead-letter surge: 10 bad events per minute among 100 good ones from minute 31",
+                [
+                    "Every bad event is counted twice: in convowatch_events_total (type invalid, outcome dead_letter) and in",
+                    "convowatch_dead_letters_total by reason.",
+                ],
+                seg(M3, [(1, M3, 100)]),
+                seg(M3, [(31, M3, 10)]),
+                [(30, False, "no dead letters yet"), (40, False, "above 5 % since minute 36: pending"), (60, True, "fires")],
+            ),
+            _dead_letter_test(
+                "dead letters at low volume: half the events are bad, but only 100 events in 10m",
+                ["5 good and 5 bad events per minute: the ratio is 50 % but 100 events < 200."],
+                seg(M3, [(1, M3, 5)]),
+                seg(M3, [(1, M3, 5)]),
+                [(60, False, "low volume cannot alert")],
+            ),
+        ]
+    )
 
 
 # --- judge budget --------------------------------------------------------------------------------
@@ -563,28 +714,49 @@ def _budget_held(limit: str, t: int) -> bool:
 
 
 def budget_tests() -> str:
-    out = [header("judge budget exhausted: a worker waits for the budget more than half the time", [
-        "Seconds each worker's scoring waited for a budget limit, per minute:",
-        "  tokens_per_day     worker-1 45 s/min from minute 31 (75 %)              -> fires",
-        "  calls_per_minute   worker-1 and worker-2 20 s/min each (33 %; 67 % if summed) -> nothing: a share per worker",
-        "  tokens_per_minute  worker-2 60 s/min for minutes 31-38 only: above 50 % for 7m < for (10m) -> nothing",
-    ])]
-    out += [series("convowatch_judge_budget_wait_seconds_total", w, instance=instance, limit=limit)
-            for (limit, instance), w in BUDGET_WAITS.items()]
+    out = [
+        header(
+            "judge budget exhausted: a worker waits for the budget more than half the time",
+            [
+                "Seconds each worker's scoring waited for a budget limit, per minute:",
+                "  tokens_per_day     worker-1 45 s/min from minute 31 (75 %)              -> fires",
+                "  calls_per_minute   worker-1 and worker-2 20 s/min each (33 %; 67 % if summed) -> nothing: a share per worker",
+                "  tokens_per_minute  worker-2 60 s/min for minutes 31-38 only: above 50 % for 7m < for (10m) -> nothing",
+            ],
+        )
+    ]
+    out += [
+        series("convowatch_judge_budget_wait_seconds_total", w, instance=instance, limit=limit)
+        for (limit, instance), w in BUDGET_WAITS.items()
+    ]
     limits = list(dict.fromkeys(limit for limit, _ in BUDGET_WAITS))
     out.append("    alert_rule_test:\n")
-    for t, expected, comment in ((30, [], "nothing waits for more than a third of the time yet"),
-                                 (40, [], "tokens_per_day above 50 % since minute 37, tokens_per_minute since 36: pending"),
-                                 (60, ["tokens_per_day"], "tokens_per_day fires; tokens_per_minute's burst ended, calls_per_minute stays at 33 %"),
-                                 (M3, ["tokens_per_day"], "still firing")):
+    for t, expected, comment in (
+        (30, [], "nothing waits for more than a third of the time yet"),
+        (40, [], "tokens_per_day above 50 % since minute 37, tokens_per_minute since 36: pending"),
+        (60, ["tokens_per_day"], "tokens_per_day fires; tokens_per_minute's burst ended, calls_per_minute stays at 33 %"),
+        (M3, ["tokens_per_day"], "still firing"),
+    ):
         firing = [lim for lim in limits if state_at(partial(_budget_held, lim), t, SHORT) == "firing"]
         assert firing == expected, (t, firing)
-        out.append(alert_test(t, "ConvowatchJudgeBudgetExhausted", [{
-            "labels": {"severity": "ticket", "limit": lim}, "summary": f"Judge budget {lim} is holding scoring back",
-            "description": f"A worker waited for the judge budget ({lim}) {pct(budget_share(lim, t))} of the last 10m "
-                           "(threshold 50%, for 10m). Conversations wait in the closed topic: none is lost, but scores "
-                           "arrive late and the closed topic's lag grows.",
-            "runbook_url": "docs/runbooks.md#convowatchjudgebudgetexhausted"} for lim in firing], comment))
+        out.append(
+            alert_test(
+                t,
+                "ConvowatchJudgeBudgetExhausted",
+                [
+                    {
+                        "labels": {"severity": "ticket", "limit": lim},
+                        "summary": f"Judge budget {lim} is holding scoring back",
+                        "description": f"A worker waited for the judge budget ({lim}) {pct(budget_share(lim, t))} of the last 10m "
+                        "(threshold 50%, for 10m). Conversations wait in the closed topic: none is lost, but scores "
+                        "arrive late and the closed topic's lag grows.",
+                        "runbook_url": "docs/runbooks.md#convowatchjudgebudgetexhausted",
+                    }
+                    for lim in firing
+                ],
+                comment,
+            )
+        )
     assert "firing" not in states(lambda u: budget_share("tokens_per_minute", u) > BUDGET_WAIT_SHARE, SHORT, M3).values()
     assert "pending" in states(lambda u: budget_share("tokens_per_minute", u) > BUDGET_WAIT_SHARE, SHORT, M3).values()
     return "".join(out)
@@ -605,7 +777,15 @@ tests:
 
 
 def text() -> str:
-    return HEADER + dissatisfaction_tests() + uncertain_and_judge_tests() + quiet_judge_tests() + stall_tests() + dead_letter_tests() + budget_tests()
+    return (
+        HEADER
+        + dissatisfaction_tests()
+        + uncertain_and_judge_tests()
+        + quiet_judge_tests()
+        + stall_tests()
+        + dead_letter_tests()
+        + budget_tests()
+    )
 
 
 if __name__ == "__main__":
