@@ -74,15 +74,15 @@ for path in (ROOT, ROOT / "bench"):
 import rubicon_uss as uss  # noqa: E402
 
 from scorers.conversation import Conversation, render_transcript  # noqa: E402
+from scorers.datasets.labelled import LabelledConversation  # noqa: E402
+from scorers.datasets.uss import read_uss, uss_labelled  # noqa: E402
 from scorers.early_stopping import EarlyStoppingScorer, merge_judgements  # noqa: E402
 from scorers.judges.base import Judgement, Provenance  # noqa: E402
 from scorers.judges.openai_http import OpenAIJudge  # noqa: E402
 from scorers.judges.prompt import single_question_prompt  # noqa: E402
-from scorers.labelled import LabelledConversation  # noqa: E402
-from scorers.metrics import bootstrap_ci  # noqa: E402
 from scorers.questions import Question  # noqa: E402
 from scorers.rubrics import RubricSet, evaluate  # noqa: E402
-from scorers.uss_data import read_uss, uss_labelled  # noqa: E402
+from scorers.statistics import bootstrap_ci  # noqa: E402
 from stream.sampling import SamplingPolicy, horvitz_thompson_mean  # noqa: E402
 
 OUTPUT = ROOT / "bench" / "results" / "judge_cost.json"
@@ -406,8 +406,8 @@ def llm_rubric_prompt_sizes(gguf: Path, max_chars: int | None) -> dict[str, Any]
     model's tokenizer (no inference: the recorded answers exist, only the prompt sizes are new)."""
     from llama_cpp import Llama
 
+    from scorers.datasets.llm_rubric import QUESTIONS_FILE, load_real_conversations
     from scorers.judges.prompt import multi_question_prompt, numbered_order
-    from scorers.llm_rubric_data import QUESTIONS_FILE, load_real_conversations
     from scorers.questions import load_questions
 
     data_dir = uss.USS_DIR.parent / "llm-rubric"

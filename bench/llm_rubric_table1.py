@@ -51,10 +51,10 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
 
 import torch  # noqa: E402
 
-from scorers import metrics  # noqa: E402
-from scorers.calibration import (  # noqa: E402
+from scorers import statistics  # noqa: E402
+from scorers.calibration import CalibrationNetwork  # noqa: E402
+from scorers.calibration_selection import (  # noqa: E402
     PAPER_GRID,
-    CalibrationNetwork,
     HeldOutPredictions,
     conversation_folds,
     cross_validate,
@@ -62,8 +62,7 @@ from scorers.calibration import (  # noqa: E402
     select_hyperparameters,
 )
 from scorers.conversation import Conversation  # noqa: E402
-from scorers.judges.recorded import RecordedJudge  # noqa: E402
-from scorers.llm_rubric_data import (  # noqa: E402
+from scorers.datasets.llm_rubric import (  # noqa: E402
     MAIN_QUESTION,
     QUESTIONS_FILE,
     SPLIT_FILES,
@@ -72,6 +71,7 @@ from scorers.llm_rubric_data import (  # noqa: E402
     load_split,
     satisfaction_labels,
 )
+from scorers.judges.recorded import RecordedJudge  # noqa: E402
 from scorers.rubrics import RubricSet, evaluate  # noqa: E402
 
 DEFAULT_DATA_DIR = ROOT.parent / "shared" / "data" / "llm-rubric"
@@ -216,9 +216,9 @@ def baseline_predictions(train: RubricData, test: RubricData, question: str, see
 def score(y: np.ndarray, yhat: np.ndarray) -> dict[str, float]:
     """Agreement metrics; a 2-D ``yhat`` (several random draws) is scored per draw and averaged."""
     if yhat.ndim == 2:
-        runs = [metrics.agreement(y, row) for row in yhat]
+        runs = [statistics.agreement(y, row) for row in yhat]
         return {k: float(np.mean([r[k] for r in runs])) for k in METRIC_KEYS}
-    return metrics.agreement(y, yhat)
+    return statistics.agreement(y, yhat)
 
 
 def summarise(runs: list[dict[str, float]]) -> dict[str, Any]:
@@ -307,7 +307,7 @@ def synthetic_cv(ctx: BenchContext) -> None:
             held: HeldOutPredictions = jobs[(name, s)].result()
             runs.append(score(held.answers, held.expected_value))
             if name == "llm_rubric":
-                per_option = metrics.smece_one_vs_rest(held.probabilities, held.answers)
+                per_option = statistics.smece_one_vs_rest(held.probabilities, held.answers)
                 smece_option_runs.append(per_option)
                 smece_runs.append(float(np.mean(per_option)))
         out[name] = summarise(runs)
@@ -337,7 +337,7 @@ def synthetic_cv(ctx: BenchContext) -> None:
     # The constant's value differs between folds, so pooled correlations would only measure that: undefined.
     for k in ("pearson", "spearman", "kendall"):
         out["constant"][k] = out["constant"][k + "_sd"] = math.nan
-    out["constant"]["rmse_bound"] = metrics.rmse_lower_bound([lab.answer for lab in ctx.synth.labels_for(MAIN_QUESTION)], 0.0)
+    out["constant"]["rmse_bound"] = statistics.rmse_lower_bound([lab.answer for lab in ctx.synth.labels_for(MAIN_QUESTION)], 0.0)
     ctx.results["synthetic"] = {
         "cv": out,
         "smece_q0": float(np.mean(smece_runs)),
@@ -369,10 +369,10 @@ def real_table1(ctx: BenchContext) -> None:
         out[name] = summarise([score(y, expected(p)) for p in probs])
         ensembles[name] = np.mean(probs, axis=0)
         out[name + "_ensemble"] = score(y, expected(ensembles[name]))
-        out[name + "_ensemble"]["smece"] = metrics.smece_multiclass(ensembles[name], y.astype(int))
+        out[name + "_ensemble"]["smece"] = statistics.smece_multiclass(ensembles[name], y.astype(int))
     ensembles["llm_rubric_top_k"] = np.mean([j.result() for j in top_jobs], axis=0)
     out["llm_rubric_top_k"] = score(y, expected(ensembles["llm_rubric_top_k"]))
-    out["llm_rubric_top_k"]["smece"] = metrics.smece_multiclass(ensembles["llm_rubric_top_k"], y.astype(int))
+    out["llm_rubric_top_k"]["smece"] = statistics.smece_multiclass(ensembles["llm_rubric_top_k"], y.astype(int))
     cis: dict[str, Any] = {}
     for name, yhat in (
         ("llm_rubric", expected(jobs[("llm_rubric", ctx.seeds[0])].result())),
@@ -382,7 +382,7 @@ def real_table1(ctx: BenchContext) -> None:
         ("judge_mean", baselines["judge_mean"]),
     ):
         cis[name] = {
-            m: metrics.bootstrap_ci(getattr(metrics, m), y, yhat, n_samples=BOOTSTRAP_SAMPLES, seed=0).as_dict()
+            m: statistics.bootstrap_ci(getattr(statistics, m), y, yhat, n_samples=BOOTSTRAP_SAMPLES, seed=0).as_dict()
             for m in ("rmse", "pearson", "spearman", "kendall")
         }
     out["bootstrap_ci"] = cis

@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
+from scorers.datasets.llm_rubric import QUESTIONS_FILE, REAL_CONVERSATIONS_FILE, load_real_conversations  # noqa: E402
 from scorers.judges.local import LocalJudge  # noqa: E402
-from scorers.llm_rubric_data import QUESTIONS_FILE, REAL_CONVERSATIONS_FILE, load_real_conversations  # noqa: E402
 from scorers.questions import load_questions  # noqa: E402
 
 DATA_DIR = ROOT.parent / "shared" / "data" / "llm-rubric"

@@ -1,7 +1,7 @@
 """Pipeline throughput and latency on the embedded stack (issue 3's benchmark, ``make bench``).
 
 A synthetic workload (``--conversations`` × ``--turns`` turns plus one ``end``
-event each, `stream.replay.synthetic_events`) goes through the real service:
+event each, `stream.replay.sources.synthetic_events`) goes through the real service:
 a tansu broker started here on a free port, ONE worker process
 (``convowatch run``) and the sink process (``convowatch sink``) writing to an
 embedded ClickHouse (chDB) directory, with the **recorded** GPT-3.5 judge and
@@ -77,8 +77,8 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from deploy.local.stack import StackConfig, start_kafka, stop  # noqa: E402
 from stream.contract import EndEvent, TurnEvent  # noqa: E402
-from stream.publisher import publish  # noqa: E402
-from stream.replay import ReplayItem, synthetic_events  # noqa: E402
+from stream.replay.publisher import publish  # noqa: E402
+from stream.replay.sources import ReplayItem, synthetic_events  # noqa: E402
 from stream.settings import KafkaSettings, StoreSettings  # noqa: E402
 from stream.topics import ensure_topics  # noqa: E402
 
@@ -168,7 +168,7 @@ def scoring_artifacts(cache: Path) -> tuple[Path, Path]:
     if done.exists() and rubric_set.exists() and calibrator.exists():
         return rubric_set, calibrator
     cache.mkdir(parents=True, exist_ok=True)
-    cw = [sys.executable, "-m", "stream.cli"]
+    cw = [sys.executable, "-m", "stream.commands.cli"]
     env = {**os.environ, "CONVOWATCH_JUDGE__BACKEND": "recorded", "CONVOWATCH_JUDGE__RECORDED_ANSWERS": str(SYNTH_ANSWERS)}
     steps = [
         [
@@ -365,7 +365,7 @@ class Pipeline:
         env = {**os.environ, **self.env, "CONVOWATCH_METRICS__PORT": str(port)}
         with log.open("ab") as out:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "stream.cli", command],
+                [sys.executable, "-m", "stream.commands.cli", command],
                 cwd=ROOT,
                 env=env,
                 stdout=out,

@@ -2,7 +2,7 @@
 
 Data. ``../shared/data/uss/MWOZ.txt`` and ``SGD.txt`` (USS, Sun et al. 2021).
 A dialogue is *negative* when its raters' mean OVERALL rating is < 3 and
-*positive* when it is >= 3.5 (`scorers.uss_data.uss_labelled`); the dialogues
+*positive* when it is >= 3.5 (`scorers.datasets.uss.uss_labelled`); the dialogues
 in between are not training or test data. Per corpus, ``--n-per-class``
 positives and as many negatives are drawn with ``--seed`` and split 50/50 per
 class (`stratified_split`, as in the paper); the two corpora's halves are
@@ -89,13 +89,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
+from scorers.datasets.labelled import LabelledConversation  # noqa: E402
+from scorers.datasets.uss import read_uss, stratified_split, uss_labelled  # noqa: E402
 from scorers.judges.openai_http import OpenAIJudge  # noqa: E402
-from scorers.labelled import LabelledConversation  # noqa: E402
-from scorers.rubric_learning import RubricLearner, score_labelled  # noqa: E402
-from scorers.rubric_pool import RubricPool, direct_question_pool, generic_baseline_pool, merge, seed_pool  # noqa: E402
+from scorers.learning.learner import RubricLearner, score_labelled  # noqa: E402
+from scorers.learning.pool import RubricPool, direct_question_pool, generic_baseline_pool, merge, seed_pool  # noqa: E402
+from scorers.learning.score_cache import ScoreCache, judge_identity, rate  # noqa: E402
 from scorers.rubrics import Polarity, RubiconMetrics, RubricSet, netsat_matrix  # noqa: E402
-from scorers.score_cache import ScoreCache, judge_identity, rate  # noqa: E402
-from scorers.uss_data import read_uss, stratified_split, uss_labelled  # noqa: E402
 
 USS_DIR = ROOT.parent / "shared" / "data" / "uss"
 OUTPUT = ROOT / "bench" / "results" / "rubicon_uss.json"
@@ -479,16 +479,16 @@ class Bench:
 def generated_pool(args: argparse.Namespace, base_url: str, data: Data, bench: Bench) -> RubricPool | None:
     """Rubrics generated from training conversations alone (not told about the seed pool: with it listed as
     "already written", Qwen 1.5B wrote nothing new in a first run); ``merge`` with the seed pool drops exact repeats."""
-    from scorers.embeddings import SentenceEmbedder
-    from scorers.generators import GeneratorError, OpenAIGenerator
-    from scorers.rubric_generation import RubricGenerationError, generate_pool
+    from scorers.learning.embeddings import SentenceEmbedder
+    from scorers.learning.generation import RubricGenerationError, generate_pool
+    from scorers.learning.generators import GeneratorError, OpenAIGenerator
 
     rng = np.random.default_rng(args.seed)
     pos = [i for i in data.train if i.positive]
     neg = [i for i in data.train if not i.positive]
     subset = [pos[int(j)] for j in rng.choice(len(pos), min(args.generate_per_class, len(pos)), replace=False)]
     subset += [neg[int(j)] for j in rng.choice(len(neg), min(args.generate_per_class, len(neg)), replace=False)]
-    from scorers.prompts.rubric_learning import PROMPT_VERSIONS
+    from scorers.learning.prompts import PROMPT_VERSIONS
 
     key = hashlib.sha256(
         json.dumps(
@@ -617,7 +617,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="[%(asctime)s] %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    logging.getLogger("scorers.rubric_generation").setLevel(logging.INFO)  # what the generator wrote and what was dropped
+    logging.getLogger("scorers.learning.generation").setLevel(logging.INFO)  # what the generator wrote and what was dropped
     corpora = [c.strip() for c in args.corpora.split(",") if c.strip()]
     data = load_data(corpora, args.n_per_class, args.middle_per_corpus, args.seed)
     log(f"data: train {len(data.train)}, test {len(data.test)}, middle sample {len(data.middle)}: {data.summary}")

@@ -17,14 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dashboards import operations, overview, quality, rubrics
+from dashboards import operations, overview, quality, rubrics_dashboard
 from dashboards.datasources import KIND_BY_UID, Kind
 
 DEFAULT_DIR = Path(__file__).resolve().parent / "json"
 BUILDERS: tuple[Callable[[], dict[str, Any]], ...] = (
     overview.dashboard,
     quality.dashboard,
-    rubrics.dashboard,
+    rubrics_dashboard.dashboard,
     operations.dashboard,
 )
 

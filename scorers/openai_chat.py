@@ -1,7 +1,7 @@
 """One chat completion from an OpenAI-compatible endpoint under the shared retry policy.
 
 `OpenAIJudge` (`scorers.judges.openai_http`) and `OpenAIGenerator`
-(`scorers.generators`) differ in what they ask and read, not in how they
+(`scorers.learning.generators`) differ in what they ask and read, not in how they
 survive failures, so both call `complete_with_retries`:
 
 - 429, 408, 5xx, timeouts and connection errors are retried with exponential

@@ -59,7 +59,7 @@ _LC = "LowCardinality(String)"
 SCORED_BIT = 1 << 62
 # A DSAT rubric "hit": the judge rates it at least the middle of the 0-10 scale (stored score <= -5). Almost
 # every probabilistic answer puts some mass on "applies", so score < 0 would flag nearly every conversation.
-# dashboards/rubrics.py's HIT_RATING says the same (tests hold the two equal).
+# dashboards/rubrics_dashboard.py's HIT_RATING says the same (tests hold the two equal).
 DSAT_HIT_RATING = 5.0
 _SCORE_VERSION = f"bitOr(toUInt64(status = 'scored') * {SCORED_BIT}, toUInt64(toUnixTimestamp64Micro(scored_at)))"
 

@@ -54,7 +54,7 @@ def scoring_artifacts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, P
     from tests.pipeline import LLM_RUBRIC_DATA, REPO
 
     out = tmp_path_factory.mktemp("scoring-artifacts")
-    cw = [sys.executable, "-m", "stream.cli"]
+    cw = [sys.executable, "-m", "stream.commands.cli"]
     synth_answers = LLM_RUBRIC_DATA / "gpt-3.5-turbo-16k_synth_evaluations_FIXED.tsv"
     env = {
         **__import__("os").environ,

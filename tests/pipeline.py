@@ -135,7 +135,7 @@ class Pipeline:
         full_env = {**os.environ, **self.env, "CONVOWATCH_METRICS__PORT": str(port), **(env or {})}
         with log.open("ab") as out:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "stream.cli", command],
+                [sys.executable, "-m", "stream.commands.cli", command],
                 cwd=REPO,
                 env=full_env,
                 stdout=out,
@@ -175,7 +175,7 @@ class Pipeline:
 
     def replay(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-m", "stream.cli", "replay", *args],
+            [sys.executable, "-m", "stream.commands.cli", "replay", *args],
             cwd=REPO,
             env={**os.environ, **self.env},
             capture_output=True,

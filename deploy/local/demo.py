@@ -57,7 +57,11 @@ def _settings_env() -> dict[str, str]:
 def _cw(*args: str, env: dict[str, str] | None = None, quiet: bool = False) -> subprocess.CompletedProcess:
     """Run a `convowatch` command; on failure print its output and stop the demo."""
     done = subprocess.run(
-        [sys.executable, "-m", "stream.cli", *args], cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True, text=True
+        [sys.executable, "-m", "stream.commands.cli", *args],
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
     )
     if done.returncode != 0:
         sys.stderr.write(done.stdout + done.stderr)
@@ -143,7 +147,7 @@ def start_service(name: str, command: str, port: int) -> None:
     env = {**os.environ, **_settings_env(), "CONVOWATCH_METRICS__PORT": str(port)}
     with open(processes.log_path(STATE, name), "ab") as out:
         popen = subprocess.Popen(
-            [sys.executable, "-m", "stream.cli", command],
+            [sys.executable, "-m", "stream.commands.cli", command],
             cwd=REPO,
             env=env,
             stdin=subprocess.DEVNULL,

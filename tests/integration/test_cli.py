@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from scorers.calibration import CalibrationNetwork
-from scorers.labelled import load_labelled_jsonl, write_labelled_jsonl
+from scorers.datasets.labelled import load_labelled_jsonl, write_labelled_jsonl
 from tests.data_paths import LLM_RUBRIC
 
 SYNTH_ANSWERS = LLM_RUBRIC / "gpt-3.5-turbo-16k_synth_evaluations_FIXED.tsv"
@@ -26,7 +26,7 @@ def convowatch(*args: str | Path, env: dict[str, str] | None = None) -> subproce
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("CONVOWATCH_")}
     full_env.update(env or {})
     return subprocess.run(
-        [sys.executable, "-m", "stream.cli", *map(str, args)],
+        [sys.executable, "-m", "stream.commands.cli", *map(str, args)],
         capture_output=True,
         text=True,
         env=full_env,

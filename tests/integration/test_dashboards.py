@@ -28,8 +28,8 @@ import yaml
 from dashboards import catalog
 from dashboards.datasources import CLICKHOUSE_UID, PROMETHEUS_UID
 from dashboards.push import DEFAULT_FOLDER, PushError, folder_uid, push
-from dashboards.rubrics import HIT_RATING
-from scorers.llm_rubric_data import REAL_CONVERSATIONS_FILE, load_real_conversations
+from dashboards.rubrics_dashboard import HIT_RATING
+from scorers.datasets.llm_rubric import REAL_CONVERSATIONS_FILE, load_real_conversations
 from stream.metrics import ServiceMetrics, metric_names
 from stream.records import ClosedConversation, DimensionPrediction, RubricHit, ScoreRecord, TurnRecord
 from tests.chdb_fixture import chdb_dsn, chdb_store, store_factory  # noqa: F401
@@ -48,7 +48,7 @@ END = datetime.fromtimestamp(T0 + 3600, tz=UTC)
 def convowatch(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("CONVOWATCH_")}
     return subprocess.run(
-        [sys.executable, "-m", "stream.cli", *map(str, args)],
+        [sys.executable, "-m", "stream.commands.cli", *map(str, args)],
         capture_output=True,
         text=True,
         env={**clean, **(env or {})},

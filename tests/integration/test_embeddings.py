@@ -1,7 +1,7 @@
 """Sentence embeddings (packaged all-MiniLM-L6-v2) and semantic de-duplication, on real sentences.
 
 `test_similarity_cut_separates_the_measured_pairs` re-runs the measurement the
-cut in `scorers.embeddings` was chosen on (the pairs below); if the model, the
+cut in `scorers.learning.embeddings` was chosen on (the pairs below); if the model, the
 pooling or the cut changes, it fails and the cut must be measured again.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scorers.embeddings import (
+from scorers.learning.embeddings import (
     EMBEDDING_DIM,
     SIMILARITY_CUT,
     EmbeddingModelError,

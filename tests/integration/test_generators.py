@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from scorers.generators import (
+from scorers.learning.generators import (
     Generation,
     GeneratorAuthError,
     GeneratorModelNotFound,

@@ -29,6 +29,7 @@ import pytest
 from openai.types.chat.chat_completion_token_logprob import TopLogprob
 
 from scorers.conversation import Conversation, render_transcript
+from scorers.datasets.llm_rubric import load_real_conversations
 from scorers.judges.answer_format import (
     answer_grammar,
     answer_json_schema,
@@ -40,7 +41,6 @@ from scorers.judges.answer_format import (
 from scorers.judges.base import Answer, JudgeAuthError, Judgement, JudgeModelNotFound, JudgeReplyError, JudgeUnavailable
 from scorers.judges.openai_http import OpenAIJudge, option_probabilities
 from scorers.judges.prompt import multi_question_prompt, numbered_order, prefix, single_question_prompt
-from scorers.llm_rubric_data import load_real_conversations
 from scorers.questions import Question, likert_question
 from tests.data_paths import LLM_RUBRIC
 from tests.servers import LlamaServer, Received, Reply, ScriptedServer, forward, free_port

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from scorers.labelled import load_labelled_jsonl
-from scorers.rubric_pool import seed_pool
+from scorers.datasets.labelled import load_labelled_jsonl
+from scorers.datasets.uss import read_uss, uss_labelled
+from scorers.learning.pool import seed_pool
 from scorers.rubrics import RubricSet
-from scorers.uss_data import read_uss, uss_labelled
 from tests import servers
 from tests.data_paths import LLM_RUBRIC, SHARED_DATA
 
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def convowatch(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("CONVOWATCH_")}
     return subprocess.run(
-        [sys.executable, "-m", "stream.cli", *map(str, args)],
+        [sys.executable, "-m", "stream.commands.cli", *map(str, args)],
         capture_output=True,
         text=True,
         env={**clean, **(env or {})},

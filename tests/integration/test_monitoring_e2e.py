@@ -38,8 +38,8 @@ import yaml
 from dashboards import catalog, grafana_alerts
 from dashboards.alert_rules import AlertWindows, rules_yaml
 from scorers.calibration import CalibrationNetwork
+from scorers.datasets.llm_rubric import load_real_conversations
 from scorers.judges.recorded import RecordedJudge
-from scorers.llm_rubric_data import load_real_conversations
 from scorers.questions import load_questions
 from stream.contract import EndEvent, TurnEvent, encode_event
 from stream.settings import ScoringSettings
@@ -353,7 +353,7 @@ def test_convowatch_report_renders_the_replay(replayed: Replayed) -> None:
             process.terminate()
     out = replayed.pipeline.root / "report"
     done = subprocess.run(
-        [sys.executable, "-m", "stream.cli", "report", "--since", "1h", "--product", "spiky", "--out", str(out)],
+        [sys.executable, "-m", "stream.commands.cli", "report", "--since", "1h", "--product", "spiky", "--out", str(out)],
         cwd=REPO,
         env={
             **__import__("os").environ,

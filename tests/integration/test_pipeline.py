@@ -20,7 +20,7 @@ from kafka import KafkaAdminClient
 
 from stream.contract import DeadLetter, EndEvent, FeedbackEvent, InvalidEvent, TurnEvent, encode_event, parse_event
 from stream.records import ScoreRecord
-from stream.replay import ReplayItem, llm_rubric_events
+from stream.replay.sources import ReplayItem, llm_rubric_events
 from tests.infra import free_port, wait_for
 from tests.pipeline import Pipeline
 

@@ -44,7 +44,7 @@ def convowatch(*args: str | Path, env: dict[str, str], timeout: float = 120) -> 
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("CONVOWATCH_")}
     full_env.update(env)
     return subprocess.run(
-        [sys.executable, "-m", "stream.cli", *map(str, args)],
+        [sys.executable, "-m", "stream.commands.cli", *map(str, args)],
         capture_output=True,
         text=True,
         env=full_env,

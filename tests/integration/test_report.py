@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from stream.records import DimensionPrediction, RubricHit, ScoreRecord
-from stream.report import (
+from stream.report.data import (
     IMAGES,
     PAGE,
     Counts,
@@ -26,8 +26,8 @@ from stream.report import (
     bucket_seconds,
     load_report,
     resolve_window,
-    write_report,
 )
+from stream.report.render import write_report
 from tests.chdb_fixture import chdb_dsn, chdb_store, store_factory  # noqa: F401
 from tests.integration.test_store import T0, closed, scored, unscored, utc
 from tests.pipeline import REPO
@@ -214,7 +214,7 @@ def test_a_store_without_the_database_is_a_clear_error(store_factory) -> None:
 
 def convowatch(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "stream.cli", *args],
+        [sys.executable, "-m", "stream.commands.cli", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -281,12 +281,12 @@ def real_records() -> tuple[ScoreRecord, ...]:
     """
     from scorers.calibration import CalibrationNetwork
     from scorers.conversation import Conversation
+    from scorers.datasets.llm_rubric import QUESTIONS_FILE, dimension_rubric_set, load_split, satisfaction_labels
     from scorers.judges.recorded import RecordedJudge
-    from scorers.llm_rubric_data import QUESTIONS_FILE, dimension_rubric_set, load_split, satisfaction_labels
     from scorers.rubrics import Polarity, Rubric, RubricSet, Scale
     from stream.assembly import ConversationAssembler
     from stream.metrics import ServiceMetrics
-    from stream.replay import llm_rubric_events
+    from stream.replay.sources import llm_rubric_events
     from stream.scoring import ConversationScorer
     from stream.settings import AssemblySettings, ScoringSettings
 
@@ -336,8 +336,8 @@ def test_a_week_of_real_conversations(store_factory, tmp_path) -> None:
     """Real scored conversations, delivered twice: the page's totals, worst table and images hold up against the records."""
     from matplotlib.image import imread
 
-    from scorers.llm_rubric_data import QUESTIONS_FILE
-    from stream.report import question_names
+    from scorers.datasets.llm_rubric import QUESTIONS_FILE
+    from stream.report.data import question_names
 
     records = real_records()
     assert len(records) == 223

@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from stream.report import PAGE, Window, load_report, write_report
+from stream.report.data import PAGE, Window, load_report
+from stream.report.render import write_report
 from stream.settings import PriceSettings
 from tests.chdb_fixture import chdb_dsn, chdb_store, store_factory  # noqa: F401
 from tests.integration.test_store import T0, scored, unscored, utc

@@ -22,12 +22,10 @@ import numpy as np
 import pytest
 
 from scorers.conversation import Conversation
-from scorers.embeddings import SIMILARITY_CUT, SentenceEmbedder
-from scorers.generators import Generation, LocalGenerator, OpenAIGenerator, TextGenerator
-from scorers.labelled import LabelledConversation
-from scorers.prompts import PROMPT_VERSIONS, extraction_prompt, summarisation_prompt
-from scorers.prompts.rubric_learning import PRINCIPLES
-from scorers.rubric_generation import (
+from scorers.datasets.labelled import LabelledConversation
+from scorers.datasets.uss import read_uss, uss_labelled
+from scorers.learning.embeddings import SIMILARITY_CUT, SentenceEmbedder
+from scorers.learning.generation import (
     GenerationReport,
     ItemRejected,
     Reason,
@@ -41,9 +39,10 @@ from scorers.rubric_generation import (
     parse_numbered_reply,
     summarise,
 )
-from scorers.rubric_pool import RubricPool, seed_pool
+from scorers.learning.generators import Generation, LocalGenerator, OpenAIGenerator, TextGenerator
+from scorers.learning.pool import RubricPool, seed_pool
+from scorers.learning.prompts import PRINCIPLES, PROMPT_VERSIONS, extraction_prompt, summarisation_prompt
 from scorers.rubrics import Polarity
-from scorers.uss_data import read_uss, uss_labelled
 from tests.data_paths import SHARED_DATA
 from tests.servers import LlamaServer, cache_dir, free_port
 
@@ -255,7 +254,7 @@ def test_local_base_model_replies_are_retried_then_skipped_and_logged(
     labelled: list[LabelledConversation], caplog: pytest.LogCaptureFixture
 ) -> None:
     """Gemma 270M base (local, greedy) does not produce the numbered list: each attempt is malformed."""
-    caplog.set_level(logging.INFO, logger="scorers.rubric_generation")
+    caplog.set_level(logging.INFO, logger="scorers.learning.generation")
     generator = Recording(LocalGenerator(cache_dir=cache_dir()))
     report = GenerationReport(generator.name)
     progress: list[tuple[str, int, int]] = []

@@ -9,12 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from scorers.datasets.uss import llm_rubric_labelled, stratified_split
 from scorers.judges.local import LocalJudge
-from scorers.rubric_learning import RubricLearner
-from scorers.rubric_pool import RubricPool, seed_pool
+from scorers.learning.learner import RubricLearner
+from scorers.learning.pool import RubricPool, seed_pool
+from scorers.learning.score_cache import ScoreCache
 from scorers.rubrics import fit_windows, netsat_matrix
-from scorers.score_cache import ScoreCache
-from scorers.uss_data import llm_rubric_labelled, stratified_split
 from tests import servers
 from tests.data_paths import LLM_RUBRIC
 

@@ -14,7 +14,7 @@ import pytest
 
 from stream.metrics import ServiceMetrics
 from stream.records import ClosedConversation, RecordError, ScoreRecord
-from stream.report import Z95, Counts
+from stream.report.data import Z95, Counts
 from stream.sampling import SamplingPolicy, unit_hash
 from stream.scoring import ConversationScorer
 from stream.settings import SamplingRuleSettings, SamplingSettings, SettingsError, load_settings

@@ -65,7 +65,7 @@ def test_the_console_script_and_the_service_commands_work(installed: Path, tmp_p
 
 def test_the_worker_sink_and_replay_modules_load_outside_the_checkout(installed: Path, tmp_path: Path) -> None:
     code = (
-        "import stream.app, stream.sink, stream.replay, scorers.rubrics, dashboards.catalog, faust, click;"
+        "import stream.app, stream.sink, stream.replay.sources, scorers.rubrics, dashboards.catalog, faust, click;"
         "import stream, pathlib; print(pathlib.Path(stream.__file__).parent); print(click.__version__)"
     )
     where, click_version = _run([str(installed / "bin" / "python"), "-c", code], cwd=tmp_path).stdout.split()

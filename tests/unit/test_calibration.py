@@ -25,6 +25,8 @@ from scorers.calibration import (
     Prediction,
     TrainingProgress,
     _nll,
+)
+from scorers.calibration_selection import (
     conversation_folds,
     cross_validate,
     parameter_grid,
@@ -32,8 +34,8 @@ from scorers.calibration import (
     select_hyperparameters,
 )
 from scorers.conversation import Conversation, Turn
+from scorers.datasets.llm_rubric import Label, RubricData, build_data, load_features, load_labels, load_n_options, load_split
 from scorers.judges import RecordedJudge
-from scorers.llm_rubric_data import Label, RubricData, build_data, load_features, load_labels, load_n_options, load_split
 from scorers.questions import load_questions
 from tests.data_paths import LLM_RUBRIC as DATA
 

@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scorers.conversation import Conversation
+from scorers.datasets.llm_rubric import dimension_rubric_set, load_real_conversations, load_split, satisfaction_labels
 from scorers.early_stopping import EarlyStoppingScorer, contribution_range, decided, netsat_range
 from scorers.judges.base import Judge, Judgement
 from scorers.judges.recorded import RecordedJudge
-from scorers.llm_rubric_data import dimension_rubric_set, load_real_conversations, load_split, satisfaction_labels
 from scorers.questions import Question
 from scorers.rubrics import ConfidenceWindows, Polarity, Rubric, RubricSet, Scale
 from tests.data_paths import LLM_RUBRIC as DATA

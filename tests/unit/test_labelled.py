@@ -3,7 +3,7 @@
 import pytest
 
 from scorers.conversation import Conversation, Turn
-from scorers.labelled import (
+from scorers.datasets.labelled import (
     LabelledConversation,
     LabelledDataError,
     load_labelled_jsonl,

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scorers.llm_rubric_data import (
+from scorers.datasets.llm_rubric import (
     QUESTION_IDS,
     Label,
     RubricData,

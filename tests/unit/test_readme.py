@@ -364,7 +364,7 @@ def test_settings_reference_defaults_environment_names_and_choices_match_the_mod
 
 
 def _cli_commands() -> set[tuple[str, ...]]:
-    from stream.cli import cli
+    from stream.commands.cli import cli
 
     out: set[tuple[str, ...]] = set()
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from scorers.uss_data import UssFormatError, read_uss, uss_labelled
+from scorers.datasets.uss import UssFormatError, read_uss, uss_labelled
 from stream.contract import EndEvent, InvalidEvent, TurnEvent, encode_event, parse_event
-from stream.replay import (
+from stream.replay.sources import (
     DEFAULT_START,
     LLM_RUBRIC_REAL_DATA,
     ReplayError,

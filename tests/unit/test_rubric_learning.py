@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 
 from scorers.conversation import Conversation
+from scorers.datasets.labelled import LabelledConversation
+from scorers.datasets.llm_rubric import dimension_rubric_set
+from scorers.datasets.uss import llm_rubric_labelled, stratified_split
 from scorers.judges import RecordedJudge, load_answer_table
-from scorers.labelled import LabelledConversation
-from scorers.llm_rubric_data import dimension_rubric_set
-from scorers.rubric_learning import PLOT_FILE, REPORT_FILE, RubricLearner, score_labelled, write_report
-from scorers.rubric_selection import DEFAULT_ALPHAS, LearningError, separations, training_data_hash
+from scorers.learning.learner import PLOT_FILE, REPORT_FILE, RubricLearner, score_labelled, write_report
+from scorers.learning.score_cache import ScoreCache, judge_identity
+from scorers.learning.selection import DEFAULT_ALPHAS, LearningError, separations, training_data_hash
 from scorers.rubrics import RubricSet, evaluate, fit_windows
-from scorers.score_cache import ScoreCache, judge_identity
-from scorers.uss_data import llm_rubric_labelled, stratified_split
 from tests.data_paths import LLM_RUBRIC
 
 MODEL = "gpt-3.5-turbo-16k"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from scorers.rubric_pool import (
+from scorers.learning.pool import (
     MAX_TEXT_CHARS,
     SOURCES,
     PoolRubric,

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from scorers.rubric_pool import PoolRubric, RubricPool
-from scorers.rubric_selection import (
+from scorers.learning.pool import PoolRubric, RubricPool
+from scorers.learning.selection import (
     DEFAULT_ALPHAS,
     LearningError,
     brute_force_select,

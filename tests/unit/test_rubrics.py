@@ -16,9 +16,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from scorers.conversation import Conversation
+from scorers.datasets.llm_rubric import dimension_rubric_set, load_real_conversations
 from scorers.judges import RecordedJudge
 from scorers.judges.base import Answer, Judgement, JudgeReplyError, Provenance
-from scorers.llm_rubric_data import dimension_rubric_set, load_real_conversations
 from scorers.questions import likert_question
 from scorers.rubrics import (
     LIKERT_SCALE,

@@ -16,12 +16,12 @@ import sqlite3
 import numpy as np
 import pytest
 
+from scorers.datasets.llm_rubric import dimension_rubric_set, load_real_conversations
 from scorers.judges import RecordedJudge, load_answer_table
 from scorers.judges.base import JudgeReplyError, UnknownConversation
-from scorers.llm_rubric_data import dimension_rubric_set, load_real_conversations
-from scorers.rubric_pool import PoolRubric
+from scorers.learning.pool import PoolRubric
+from scorers.learning.score_cache import ScoreCache, ScoreCacheError, judge_identity, question_key, rate
 from scorers.rubrics import netsat_matrix
-from scorers.score_cache import ScoreCache, ScoreCacheError, judge_identity, question_key, rate
 from tests.data_paths import LLM_RUBRIC
 
 REAL_TSV = LLM_RUBRIC / "gpt-3.5-turbo-16k_real_evaluations_FIXED.tsv"

@@ -18,15 +18,21 @@ import pytest
 
 from scorers.calibration import CalibrationNetwork
 from scorers.conversation import Conversation
+from scorers.datasets.llm_rubric import (
+    QUESTIONS_FILE,
+    dimension_rubric_set,
+    load_real_conversations,
+    load_split,
+    satisfaction_labels,
+)
 from scorers.judges.base import Judgement, JudgeUnavailable
 from scorers.judges.recorded import RecordedJudge
-from scorers.llm_rubric_data import QUESTIONS_FILE, dimension_rubric_set, load_real_conversations, load_split, satisfaction_labels
 from scorers.questions import Question
 from scorers.rubrics import RubricSet
 from stream.assembly import ConversationAssembler
 from stream.metrics import ServiceMetrics
 from stream.records import ClosedConversation, ScoreRecord
-from stream.replay import llm_rubric_events
+from stream.replay.sources import llm_rubric_events
 from stream.scoring import NO_CALIBRATOR, ConversationScorer, judge_identity, scoring_questions
 from stream.settings import AssemblySettings, ScoringSettings, SettingsError
 

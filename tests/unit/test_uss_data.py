@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from scorers.labelled import LabelledConversation, LabelledDataError, load_labelled_jsonl, write_labelled_jsonl
-from scorers.llm_rubric_data import load_split, satisfaction_labels
-from scorers.uss_data import (
+from scorers.datasets.labelled import LabelledConversation, LabelledDataError, load_labelled_jsonl, write_labelled_jsonl
+from scorers.datasets.llm_rubric import load_split, satisfaction_labels
+from scorers.datasets.uss import (
     UssFormatError,
     llm_rubric_labelled,
     read_uss,

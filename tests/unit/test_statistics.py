@@ -9,64 +9,64 @@ import pytest
 import relplot
 from scipy import stats
 
-from scorers import metrics
-from scorers.metrics import MetricError
+from scorers import statistics
+from scorers.statistics import MetricError
 
 
 def test_rmse_known_value():
-    assert metrics.rmse([1, 2, 3, 4], [1, 2, 3, 8]) == pytest.approx(2.0)
-    assert metrics.rmse([2.5], [2.5]) == 0.0
+    assert statistics.rmse([1, 2, 3, 4], [1, 2, 3, 8]) == pytest.approx(2.0)
+    assert statistics.rmse([2.5], [2.5]) == 0.0
 
 
 def test_correlations_match_scipy():
     rng = np.random.default_rng(0)
     y = rng.integers(1, 5, size=200).astype(float)
     yhat = y + rng.normal(0, 1.5, size=200)
-    assert metrics.pearson(y, yhat) == pytest.approx(stats.pearsonr(y, yhat).statistic)
-    assert metrics.spearman(y, yhat) == pytest.approx(stats.spearmanr(y, yhat).statistic)
-    assert metrics.kendall(y, yhat) == pytest.approx(stats.kendalltau(y, yhat).statistic)
+    assert statistics.pearson(y, yhat) == pytest.approx(stats.pearsonr(y, yhat).statistic)
+    assert statistics.spearman(y, yhat) == pytest.approx(stats.spearmanr(y, yhat).statistic)
+    assert statistics.kendall(y, yhat) == pytest.approx(stats.kendalltau(y, yhat).statistic)
 
 
 def test_correlations_known_values():
-    assert metrics.pearson([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
-    assert metrics.spearman([1, 2, 3, 4], [1, 4, 9, 16]) == pytest.approx(1.0)
+    assert statistics.pearson([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
+    assert statistics.spearman([1, 2, 3, 4], [1, 4, 9, 16]) == pytest.approx(1.0)
     # One discordant pair out of three: tau = (2 - 1) / 3.
-    assert metrics.kendall([1, 2, 3], [1, 3, 2]) == pytest.approx(1 / 3)
+    assert statistics.kendall([1, 2, 3], [1, 3, 2]) == pytest.approx(1 / 3)
 
 
 def test_constant_predictions_have_undefined_correlation():
-    for f in (metrics.pearson, metrics.spearman, metrics.kendall):
+    for f in (statistics.pearson, statistics.spearman, statistics.kendall):
         assert math.isnan(f([1, 2, 3, 4], [2.8, 2.8, 2.8, 2.8]))
 
 
 def test_mismatched_or_bad_inputs_are_errors():
     with pytest.raises(MetricError, match="differ in length"):
-        metrics.rmse([1, 2], [1])
+        statistics.rmse([1, 2], [1])
     with pytest.raises(MetricError, match="at least one"):
-        metrics.rmse([], [])
+        statistics.rmse([], [])
     with pytest.raises(MetricError, match="finite"):
-        metrics.pearson([1, 2, np.nan], [1, 2, 3])
+        statistics.pearson([1, 2, np.nan], [1, 2, 3])
     with pytest.raises(MetricError, match="correlation"):
-        metrics.rmse_lower_bound([1, 2], 1.5)
+        statistics.rmse_lower_bound([1, 2], 1.5)
 
 
 def test_rmse_bound_is_reached_by_the_best_affine_predictor_and_never_beaten():
     rng = np.random.default_rng(1)
     y = rng.integers(1, 5, size=500).astype(float)
     signal = y + rng.normal(0, 2.0, size=500)
-    r = metrics.pearson(y, signal)
-    bound = metrics.rmse_lower_bound(y, r)
+    r = statistics.pearson(y, signal)
+    bound = statistics.rmse_lower_bound(y, r)
     slope, intercept = np.polyfit(signal, y, 1)
-    assert metrics.rmse(y, intercept + slope * signal) == pytest.approx(bound, rel=1e-9)
+    assert statistics.rmse(y, intercept + slope * signal) == pytest.approx(bound, rel=1e-9)
     for a, b in ((0.0, 1.0), (2.0, 0.3), (intercept + 0.1, slope)):
-        assert metrics.rmse(y, a + b * signal) >= bound
+        assert statistics.rmse(y, a + b * signal) >= bound
     # With no correlation the bound is the SD: the training-mean predictor's RMSE.
-    assert metrics.rmse_lower_bound(y, 0.0) == pytest.approx(metrics.rmse(y, np.full_like(y, y.mean())))
-    assert metrics.rmse_lower_bound(y, math.nan) == pytest.approx(np.std(y))
+    assert statistics.rmse_lower_bound(y, 0.0) == pytest.approx(statistics.rmse(y, np.full_like(y, y.mean())))
+    assert statistics.rmse_lower_bound(y, math.nan) == pytest.approx(np.std(y))
 
 
 def test_agreement_has_all_columns():
-    out = metrics.agreement([1, 2, 3, 4], [1.5, 2.0, 2.5, 4.0])
+    out = statistics.agreement([1, 2, 3, 4], [1.5, 2.0, 2.5, 4.0])
     assert set(out) == {"rmse", "rmse_bound", "pearson", "spearman", "kendall"}
     assert out["rmse_bound"] <= out["rmse"]
 
@@ -75,41 +75,41 @@ def test_smece_matches_relplot_and_separates_calibrated_from_overconfident():
     rng = np.random.default_rng(2)
     f = rng.uniform(0, 1, size=4000)
     calibrated = (rng.uniform(0, 1, size=4000) < f).astype(float)
-    assert metrics.smece(f, calibrated) == pytest.approx(float(relplot.smECE(f, calibrated)))
-    assert metrics.smece(f, calibrated) < 0.03
+    assert statistics.smece(f, calibrated) == pytest.approx(float(relplot.smECE(f, calibrated)))
+    assert statistics.smece(f, calibrated) < 0.03
     # Always forecasting 0.9 for a fair coin is off by 0.4.
     coin = (rng.uniform(0, 1, size=4000) < 0.5).astype(float)
-    assert metrics.smece(np.full(4000, 0.9), coin) == pytest.approx(0.4, abs=0.03)
+    assert statistics.smece(np.full(4000, 0.9), coin) == pytest.approx(0.4, abs=0.03)
     with pytest.raises(MetricError, match="0 or 1"):
-        metrics.smece([0.5, 0.5], [0, 2])
+        statistics.smece([0.5, 0.5], [0, 2])
     with pytest.raises(MetricError, match="probabilities"):
-        metrics.smece([1.5, 0.5], [0, 1])
+        statistics.smece([1.5, 0.5], [0, 1])
 
 
 def test_one_vs_rest_smece_per_option():
     rng = np.random.default_rng(3)
     probs = rng.dirichlet(np.ones(4), size=3000)
     answers = np.array([rng.choice(4, p=p) + 1 for p in probs])
-    per_option = metrics.smece_one_vs_rest(probs, answers)
+    per_option = statistics.smece_one_vs_rest(probs, answers)
     assert len(per_option) == 4
     assert max(per_option) < 0.04
-    assert metrics.smece_multiclass(probs, answers) == pytest.approx(np.mean(per_option))
-    assert per_option[1] == pytest.approx(metrics.smece(probs[:, 1], (answers == 2).astype(float)))
+    assert statistics.smece_multiclass(probs, answers) == pytest.approx(np.mean(per_option))
+    assert per_option[1] == pytest.approx(statistics.smece(probs[:, 1], (answers == 2).astype(float)))
     # Shuffling the forecasts against the answers breaks calibration of the confident ones.
-    assert metrics.smece_multiclass(probs[::-1] ** 3 / (probs[::-1] ** 3).sum(1, keepdims=True), answers) > 0.05
+    assert statistics.smece_multiclass(probs[::-1] ** 3 / (probs[::-1] ** 3).sum(1, keepdims=True), answers) > 0.05
     with pytest.raises(MetricError, match="1..4"):
-        metrics.smece_one_vs_rest(probs[:2], [0, 1])
+        statistics.smece_one_vs_rest(probs[:2], [0, 1])
 
 
 def test_bootstrap_ci_brackets_the_estimate_and_is_reproducible():
     rng = np.random.default_rng(4)
     y = rng.normal(size=300)
     yhat = y + rng.normal(size=300)
-    ci = metrics.bootstrap_ci(metrics.pearson, y, yhat, n_samples=500, seed=7)
+    ci = statistics.bootstrap_ci(statistics.pearson, y, yhat, n_samples=500, seed=7)
     assert ci.low < ci.estimate < ci.high
-    assert ci.estimate == pytest.approx(metrics.pearson(y, yhat))
-    assert metrics.bootstrap_ci(metrics.pearson, y, yhat, n_samples=500, seed=7) == ci
-    small = metrics.bootstrap_ci(metrics.pearson, y[:60], yhat[:60], n_samples=500, seed=7)
+    assert ci.estimate == pytest.approx(statistics.pearson(y, yhat))
+    assert statistics.bootstrap_ci(statistics.pearson, y, yhat, n_samples=500, seed=7) == ci
+    small = statistics.bootstrap_ci(statistics.pearson, y[:60], yhat[:60], n_samples=500, seed=7)
     assert (small.high - small.low) > (ci.high - ci.low)
     assert ci.as_dict()["level"] == 0.95
 
@@ -124,7 +124,7 @@ def test_bootstrap_by_group_keeps_groups_together():
         seen.add(round(float(np.mean(v)), 6))
         return float(np.mean(v))
 
-    metrics.bootstrap_ci(mean, values, n_samples=200, groups=groups, seed=0)
+    statistics.bootstrap_ci(mean, values, n_samples=200, groups=groups, seed=0)
     assert seen <= {0.0, 0.5, 1.0}
     with pytest.raises(MetricError, match="groups"):
-        metrics.bootstrap_ci(mean, values, groups=groups[:10])
+        statistics.bootstrap_ci(mean, values, groups=groups[:10])

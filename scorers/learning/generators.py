@@ -28,7 +28,7 @@ with two backends matching the judge layer's:
 A reply's text is returned as the model wrote it, with its token counts,
 wall time (including retries) and finish reason (``"length"`` when
 ``max_tokens`` cut it). Judging whether the text is usable is the caller's job
-(`scorers.rubric_generation`).
+(`scorers.learning.generation`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`convowatch learn` (RUBICON rubric learning) and `convowatch data uss` (USS files -> labelled JSONL).
 
-Both are click commands registered on the CLI in `stream.cli`: ``learn`` on the
+Both are click commands registered on the CLI in `stream.commands.cli`: ``learn`` on the
 top-level group, ``uss_command`` as ``data uss``. They read settings through
 the CLI's context object (``obj.settings``) like every other command, and
 raise the exceptions in `LEARN_USER_ERRORS` for bad input or configuration
@@ -16,18 +16,18 @@ from typing import Any
 
 import click
 
-from scorers.labelled import LabelledConversation, load_labelled_jsonl, write_labelled_jsonl
-from scorers.rubric_learning import METHODS, RubricLearner, write_report
-from scorers.rubric_pool import RubricPool, RubricPoolError, merge, seed_pool
-from scorers.rubric_selection import DEFAULT_ALPHAS, LearningError
+from scorers.datasets.labelled import LabelledConversation, load_labelled_jsonl, write_labelled_jsonl
+from scorers.datasets.uss import UssFormatError, read_uss, stratified_split, uss_labelled
+from scorers.learning.learner import METHODS, RubricLearner, write_report
+from scorers.learning.pool import RubricPool, RubricPoolError, merge, seed_pool
+from scorers.learning.score_cache import ScoreCache, ScoreCacheError
+from scorers.learning.selection import DEFAULT_ALPHAS, LearningError
 from scorers.rubrics import DEFAULT_PRECISION, RubricSet
-from scorers.score_cache import ScoreCache, ScoreCacheError
-from scorers.uss_data import UssFormatError, read_uss, stratified_split, uss_labelled
 from stream.budget import BudgetedJudge
 from stream.judge_factory import judge_from_settings
 from stream.settings import Settings, SettingsError
 
-# Add these to stream.cli.USER_ERRORS: bad input or configuration, printed as one line. Generation's own
+# Add these to stream.commands.cli.USER_ERRORS: bad input or configuration, printed as one line. Generation's own
 # errors (generator, embedding model) become LearningError here, so that importing this module stays light
 # (the generation stack imports torch and transformers only when a pool is generated).
 LEARN_USER_ERRORS: tuple[type[Exception], ...] = (
@@ -83,7 +83,7 @@ def _read_domain(path: Path) -> str:
 
 def _generator(settings: Settings, base_url: str | None, model: str | None, seed: int) -> Any:
     """The generator named on the command line, else the judge's endpoint or local model from settings."""
-    from scorers.generators import LocalGenerator, OpenAIGenerator
+    from scorers.learning.generators import LocalGenerator, OpenAIGenerator
 
     j = settings.judge
     if (base_url is None) != (model is None):
@@ -134,9 +134,9 @@ def _generated_pool(
     pool_out: Path,
     progress: _StageProgress,
 ) -> RubricPool:
-    from scorers.embeddings import EmbeddingModelError, SentenceEmbedder
-    from scorers.generators import GeneratorError
-    from scorers.rubric_generation import RubricGenerationError, generate_pool
+    from scorers.learning.embeddings import EmbeddingModelError, SentenceEmbedder
+    from scorers.learning.generation import RubricGenerationError, generate_pool
+    from scorers.learning.generators import GeneratorError
 
     try:
         generator = _generator(settings, base_url, model, seed)

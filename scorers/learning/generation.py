@@ -1,6 +1,6 @@
 """RUBICON rubric generation: labelled conversations in, a pool of candidate rubrics out.
 
-Steps (Biyani et al. 2024, §3; prompts in `scorers.prompts.rubric_learning`):
+Steps (Biyani et al. 2024, §3; prompts in `scorers.learning.prompts`):
 
 1. `extract_reasons` — for each labelled conversation, the generator names the
    top-k reasons the user was satisfied (positive conversation: SAT) or
@@ -12,7 +12,7 @@ Steps (Biyani et al. 2024, §3; prompts in `scorers.prompts.rubric_learning`):
    far (the most recent ``max_listed_existing`` of them, so the prompt stays
    inside the context) and asks for fresh ones.
 3. `generate_pool` — both steps, then semantic de-duplication
-   (`scorers.embeddings.deduplicate`, per polarity: a claim and its opposite
+   (`scorers.learning.embeddings.deduplicate`, per polarity: a claim and its opposite
    embed close), into a `RubricPool` of ``source="generated"`` rubrics that
    records the prompt versions, the generator and the settings.
 
@@ -32,7 +32,7 @@ quotes, markdown emphasis and a leading dash removed, whitespace collapsed).
 A *reason* must then be 2..`MAX_REASON_WORDS` words without template
 placeholders (``<reason>``). A rubric *assertion* (`check_assertion`) must be
 one sentence of at most `MAX_ASSERTION_WORDS` words and at most
-`scorers.rubric_pool.MAX_TEXT_CHARS` characters that
+`scorers.learning.pool.MAX_TEXT_CHARS` characters that
 
 - starts with one of `ASSERTION_SUBJECTS` ("The assistant", "The user",
   "The conversation"; a lower-case "the" is capitalised) followed by a space
@@ -65,8 +65,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from scorers.conversation import render_transcript
-from scorers.embeddings import SIMILARITY_CUT, SentenceEmbedder, deduplicate
-from scorers.generators import (
+from scorers.datasets.labelled import LabelledConversation
+from scorers.learning.embeddings import SIMILARITY_CUT, SentenceEmbedder, deduplicate
+from scorers.learning.generators import (
     Generation,
     GeneratorAuthError,
     GeneratorError,
@@ -74,8 +75,8 @@ from scorers.generators import (
     GeneratorReplyError,
     TextGenerator,
 )
-from scorers.labelled import LabelledConversation
-from scorers.prompts.rubric_learning import (
+from scorers.learning.pool import MAX_TEXT_CHARS, PoolRubric, RubricPool, text_key
+from scorers.learning.prompts import (
     ASSERTION_SUBJECTS,
     MAX_ASSERTION_WORDS,
     NONE_REPLY,
@@ -83,7 +84,6 @@ from scorers.prompts.rubric_learning import (
     extraction_prompt,
     summarisation_prompt,
 )
-from scorers.rubric_pool import MAX_TEXT_CHARS, PoolRubric, RubricPool, text_key
 from scorers.rubrics import Polarity
 
 log = logging.getLogger(__name__)
@@ -520,7 +520,7 @@ def generate_pool(
     ``existing`` (e.g. the seed pool) is listed to the generator as rubrics
     already written and generated rubrics too similar to one of it are dropped;
     the returned pool holds only the new rubrics (merge them with
-    `scorers.rubric_pool.merge`). ``seed`` shuffles the reasons before batching,
+    `scorers.learning.pool.merge`). ``seed`` shuffles the reasons before batching,
     so a batch mixes conversations. Raises `RubricGenerationError` (with the
     report) when no rubric survives.
     """

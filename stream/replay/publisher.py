@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from kafka import KafkaProducer
 from kafka.errors import KafkaError
 
-from stream.replay import ReplayItem, paced
+from stream.replay.sources import ReplayItem, paced
 from stream.settings import KafkaSettings
 from stream.topics import TopicError
 

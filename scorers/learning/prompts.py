@@ -17,7 +17,7 @@ Two prompts (Biyani et al. 2024, §3):
 
 Reply format (both prompts): numbered lines ``1. <text>``, nothing else; the
 summarisation prompt also allows the single word ``NONE`` (every reason is
-already covered). `scorers.rubric_generation` parses it strictly. When a reply
+already covered). `scorers.learning.generation` parses it strictly. When a reply
 could not be used, the same prompt is sent again with `RETRY_NOTE` appended,
 naming the problem.
 
@@ -33,7 +33,7 @@ from scorers.rubrics import Polarity
 
 PROMPT_VERSIONS: dict[str, str] = {"extraction": "extract-v1", "summarisation": "summarise-v2"}
 
-# The acceptance rule for rubric assertions (enforced by `scorers.rubric_generation`)
+# The acceptance rule for rubric assertions (enforced by `scorers.learning.generation`)
 # is stated in the summarisation prompt from these same values.
 ASSERTION_SUBJECTS: tuple[str, ...] = ("The assistant", "The user", "The conversation")
 MAX_ASSERTION_WORDS = 20

@@ -12,8 +12,8 @@ window, so a window much longer than the traffic in it does not squeeze the
 traffic into one bar; the bucket is the smallest round size that keeps the
 axis within ``max_buckets`` buckets (30-60 for most spans).
 
-`load_report` reads; `write_report` draws the images (`stream.report_charts`)
-and the page (`stream.report_page`); `convowatch report` (stream/cli.py) runs both.
+`load_report` reads; `stream.report.render.write_report` draws the images (`stream.report.charts`)
+and the page (`stream.report.page`); `convowatch report` (stream/commands/cli.py) runs both.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any, TypedDict
 
 from scorers.questions import load_questions
 from stream.records import RubricHit
-from stream.report_cost import JudgeCost, load_judge_costs
+from stream.report.cost import JudgeCost, load_judge_costs
 from stream.sampling import hajek_sampling_variance
 from stream.settings import PriceSettings
 from stream.store import DSAT_HIT_RATING, ClickHouseStore
@@ -587,35 +587,6 @@ def _worst(store: ClickHouseStore, scope: Mapping[str, Any], n: int) -> tuple[Wo
 
 
 # --- writing ---------------------------------------------------------------------------------------------
-
-
-def write_report(data: ReportData, out_dir: str | Path) -> Path:
-    """Draw the images and write the page into ``out_dir`` (created if missing); returns the page's path.
-
-    Images of an earlier report in the same directory are removed first, so the page never sits
-    next to stale pictures; with no data the page says so and there are no images.
-    """
-    from stream import report_charts, report_page  # matplotlib loads only when a report is drawn
-
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        for name in IMAGES.values():
-            (out / name).unlink(missing_ok=True)
-    except OSError as e:
-        raise ReportError(f"cannot use {out} as the report directory: {e}") from e
-    written: dict[str, str] = {}
-    if not data.empty:
-        for key, figure in report_charts.figures(data).items():
-            if figure is not None:
-                report_charts.save(figure, out / IMAGES[key])
-                written[key] = IMAGES[key]
-    page = out / PAGE
-    try:
-        page.write_text(report_page.render(data, written), encoding="utf-8")
-    except OSError as e:
-        raise ReportError(f"cannot write {page}: {e}") from e
-    return page
 
 
 # --- time helpers ----------------------------------------------------------------------------------------

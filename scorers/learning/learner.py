@@ -11,7 +11,7 @@ ending in ``_``:
 * ``report_`` — a `LearningReport`: the selected rubrics with their own
   separation, every pool rubric's separation, the α cross-validation table,
   the training-set metrics, what the judge cost, the wall time;
-* ``ratings_`` — the pool-wide training ratings (`scorers.score_cache.Ratings`)
+* ``ratings_`` — the pool-wide training ratings (`scorers.learning.score_cache.Ratings`)
   and ``labels_``; ``selected_ratings_`` are the columns of the learned set.
 
 Steps of `fit`:
@@ -20,7 +20,7 @@ Steps of `fit`:
    ``folds`` conversations per class when α is cross-validated, conversations
    with turns, unique ids): a `LearningError` names the problem;
 2. every pool rubric is rated on every training conversation once through
-   `scorers.score_cache.rate` (cached: selection, CV and the baselines reuse
+   `scorers.learning.score_cache.rate` (cached: selection, CV and the baselines reuse
    the answers, and a rerun asks the judge nothing);
 3. α by stratified k-fold CV of greedy selection (`select_alpha`) for the
    ``greedy`` and ``ucb`` methods (UCB uses the α chosen for greedy); the
@@ -51,11 +51,12 @@ from typing import Any
 
 import numpy as np
 
+from scorers.datasets.labelled import LabelledConversation
 from scorers.judges.base import Judge
 from scorers.judges.prompt import PROMPT_VERSION as JUDGE_PROMPT_VERSION
-from scorers.labelled import LabelledConversation
-from scorers.rubric_pool import RubricPool, to_rubric
-from scorers.rubric_selection import (
+from scorers.learning.pool import RubricPool, to_rubric
+from scorers.learning.score_cache import Ratings, RatingStats, ScoreCache, judge_identity, rate
+from scorers.learning.selection import (
     DEFAULT_ALPHAS,
     DEFAULT_BUDGET,
     DEFAULT_FOLDS,
@@ -81,7 +82,6 @@ from scorers.rubrics import (
     netsat_matrix,
     precision_curves,
 )
-from scorers.score_cache import Ratings, RatingStats, ScoreCache, judge_identity, rate
 
 METHODS: tuple[str, ...] = ("greedy", "brute_force", "ucb")
 REPORT_FILE = "report.json"

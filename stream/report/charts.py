@@ -22,7 +22,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, PercentFormatter
 
-from stream.report import Counts, ReportData, describe_seconds
+from stream.report.data import Counts, ReportData, describe_seconds
 
 DPI = 100
 MAX_SERIES = 6  # model versions drawn as lines (the busiest)

@@ -28,8 +28,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from scorers.llm_rubric_data import RubricDataError, load_real_conversations
-from scorers.uss_data import UssFormatError, read_uss
+from scorers.datasets.llm_rubric import RubricDataError, load_real_conversations
+from scorers.datasets.uss import UssFormatError, read_uss
 from stream.contract import (
     MAX_EVENT_BYTES,
     MAX_TEXT_BYTES,
@@ -43,7 +43,7 @@ from stream.contract import (
 )
 
 DEFAULT_START = 1_704_067_200.0  # 2024-01-01T00:00:00Z: fixed, so replays are reproducible
-LLM_RUBRIC_REAL_DATA = Path(__file__).resolve().parents[1] / "data" / "llm-rubric" / "real_data.json"
+LLM_RUBRIC_REAL_DATA = Path(__file__).resolve().parents[2] / "data" / "llm-rubric" / "real_data.json"
 LLM_RUBRIC_PRODUCT = "llm-rubric-demo"
 _OBJECT_ID = re.compile(r"[0-9a-f]{24}")
 
@@ -214,7 +214,7 @@ def uss_events(
 ) -> Iterator[ReplayItem]:
     """The dialogues of a USS file (MWOZ.txt, SGD.txt) as events, merged in event-time order.
 
-    The file is read by `scorers.uss_data.read_uss` (a format error becomes a
+    The file is read by `scorers.datasets.uss.read_uss` (a format error becomes a
     `ReplayError` with the same message), so ids are the learning data's:
     ``<file stem>-<NNNN>`` (``MWOZ-0001``). Dialogue k (0-based) starts at
     ``start + k * conversation_gap_s``. Every event of a dialogue carries

@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from scorers.conversation import Conversation, Role, Turn
-from scorers.labelled import LabelledConversation, LabelledDataError
-from scorers.llm_rubric_data import (
+from scorers.datasets.labelled import LabelledConversation, LabelledDataError
+from scorers.datasets.llm_rubric import (
     NEGATIVE_MAX_MEAN_Q0,
     REAL_CONVERSATIONS_FILE,
     load_real_conversations,

@@ -17,16 +17,14 @@ import click
 import numpy as np
 
 from scorers.conversation import Conversation
-from scorers.early_stopping import EarlyStoppingScorer
-from scorers.judges.base import Judge, JudgeError
-from scorers.labelled import (
+from scorers.datasets.labelled import (
     LabelledConversation,
     LabelledDataError,
     load_labelled_jsonl,
     require_both_classes,
     write_labelled_jsonl,
 )
-from scorers.llm_rubric_data import (
+from scorers.datasets.llm_rubric import (
     NEGATIVE_MAX_MEAN_Q0,
     OPTIONAL_QUESTIONS,
     QUESTIONS_FILE,
@@ -41,14 +39,16 @@ from scorers.llm_rubric_data import (
     load_split,
     satisfaction_labels,
 )
+from scorers.early_stopping import EarlyStoppingScorer
+from scorers.judges.base import Judge, JudgeError
 from scorers.questions import QuestionError, load_questions
 from scorers.rubrics import DEFAULT_PRECISION, RubricSet, RubricSetError, evaluate
 from stream.budget import BudgetedJudge
-from stream.dashboards_command import DASHBOARDS_USER_ERRORS, dashboards
+from stream.commands.dashboards import DASHBOARDS_USER_ERRORS, dashboards
+from stream.commands.learn import LEARN_USER_ERRORS, learn, uss_command
 from stream.judge_factory import judge_from_settings
-from stream.learn_command import LEARN_USER_ERRORS, learn, uss_command
-from stream.replay import ReplayError
-from stream.report import ReportError
+from stream.replay.sources import ReplayError
+from stream.report.data import ReportError
 from stream.settings import Settings, SettingsError, load_settings
 from stream.store import StoreError
 from stream.topics import TopicError, ensure_topics
@@ -377,7 +377,8 @@ def calibrate_train(
         --human-labels human_judges_synth_all_FIXED_ANON.tsv \\
         --questions questions.json --out calibrator/
     """
-    from scorers.calibration import NAMED_GRIDS, CalibrationNetwork, parameter_grid, select_hyperparameters
+    from scorers.calibration import CalibrationNetwork
+    from scorers.calibration_selection import NAMED_GRIDS, parameter_grid, select_hyperparameters
 
     n_options = {q.id: q.n_options for q in load_questions(questions).values()}
     if main_question not in n_options:
@@ -425,14 +426,15 @@ def calibrate_evaluate(
     answer, Pearson, Spearman, Kendall, NLL and smECE, and the smallest RMSE
     any predictor with that Pearson could reach on these labels.
     """
-    from scorers import metrics
-    from scorers.calibration import CalibrationNetwork, predict_labels
+    from scorers import statistics
+    from scorers.calibration import CalibrationNetwork
+    from scorers.calibration_selection import predict_labels
 
     model = CalibrationNetwork.load(calibrator)
     data = _load_calibration_data(judge_answers, human_labels, dict(model.n_options_), optional_questions)
     held = predict_labels(model, data, question)
     scores = held.scores()
-    scores["rmse_bound"] = metrics.rmse_lower_bound(held.answers, scores["pearson"])
+    scores["rmse_bound"] = statistics.rmse_lower_bound(held.answers, scores["pearson"])
     if as_json:
         click.echo(
             json.dumps({"calibrator": model.version_, "question": held.question, "n": len(held.answers), **scores}, indent=2)
@@ -587,8 +589,8 @@ def replay_cmd(
     uss PATH       a USS MWOZ/SGD file (../shared/data/uss/MWOZ.txt)
     synthetic      a generated workload (--conversations x --turns)
     """
-    from stream import replay
-    from stream.publisher import invalid_items, publish
+    from stream.replay import sources as replay
+    from stream.replay.publisher import invalid_items, publish
 
     a = obj.settings.assembly
     if source == "jsonl":
@@ -683,7 +685,8 @@ def report_cmd(
     Conversations count by when they closed (since <= closed_at < until). With the embedded store, stop the
     sink first (only one process may open it).
     """
-    from stream.report import load_report, question_names, resolve_window, write_report
+    from stream.report.data import load_report, question_names, resolve_window
+    from stream.report.render import write_report
     from stream.store import ClickHouseStore
 
     window = resolve_window(since, until)

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from html import escape
 
 from stream.records import RubricHit
-from stream.report import Counts, ReportData, WorstRow, describe_seconds
-from stream.report_cost import cost_table
+from stream.report.cost import cost_table
+from stream.report.data import Counts, ReportData, WorstRow, describe_seconds
 
 MAX_VERSION_COLUMNS = 6
 

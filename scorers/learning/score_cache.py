@@ -36,7 +36,7 @@ import numpy as np
 from scorers.conversation import Conversation
 from scorers.judges.base import Answer, Judge, JudgeReplyError
 from scorers.judges.prompt import MULTI_PROMPT_VERSION, PROMPT_VERSION
-from scorers.rubric_pool import PoolRubric, to_rubric
+from scorers.learning.pool import PoolRubric, to_rubric
 from scorers.rubrics import Rubric
 
 _SCHEMA = """

@@ -3,8 +3,8 @@
 A *pool* is a flat list of `PoolRubric`s (id, assertion text, SAT/DSAT
 polarity, where it came from, free metadata), the versions of the prompts that
 generated them, and pool metadata. Seed pools ship with the project; a rubric
-generator (``scorers.rubric_generation``) produces ``source="generated"``
-rubrics; `merge` joins pools; selection (``scorers.rubric_selection``) turns a
+generator (``scorers.learning.generation``) produces ``source="generated"``
+rubrics; `merge` joins pools; selection (``scorers.learning.selection``) turns a
 chosen subset into a `scorers.rubrics.RubricSet`.
 
 File format (JSON, UTF-8), one pool per file::
@@ -56,7 +56,7 @@ SOURCES: tuple[str, ...] = (
     "seed:abc-eval",
     "seed:baseline",  # generic SPUR/Bing-style baseline set
     "seed:direct",  # the single direct satisfaction question
-    "generated",  # produced by a generative model (scorers.rubric_generation)
+    "generated",  # produced by a generative model (scorers.learning.generation)
     "manual",  # written by the team that runs convowatch
 )
 SEED_POOL_FILE = "seed_pool.json"

@@ -5,7 +5,7 @@ the alert files (Prometheus rules, Grafana-managed rules and their
 provisioning file, `dashboards.alert_files`), ``check`` exits 1 listing the
 files that differ from their generators (for CI),
 ``push`` saves them into a Grafana through its HTTP API with the token from
-``CONVOWATCH_GRAFANA_TOKEN``. Registered on the CLI in `stream.cli`; the
+``CONVOWATCH_GRAFANA_TOKEN``. Registered on the CLI in `stream.commands.cli`; the
 CLI prints `DASHBOARDS_USER_ERRORS` as one ``convowatch: error: ...`` line.
 """
 

@@ -72,7 +72,7 @@ from typing import Any
 
 import numpy as np
 
-from scorers.rubric_pool import RubricPool, to_rubric
+from scorers.learning.pool import RubricPool, to_rubric
 from scorers.rubrics import DEFAULT_PRECISION, SCORE_MAX, SCORE_MIN, Polarity, RubricSet, fit_windows
 
 SCORE_SPAN = SCORE_MAX - SCORE_MIN
