@@ -133,11 +133,6 @@ class SentenceEmbedder:
         return torch.cat(rows).numpy().astype(np.float32)
 
 
-def cosine_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Cosine similarities between rows of two unit-length embedding matrices."""
-    return np.asarray(a, dtype=np.float64) @ np.asarray(b, dtype=np.float64).T
-
-
 def deduplicate(
     texts: Sequence[str],
     embedder: SentenceEmbedder,
