@@ -1,4 +1,4 @@
-"""`convowatch report`: the Overview and Quality views, from ClickHouse, as PNG images and one HTML page.
+"""The data of `convowatch report`: the Overview and Quality views of a time window, read from ClickHouse.
 
 For people without Grafana. Everything is read through `ClickHouseStore.query`
 with the parameterised SQL constants below (user input only ever travels as
