@@ -16,12 +16,14 @@ import math
 import re
 from dataclasses import dataclass, fields
 
+from scorers.errors import UserError
+
 _UNIT_S = {"y": 365 * 86400, "w": 7 * 86400, "d": 86400, "h": 3600, "m": 60, "s": 1, "ms": 0.001}
 # Prometheus' duration syntax: units in this order, each at most once, integers only.
 _DURATION = re.compile(r"(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?")
 
 
-class AlertWindowsError(ValueError):
+class AlertWindowsError(UserError, ValueError):
     """An `AlertWindows` field has a value the rules cannot use; the message names the field."""
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from dashboards import operations, overview, quality, rubrics_dashboard
 from dashboards.datasources import KIND_BY_UID, Kind
+from scorers.errors import UserError
 
 DEFAULT_DIR = Path(__file__).resolve().parent / "json"
 BUILDERS: tuple[Callable[[], dict[str, Any]], ...] = (
@@ -29,7 +30,7 @@ BUILDERS: tuple[Callable[[], dict[str, Any]], ...] = (
 )
 
 
-class CatalogError(ValueError):
+class CatalogError(UserError, ValueError):
     """A generated dashboard is malformed (duplicate uid, a query without a known datasource)."""
 
 

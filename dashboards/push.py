@@ -30,6 +30,8 @@ from grafana_client.client import (
     GrafanaUnauthorizedError,
 )
 
+from scorers.errors import ServiceError
+
 MIN_GRAFANA_MAJOR = 10  # the ClickHouse plugin v4, scenes-era panels and schemaVersion 41 need a recent Grafana
 DEFAULT_FOLDER = "convowatch"
 DEFAULT_TIMEOUT_S = 10.0
@@ -38,7 +40,7 @@ COMMIT_MESSAGE = "convowatch dashboards push"
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)")
 
 
-class PushError(RuntimeError):
+class PushError(ServiceError, RuntimeError):
     """The dashboards could not be pushed; the message says why and never contains the token."""
 
 
@@ -137,8 +139,8 @@ def redact(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", "")).rstrip("/")
 
 
-class _NotFound(Exception):
-    pass
+class _NotFound(PushError):
+    """Grafana answered 404: `ensure_folder` expects it for a missing folder; anywhere else it is a `PushError`."""
 
 
 @contextmanager
@@ -158,7 +160,7 @@ def _errors(where: str, action: str, token: str | None, timeout_s: float = DEFAU
                 "(or Admin to create the folder)"
             ) from None
         if e.status_code == 404:
-            raise _NotFound() from None
+            raise _NotFound(f"Grafana at {where} answered 404 while {action}: {_message(e)}") from None
         raise PushError(f"Grafana at {where} answered {e.status_code} while {action}: {_message(e)}") from None
     except GrafanaServerError as e:
         raise PushError(f"Grafana at {where} failed while {action} ({e.status_code} server error): {_message(e)}") from None

@@ -50,6 +50,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from scorers.datasets.llm_rubric import RubricData
+from scorers.errors import UserError
 from scorers.judges.base import Judgement
 
 FORMAT_NAME = "convowatch-llm-rubric-calibrator"
@@ -64,7 +65,7 @@ TORCH_THREADS = 1
 EARLY_STOPPING_MIN_DELTA = 1e-6  # a held-out loss must drop by more than this to count as better
 
 
-class CalibrationError(ValueError):
+class CalibrationError(UserError, ValueError):
     """Bad input to the calibration network (unknown question, wrong feature width, unfitted model)."""
 
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, cast
 
+from scorers.errors import UserError
+
 Role = Literal["user", "assistant", "system", "tool"]
 ROLES: tuple[str, ...] = ("user", "assistant", "system", "tool")
 
@@ -30,7 +32,7 @@ _OMITTED = "<<<{n} turn(s) omitted here to fit the judge's context>>>"
 _CUT = " [... {n} characters omitted ...] "
 
 
-class ConversationError(ValueError):
+class ConversationError(UserError, ValueError):
     """A conversation that cannot be built or rendered (bad role, empty, ...)."""
 
 

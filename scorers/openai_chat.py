@@ -32,6 +32,8 @@ from typing import Any
 import openai
 from openai.types.chat import ChatCompletion
 
+from scorers.errors import ModelAuthError, ModelError, ModelNotFound, ModelReplyError, ModelUnavailable
+
 # Sent when the endpoint needs no key: the openai client refuses to run without one,
 # and falling back to OPENAI_API_KEY from the environment would bypass our settings.
 NO_API_KEY = "no-key"
@@ -43,11 +45,11 @@ class ChatErrors:
     """The exception classes one caller raises, and the word naming it in messages."""
 
     role: str
-    unavailable: type[Exception]
-    auth: type[Exception]
-    model_not_found: type[Exception]
-    rejected: type[Exception]
-    reply: type[Exception]
+    unavailable: type[ModelUnavailable]
+    auth: type[ModelAuthError]
+    model_not_found: type[ModelNotFound]
+    rejected: type[ModelError]
+    reply: type[ModelReplyError]
 
 
 def require(ok: bool, field: str, value: object, rule: str) -> None:

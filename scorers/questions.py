@@ -17,8 +17,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from scorers.errors import UserError
 
-class QuestionError(ValueError):
+
+class QuestionError(UserError, ValueError):
     """A question definition that is not usable (no options, duplicate keys, ...)."""
 
 

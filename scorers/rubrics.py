@@ -43,6 +43,7 @@ import jsonschema
 import numpy as np
 
 from scorers.conversation import Conversation
+from scorers.errors import UserError
 from scorers.judges.base import Answer, Judge, Judgement, JudgeReplyError
 from scorers.questions import LIKERT_5, Question, likert_question
 
@@ -58,7 +59,7 @@ DSAT: Label = "dsat"
 UNCERTAIN: Label = "uncertain"
 
 
-class RubricSetError(ValueError):
+class RubricSetError(UserError, ValueError):
     """A rubric, rubric set or rubric-set file that is not usable; says which field and why."""
 
     def __init__(self, field: str, reason: str, source: str | None = None) -> None:

@@ -23,11 +23,13 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import stats
 
+from scorers.errors import UserError
+
 DEFAULT_BOOTSTRAP_SAMPLES = 1000
 DEFAULT_CI_LEVEL = 0.95
 
 
-class MetricError(ValueError):
+class MetricError(UserError, ValueError):
     """Inputs a metric cannot be computed on (mismatched lengths, empty, out of range)."""
 
 

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from scorers.conversation import Conversation
+from scorers.errors import ServiceError
 from scorers.judges.base import Judge, Judgement
 from scorers.questions import Question
 from stream.metrics import ServiceMetrics
@@ -64,7 +65,7 @@ SLOTS_PER_WINDOW = 600
 log = logging.getLogger(__name__)
 
 
-class BudgetWaitInterrupted(Exception):
+class BudgetWaitInterrupted(ServiceError):
     """A conversation's wait for the budget was called off (a rebalance or a stop): it was not judged and must be delivered again."""
 
 

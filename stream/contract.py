@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from scorers.conversation import ROLES
+from scorers.errors import UserError
 
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "events.schema.json"
@@ -85,7 +86,7 @@ REASON_DESCRIPTIONS: dict[str, str] = {
 REASONS: tuple[str, ...] = tuple(REASON_DESCRIPTIONS)
 
 
-class InvalidEvent(ValueError):
+class InvalidEvent(UserError, ValueError):
     """An event that breaks the contract: ``reason`` is a stable code in `REASONS`, ``detail`` names the field."""
 
     def __init__(self, reason: str, detail: str) -> None:
@@ -474,7 +475,7 @@ def load_schema() -> dict[str, Any]:
     return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
 
 
-class DeadLetterError(ValueError):
+class DeadLetterError(UserError, ValueError):
     """A dead-letter record that cannot be decoded; the message names the field."""
 
 

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from scorers.conversation import Conversation, Turn, as_role
+from scorers.errors import UserError
 
 RECORD_VERSION = 1
 
@@ -26,7 +27,7 @@ CloseCause = Literal["end", "idle_timeout", "max_turns"]
 ScoreStatus = Literal["scored", "unscored", "unsampled"]  # unsampled: counted (volume), not judged
 
 
-class RecordError(ValueError):
+class RecordError(UserError, ValueError):
     """A record on an internal topic that cannot be decoded."""
 
 

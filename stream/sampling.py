@@ -46,6 +46,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from scorers.errors import UserError
+
 if TYPE_CHECKING:
     from stream.settings import SamplingSettings
 
@@ -55,7 +57,7 @@ RATE, NEW_MODEL_VERSION, NEGATIVE_FEEDBACK = "rate", "new_model_version", "negat
 _HASH_BYTES = 8
 
 
-class SamplingError(ValueError):
+class SamplingError(UserError, ValueError):
     """A sampling policy that cannot be used; the message names the field."""
 
 

@@ -19,13 +19,15 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from scorers.errors import UserError
+
 try:  # Python >= 3.11
     import tomllib
 except ModuleNotFoundError:  # pragma: no cover
     import tomli as tomllib  # type: ignore[no-redef]
 
 
-class SettingsError(ValueError):
+class SettingsError(UserError, ValueError):
     """Configuration that cannot be used; the message names the setting."""
 
 

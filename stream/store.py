@@ -32,6 +32,7 @@ from urllib.parse import urlsplit, urlunsplit
 import clickhouse_connect
 from clickhouse_connect.driver.exceptions import Error as ClickHouseDriverError
 
+from scorers.errors import ServiceError
 from stream.records import ClosedConversation, RubricHit, ScoreRecord
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
     from stream.settings import StoreSettings
 
 
-class StoreError(RuntimeError):
+class StoreError(ServiceError, RuntimeError):
     """The store cannot be opened, migrated, written or read; the message says which and why."""
 
 

@@ -13,12 +13,13 @@ from kafka import KafkaAdminClient
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
+from scorers.errors import ServiceError
 from stream.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
 
-class TopicError(RuntimeError):
+class TopicError(ServiceError, RuntimeError):
     """The broker is unreachable or refused to create a topic."""
 
 

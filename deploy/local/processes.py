@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from scorers.errors import ServiceError
+
 LOCALHOST = "127.0.0.1"
 LOG_TAIL_LINES = 20
 STOP_TIMEOUT_S = 10.0
@@ -33,7 +35,7 @@ PROBE_INTERVAL_S = 0.1
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
-class StackError(RuntimeError):
+class StackError(ServiceError, RuntimeError):
     """A local-stack service could not be started, found or stopped; the message says why and what to do."""
 
 

@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from scorers.conversation import Conversation, ConversationError, Turn, as_role
+from scorers.errors import UserError
 
 _LABELS = {"positive": True, "negative": False, True: True, False: False}
 
 
-class LabelledDataError(ValueError):
+class LabelledDataError(UserError, ValueError):
     """A labelled-conversations file that cannot be used; names the line and field."""
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from scorers.conversation import Conversation, ConversationError
+from scorers.errors import UserError
 from scorers.judges.recorded import AnswerTableError, load_answer_table
 from scorers.questions import QuestionError, load_questions
 from scorers.rubrics import Polarity, Rubric, RubricSet, Scale
@@ -52,7 +53,7 @@ TEXT_ID_COLUMN = "text_id"
 JUDGE_COLUMN = "annotator_id"
 
 
-class RubricDataError(ValueError):
+class RubricDataError(UserError, ValueError):
     """A data file that cannot be used; the message names the file, line and field."""
 
 

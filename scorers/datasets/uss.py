@@ -37,6 +37,7 @@ from scorers.datasets.llm_rubric import (
     load_split,
     satisfaction_labels,
 )
+from scorers.errors import UserError
 
 USS_ROLES: dict[str, Role] = {"USER": "user", "SYSTEM": "assistant"}
 OVERALL = "OVERALL"
@@ -45,7 +46,7 @@ NEGATIVE_BELOW = 3.0
 POSITIVE_AT_LEAST = 3.5
 
 
-class UssFormatError(ValueError):
+class UssFormatError(UserError, ValueError):
     """A USS file that does not follow the format; names the file and line."""
 
 

@@ -14,30 +14,27 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from scorers.conversation import Conversation
+from scorers.errors import ModelAuthError, ModelError, ModelNotFound, ModelReplyError, ModelUnavailable
 from scorers.questions import Question
 
 
-class JudgeError(RuntimeError):
-    """Base class for judge failures. ``transient`` failures are worth retrying later."""
-
-    transient: bool = False
+class JudgeError(ModelError, RuntimeError):
+    """Base class for judge failures (`GeneratorError`'s twin). ``transient`` failures are worth retrying later."""
 
 
-class JudgeUnavailable(JudgeError):
-    """The judge could not be reached or kept failing (timeouts, 429, 5xx) after retries."""
-
-    transient = True
+class JudgeUnavailable(JudgeError, ModelUnavailable):
+    """The judge could not be reached or kept failing (timeouts, 429, 5xx) after retries (transient)."""
 
 
-class JudgeAuthError(JudgeError):
+class JudgeAuthError(JudgeError, ModelAuthError):
     """The judge refused the credentials (bad or missing API key)."""
 
 
-class JudgeModelNotFound(JudgeError):
+class JudgeModelNotFound(JudgeError, ModelNotFound):
     """The judge does not serve the requested model."""
 
 
-class JudgeReplyError(JudgeError):
+class JudgeReplyError(JudgeError, ModelReplyError):
     """The judge replied, but not in a usable form (no logprobs, wrong number of answer lines, ...)."""
 
 

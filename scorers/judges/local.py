@@ -70,6 +70,7 @@ from typing import Any
 import numpy as np
 
 from scorers.conversation import Conversation, render_transcript
+from scorers.errors import ModelPromptTooLong
 from scorers.judges.base import Answer, JudgeError, Judgement, JudgeModelNotFound, Provenance
 from scorers.judges.prompt import PROMPT_VERSION, prefix, question_suffix
 from scorers.questions import Question
@@ -105,7 +106,7 @@ class OptionTokenError(JudgeError):
     """A question's option key is not exactly one token of the local model's vocabulary."""
 
 
-class PromptTooLong(JudgeError):
+class PromptTooLong(JudgeError, ModelPromptTooLong):
     """The prompt cannot be made to fit the context, even with the transcript truncated."""
 
 

@@ -14,13 +14,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from scorers.conversation import Conversation
+from scorers.errors import UserError
 from scorers.judges.base import Answer, Judgement, JudgeReplyError, Provenance, UnknownConversation
 from scorers.questions import Question
 
 AnswerTable = Mapping[tuple[str, str], tuple[float, ...]]
 
 
-class AnswerTableError(ValueError):
+class AnswerTableError(UserError, ValueError):
     """A recorded-answers file that cannot be read; the message names the line and field."""
 
 

@@ -66,6 +66,7 @@ from typing import Any
 
 from scorers.conversation import render_transcript
 from scorers.datasets.labelled import LabelledConversation
+from scorers.errors import ModelReplyError, ServiceError
 from scorers.learning.embeddings import SIMILARITY_CUT, SentenceEmbedder, deduplicate
 from scorers.learning.generators import (
     Generation,
@@ -111,15 +112,15 @@ Progress = Callable[[str, int, int], None]
 """Called as ``progress(stage, done, total)`` after each conversation or batch."""
 
 
-class ReplyFormatError(ValueError):
+class ReplyFormatError(ModelReplyError, ValueError):
     """A generator reply that breaks the reply format; the message names the problem (it goes into the retry note)."""
 
 
-class ItemRejected(ValueError):
+class ItemRejected(ModelReplyError, ValueError):
     """One item of a well-formed reply that fails the acceptance rule."""
 
 
-class RubricGenerationError(RuntimeError):
+class RubricGenerationError(ServiceError, RuntimeError):
     """Rubric generation cannot go on, or produced nothing usable; ``report`` says what happened so far."""
 
     def __init__(self, message: str, report: GenerationReport | None = None) -> None:

@@ -45,6 +45,7 @@ from typing import Any, Protocol, runtime_checkable
 import openai
 from openai.types.chat import ChatCompletion
 
+from scorers.errors import ModelAuthError, ModelError, ModelNotFound, ModelPromptTooLong, ModelReplyError, ModelUnavailable
 from scorers.judges.local import (
     DEFAULT_MAX_CONTEXT_TOKENS,
     LocalModelError,
@@ -59,31 +60,27 @@ from scorers.openai_chat import NO_API_KEY, ChatErrors, complete_with_retries, r
 log = logging.getLogger(__name__)
 
 
-class GeneratorError(RuntimeError):
-    """Base class for generator failures. ``transient`` failures are worth retrying later."""
-
-    transient: bool = False
+class GeneratorError(ModelError, RuntimeError):
+    """Base class for generator failures (`JudgeError`'s twin). ``transient`` failures are worth retrying later."""
 
 
-class GeneratorUnavailable(GeneratorError):
-    """The generator could not be reached or kept failing (timeouts, 429, 5xx) after retries."""
-
-    transient = True
+class GeneratorUnavailable(GeneratorError, ModelUnavailable):
+    """The generator could not be reached or kept failing (timeouts, 429, 5xx) after retries (transient)."""
 
 
-class GeneratorAuthError(GeneratorError):
+class GeneratorAuthError(GeneratorError, ModelAuthError):
     """The generator refused the credentials (bad or missing API key)."""
 
 
-class GeneratorModelNotFound(GeneratorError):
+class GeneratorModelNotFound(GeneratorError, ModelNotFound):
     """The generator does not serve the requested model, or the local model cannot be loaded."""
 
 
-class GeneratorReplyError(GeneratorError):
+class GeneratorReplyError(GeneratorError, ModelReplyError):
     """The generator answered, but with no usable completion (no choices)."""
 
 
-class GeneratorPromptTooLong(GeneratorError):
+class GeneratorPromptTooLong(GeneratorError, ModelPromptTooLong):
     """The prompt plus ``max_tokens`` does not fit the local model's context."""
 
 

@@ -46,6 +46,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from scorers.errors import UserError
 from scorers.rubrics import LIKERT_SCALE, RUBRIC_ID_PATTERN, Polarity, Rubric, RubricSet
 
 POOL_SCHEMA_VERSION = 1
@@ -68,7 +69,7 @@ _RUBRIC_KEYS = {"id", "text", "polarity", "source", "metadata"}
 _RUBRIC_REQUIRED = ("id", "text", "polarity", "source")
 
 
-class RubricPoolError(ValueError):
+class RubricPoolError(UserError, ValueError):
     """A pool or pool file that is not usable; names the field (``rubrics[3].text``) and, for files, the path."""
 
     def __init__(self, field: str, reason: str, source: str | None = None) -> None:

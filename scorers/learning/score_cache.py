@@ -34,6 +34,7 @@ from typing import NamedTuple
 import numpy as np
 
 from scorers.conversation import Conversation
+from scorers.errors import UserError
 from scorers.judges.base import Answer, Judge, JudgeReplyError
 from scorers.judges.prompt import MULTI_PROMPT_VERSION, PROMPT_VERSION
 from scorers.learning.pool import PoolRubric, to_rubric
@@ -53,7 +54,7 @@ CREATE TABLE IF NOT EXISTS answers (
 Progress = Callable[[int, int], None]  # (conversations done, conversations total)
 
 
-class ScoreCacheError(RuntimeError):
+class ScoreCacheError(UserError, RuntimeError):
     """The cache file cannot be opened or holds an unusable row; names the file."""
 
 

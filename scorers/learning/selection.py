@@ -72,6 +72,7 @@ from typing import Any
 
 import numpy as np
 
+from scorers.errors import UserError
 from scorers.learning.pool import RubricPool, to_rubric
 from scorers.rubrics import DEFAULT_PRECISION, SCORE_MAX, SCORE_MIN, Polarity, RubricSet, fit_windows
 
@@ -85,7 +86,7 @@ DEFAULT_FOLDS = 5
 DEFAULT_BUDGET = 10  # n_SAT = n_DSAT = 10 in the paper
 
 
-class LearningError(ValueError):
+class LearningError(UserError, ValueError):
     """Data that rubric selection cannot learn from (NaN ratings, an empty class, too few examples for the folds, ...)."""
 
 

@@ -19,7 +19,6 @@ import numpy as np
 from scorers.conversation import Conversation
 from scorers.datasets.labelled import (
     LabelledConversation,
-    LabelledDataError,
     load_labelled_jsonl,
     require_both_classes,
     write_labelled_jsonl,
@@ -40,42 +39,16 @@ from scorers.datasets.llm_rubric import (
     satisfaction_labels,
 )
 from scorers.early_stopping import EarlyStoppingScorer
-from scorers.judges.base import Judge, JudgeError
-from scorers.questions import QuestionError, load_questions
-from scorers.rubrics import DEFAULT_PRECISION, RubricSet, RubricSetError, evaluate
+from scorers.errors import ConvowatchError
+from scorers.judges.base import Judge
+from scorers.questions import load_questions
+from scorers.rubrics import DEFAULT_PRECISION, RubricSet, evaluate
 from stream.budget import BudgetedJudge
-from stream.commands.dashboards import DASHBOARDS_USER_ERRORS, dashboards
-from stream.commands.learn import LEARN_USER_ERRORS, learn, uss_command
+from stream.commands.dashboards import dashboards
+from stream.commands.learn import learn, uss_command
 from stream.judge_factory import judge_from_settings
-from stream.replay.sources import ReplayError
-from stream.report.data import ReportError
-from stream.settings import Settings, SettingsError, load_settings
-from stream.store import StoreError
-from stream.topics import TopicError, ensure_topics
-
-# Errors that mean "your input or configuration is wrong": printed as one line, exit code 2.
-USER_ERRORS: tuple[type[Exception], ...] = (
-    SettingsError,
-    RubricSetError,
-    LabelledDataError,
-    RubricDataError,
-    QuestionError,
-    JudgeError,
-    FileNotFoundError,
-    StoreError,
-    TopicError,
-    ReplayError,
-    ReportError,
-    *LEARN_USER_ERRORS,
-    *DASHBOARDS_USER_ERRORS,
-)
-# Raised by modules that are slow to import (torch): added to USER_ERRORS once they are loaded.
-LAZY_USER_ERRORS = {"scorers.calibration": "CalibrationError"}
-
-
-def _user_errors() -> tuple[type[Exception], ...]:
-    lazy = tuple(getattr(sys.modules[m], name) for m, name in LAZY_USER_ERRORS.items() if m in sys.modules)
-    return USER_ERRORS + lazy
+from stream.settings import Settings, load_settings
+from stream.topics import ensure_topics
 
 
 class _Context:
@@ -711,7 +684,13 @@ def _num(x: float | None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Console-script entry point: user errors become one clear line and exit code 2."""
+    """Console-script entry point, and the one place errors are mapped to exit codes.
+
+    Any `ConvowatchError` (bad input, files or configuration; a judge, store,
+    broker or Grafana that failed) and a missing file become one
+    ``convowatch: error: <message>`` line and exit code 2; anything else is a
+    bug and keeps its traceback.
+    """
     try:
         cli.main(args=argv, prog_name="convowatch", standalone_mode=False)
     except click.exceptions.Abort:
@@ -719,9 +698,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
-    except Exception as e:
-        if not isinstance(e, _user_errors()):
-            raise
+    except (ConvowatchError, FileNotFoundError) as e:
         _fail(str(e))
 
 

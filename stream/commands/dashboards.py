@@ -5,8 +5,8 @@ the alert files (Prometheus rules, Grafana-managed rules and their
 provisioning file, `dashboards.alert_files`), ``check`` exits 1 listing the
 files that differ from their generators (for CI),
 ``push`` saves them into a Grafana through its HTTP API with the token from
-``CONVOWATCH_GRAFANA_TOKEN``. Registered on the CLI in `stream.commands.cli`; the
-CLI prints `DASHBOARDS_USER_ERRORS` as one ``convowatch: error: ...`` line.
+``CONVOWATCH_GRAFANA_TOKEN``. Registered on the CLI in `stream.commands.cli`, which
+prints a `PushError` or `CatalogError` (both `ConvowatchError`) as one ``convowatch: error: ...`` line.
 """
 
 from __future__ import annotations
@@ -18,9 +18,7 @@ from pathlib import Path
 import click
 
 from dashboards import alert_files, catalog
-from dashboards.push import DEFAULT_FOLDER, DEFAULT_TIMEOUT_S, TOKEN_ENV, PushError, push
-
-DASHBOARDS_USER_ERRORS: tuple[type[Exception], ...] = (PushError, catalog.CatalogError)
+from dashboards.push import DEFAULT_FOLDER, DEFAULT_TIMEOUT_S, TOKEN_ENV, push
 
 _DIR = click.Path(file_okay=False, path_type=Path)
 

@@ -2,9 +2,9 @@
 
 Both are click commands registered on the CLI in `stream.commands.cli`: ``learn`` on the
 top-level group, ``uss_command`` as ``data uss``. They read settings through
-the CLI's context object (``obj.settings``) like every other command, and
-raise the exceptions in `LEARN_USER_ERRORS` for bad input or configuration
-(the CLI prints those as one ``convowatch: error: ...`` line, exit code 2).
+the CLI's context object (``obj.settings``) like every other command. Bad
+input or configuration raises a `scorers.errors.UserError` (the CLI prints any
+`ConvowatchError` as one ``convowatch: error: ...`` line, exit code 2).
 """
 
 from __future__ import annotations
@@ -17,25 +17,15 @@ from typing import Any
 import click
 
 from scorers.datasets.labelled import LabelledConversation, load_labelled_jsonl, write_labelled_jsonl
-from scorers.datasets.uss import UssFormatError, read_uss, stratified_split, uss_labelled
+from scorers.datasets.uss import read_uss, stratified_split, uss_labelled
 from scorers.learning.learner import METHODS, RubricLearner, write_report
-from scorers.learning.pool import RubricPool, RubricPoolError, merge, seed_pool
-from scorers.learning.score_cache import ScoreCache, ScoreCacheError
+from scorers.learning.pool import RubricPool, merge, seed_pool
+from scorers.learning.score_cache import ScoreCache
 from scorers.learning.selection import DEFAULT_ALPHAS, LearningError
 from scorers.rubrics import DEFAULT_PRECISION, RubricSet
 from stream.budget import BudgetedJudge
 from stream.judge_factory import judge_from_settings
 from stream.settings import Settings, SettingsError
-
-# Add these to stream.commands.cli.USER_ERRORS: bad input or configuration, printed as one line. Generation's own
-# errors (generator, embedding model) become LearningError here, so that importing this module stays light
-# (the generation stack imports torch and transformers only when a pool is generated).
-LEARN_USER_ERRORS: tuple[type[Exception], ...] = (
-    LearningError,
-    RubricPoolError,
-    ScoreCacheError,
-    UssFormatError,
-)
 
 SCORE_CACHE_FILE = "rubric-scores.sqlite"
 PREFLIGHT_PROMPT = "Reply with the single word OK."

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from scorers.datasets.llm_rubric import RubricDataError, load_real_conversations
 from scorers.datasets.uss import UssFormatError, read_uss
+from scorers.errors import UserError
 from stream.contract import (
     MAX_EVENT_BYTES,
     MAX_TEXT_BYTES,
@@ -48,7 +49,7 @@ LLM_RUBRIC_PRODUCT = "llm-rubric-demo"
 _OBJECT_ID = re.compile(r"[0-9a-f]{24}")
 
 
-class ReplayError(ValueError):
+class ReplayError(UserError, ValueError):
     """A replay source that cannot be read; the message names the file and line (or conversation)."""
 
 

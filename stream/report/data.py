@@ -27,6 +27,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypedDict
 
+from scorers.errors import UserError
 from scorers.questions import load_questions
 from stream.records import RubricHit
 from stream.report.cost import JudgeCost, load_judge_costs
@@ -61,7 +62,7 @@ IMAGES = {
 PAGE = "index.html"
 
 
-class ReportError(ValueError):
+class ReportError(UserError, ValueError):
     """A report that cannot be made as asked (bad window, unusable output directory, empty store); says why."""
 
 
