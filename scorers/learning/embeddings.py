@@ -45,6 +45,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from scorers.errors import ModelNotFound
+
 MODEL_NAME = "all-MiniLM-L6-v2"
 EMBEDDING_DIM = 384
 SIMILARITY_CUT = 0.78
@@ -52,7 +54,7 @@ DEFAULT_MAX_LENGTH = 256  # the model's max_seq_length (sentence_bert_config.jso
 DEFAULT_BATCH_SIZE = 32
 
 
-class EmbeddingModelError(RuntimeError):
+class EmbeddingModelError(ModelNotFound, RuntimeError):
     """The sentence-embedding model cannot be found or loaded."""
 
 
