@@ -569,23 +569,6 @@ class CalibrationNetwork:
             for col, q in enumerate(self.question_ids_)
         }
 
-    def predict_aggregate(self, x: ArrayLike, judges: Sequence[str], question: str | None = None) -> Prediction:
-        """The mixture of ``judges``' predicted distributions (equal weights).
-
-        Its expected value is the mean of the judges' expected values. Every
-        judge must be one the network was trained with (a typo in a trusted
-        set would otherwise silently fall back to the shared weights).
-        """
-        self._require_fitted()
-        if not judges:
-            raise CalibrationError("need at least one judge to aggregate over")
-        unknown = [j for j in judges if j not in self._judge_index]
-        if unknown:
-            raise CalibrationError(f"judges {unknown} were not in the training data; known: {self.judges_}")
-        parts = [self.predict_proba(x, question, j) for j in judges]
-        probs = np.mean([p.probabilities for p in parts], axis=0)
-        return Prediction(parts[0].question, probs, parts[0].values)
-
     def features_from_judgement(self, judgement: Judgement) -> np.ndarray:
         """``x`` for one conversation from a judge's `Judgement` (questions in the calibrator's order)."""
         self._require_fitted()

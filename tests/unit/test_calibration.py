@@ -36,6 +36,7 @@ from scorers.calibration_selection import (
 from scorers.conversation import Conversation, Turn
 from scorers.datasets.llm_rubric import Label, RubricData, build_data, load_features, load_labels, load_n_options, load_split
 from scorers.judges import RecordedJudge
+from scorers.judges.base import Answer, Judgement, Provenance
 from scorers.questions import load_questions
 from tests.data_paths import LLM_RUBRIC as DATA
 
@@ -129,13 +130,17 @@ def test_unknown_judge_uses_exactly_the_shared_weights(biased):
 
 def test_aggregate_over_trusted_judges_is_the_mixture(biased):
     model, test = biased
-    x = np.stack([test.features[t] for t in test.text_ids[:5]])
-    agg = model.predict_aggregate(x, ["lo", "hi"], "Q0")
-    parts = [model.predict_proba(x, "Q0", j) for j in ("lo", "hi")]
+    tid = test.text_ids[0]
+    x, spans = test.features[tid], np.cumsum([0] + [model.n_options_[q] for q in model.question_ids_])
+    answers = {q: Answer(q, tuple(x[spans[i] : spans[i + 1]])) for i, q in enumerate(model.question_ids_)}
+    judgement = Judgement(tid, answers, Provenance(judge="toy", model="toy"))
+    assert np.allclose(model.features_from_judgement(judgement), x)
+    agg = model.predict_judgement(judgement, judges=["lo", "hi"], questions=["Q0"])["Q0"]
+    parts = [model.predict_proba(test.features[tid], "Q0", j) for j in ("lo", "hi")]
     assert np.allclose(agg.probabilities, (parts[0].probabilities + parts[1].probabilities) / 2)
     assert np.allclose(agg.expected_value, (parts[0].expected_value + parts[1].expected_value) / 2)
     with pytest.raises(CalibrationError, match="not in the training data"):
-        model.predict_aggregate(x, ["lo", "typo"], "Q0")
+        model.predict_judgement(judgement, judges=["lo", "typo"])
 
 
 def test_loss_ignores_entries_that_are_not_labels():
@@ -366,9 +371,8 @@ def test_predict_from_a_recorded_judgement_matches_the_loaded_features():
     assert preds["Q8"].probabilities.shape == (1, 3)
     assert np.allclose(preds["Q0"].probabilities, model.predict_proba(real.features[tid], "Q0").probabilities)
     trusted = model.predict_judgement(judgement, judges=list(model.judges_[:3]), questions=["Q0"])
-    assert np.allclose(
-        trusted["Q0"].probabilities, model.predict_aggregate(real.features[tid], list(model.judges_[:3]), "Q0").probabilities
-    )
+    mixture = np.mean([model.predict_proba(real.features[tid], "Q0", j).probabilities for j in model.judges_[:3]], axis=0)
+    assert np.allclose(trusted["Q0"].probabilities, mixture)
     partial = judge.judge(Conversation(tid, (Turn("user", "hi"),)), [questions["Q0"]])
     with pytest.raises(CalibrationError, match="lacks answers"):
         model.predict_judgement(partial)

@@ -266,7 +266,7 @@ def test_trusted_judges_aggregate_the_calibrated_prediction(judge, rubric_set, c
     x = calibrator.features_from_judgement(
         judge.judge(conversation.to_conversation(), scoring_questions(rubric_set, calibrator, QUESTIONS))
     )
-    expected = calibrator.predict_aggregate(x, trusted, "Q0").probabilities[0]
+    expected = np.mean([calibrator.predict_proba(x, "Q0", j).probabilities[0] for j in trusted], axis=0)  # the mixture
     assert record.main_probabilities == pytest.approx(tuple(expected))
 
 
