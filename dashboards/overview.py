@@ -16,6 +16,7 @@ from typing import Any
 
 from dashboards import panels as p
 from dashboards import promql
+from scorers.rubrics import LABELS
 
 UID = "convowatch-overview"
 TITLE = "convowatch / Overview"
@@ -108,7 +109,7 @@ def _over_time() -> list:
         p.time_series(
             "Label shares",
             "Shares of scored conversations labelled sat, dsat and uncertain by the rubric set's windows.",
-            [p.promql(promql.label_share(label, W, M), label) for label in ("sat", "dsat", "uncertain")],
+            [p.promql(promql.label_share(label, W, M), label) for label in LABELS],
             "percentunit",
             min_value=0,
             max_value=1,

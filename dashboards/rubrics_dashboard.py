@@ -4,7 +4,7 @@ What counts as a DSAT *hit*: a rubric's stored ``score`` is its rating (the
 expected option score of the judge's answer distribution, in [0, 10]),
 negated for DSAT rubrics. Almost every probabilistic answer puts some mass on
 "applies", so ``score < 0`` would count nearly every conversation; a hit here
-is a rating of at least `HIT_RATING` (5, the middle of the scale: the judge
+is a rating of at least `DSAT_HIT_RATING` (5, the middle of the scale: the judge
 expects the rubric to apply more than not), i.e. ``score <= -5``.
 
 Panels read the latest score of each conversation (``latest_scores``, and
@@ -29,10 +29,10 @@ from grafana_foundation_sdk.models import common
 from dashboards import datasources
 from dashboards import panels as p
 from dashboards.clickhouse import Target
+from scorers.rubrics import DSAT_HIT_RATING
 
 UID = "convowatch-rubrics"
 TITLE = "convowatch / Rubrics and conversations"
-HIT_RATING = 5.0
 WORST_LIMIT = 50
 NETSAT_BUCKET = 5
 NETSAT_ROWS = 100_000  # the histogram panel buckets raw values; cap what one panel pulls
@@ -40,9 +40,9 @@ CONVERSATION = "${conversation_id:singlequote}"
 
 
 def dsat_hit(alias: str = "") -> str:
-    """The rubric row is a DSAT hit: a DSAT rubric rated at least `HIT_RATING` (stored score <= -HIT_RATING)."""
+    """The rubric row is a DSAT hit: a DSAT rubric rated at least `DSAT_HIT_RATING` (stored score <= -DSAT_HIT_RATING)."""
     col = f"{alias}." if alias else ""
-    return f"{col}polarity = 'dsat' AND {col}score <= -{HIT_RATING:g}"
+    return f"{col}polarity = 'dsat' AND {col}score <= -{DSAT_HIT_RATING:g}"
 
 
 def attribute_filter(alias: str = "") -> str:
@@ -170,7 +170,7 @@ def dashboard() -> dict[str, Any]:
     board = p.new_dashboard(
         UID,
         TITLE,
-        f"Most-firing DSAT rubrics (hit = rating ≥ {HIT_RATING:g} of 10), NetSAT distribution, the worst recent "
+        f"Most-firing DSAT rubrics (hit = rating ≥ {DSAT_HIT_RATING:g} of 10), NetSAT distribution, the worst recent "
         "conversations with their hits, and a drill-down into one conversation (variable conversation_id).",
         time_from="now-24h",
     )
@@ -199,7 +199,7 @@ def _rubric_panels() -> list:
         bargauge.Panel()
         .title("Most-firing DSAT rubrics")
         .description(
-            f"DSAT rubrics by the number of conversations they hit (rating ≥ {HIT_RATING:g}) in the range, "
+            f"DSAT rubrics by the number of conversations they hit (rating ≥ {DSAT_HIT_RATING:g}) in the range, "
             "each judged conversation weighted by 1/π (the conversations it stands for under sampling)."
         )
         .datasource(datasources.clickhouse())
@@ -241,7 +241,7 @@ def _conversation_panels() -> list:
     worst = p.table_panel(
         "Worst recent conversations",
         f"Highest calibrated P(dissatisfied), then lowest NetSAT, with their DSAT hits (rubric and score, rating ≥ "
-        f"{HIT_RATING:g}). Click an id to drill down.",
+        f"{DSAT_HIT_RATING:g}). Click an id to drill down.",
         [Target().sql(WORST_SQL).table()],
         span=16,
         height=10,

@@ -57,6 +57,16 @@ Label = Literal["sat", "dsat", "uncertain"]
 SAT: Label = "sat"
 DSAT: Label = "dsat"
 UNCERTAIN: Label = "uncertain"
+LABELS: tuple[Label, ...] = (SAT, DSAT, UNCERTAIN)  # the label vocabulary: store, report and dashboards use this
+# A DSAT rubric "hits" a conversation when the judge rates it at least the middle of the 0-10 scale (its signed
+# score <= -5). Almost every probabilistic answer puts some mass on "applies", so score < 0 would flag nearly every
+# conversation. The store's and the Rubrics dashboard's SQL use this threshold too.
+DSAT_HIT_RATING = 5.0
+
+
+def is_dsat_hit(polarity: str, score: float) -> bool:
+    """Whether a rubric's signed score is a DSAT hit (`DSAT_HIT_RATING`)."""
+    return polarity == DSAT and score <= -DSAT_HIT_RATING
 
 
 class RubricSetError(UserError, ValueError):

@@ -33,6 +33,7 @@ import clickhouse_connect
 from clickhouse_connect.driver.exceptions import Error as ClickHouseDriverError
 
 from scorers.errors import ServiceError
+from scorers.rubrics import DSAT_HIT_RATING, LABELS
 from stream.records import ClosedConversation, RubricHit, ScoreRecord
 
 if TYPE_CHECKING:
@@ -58,10 +59,6 @@ _LC = "LowCardinality(String)"
 # failed re-score must not hide a good score, nor orphan its dimension/rubric rows); among rows of
 # the same status the later scored_at wins.
 SCORED_BIT = 1 << 62
-# A DSAT rubric "hit": the judge rates it at least the middle of the 0-10 scale (stored score <= -5). Almost
-# every probabilistic answer puts some mass on "applies", so score < 0 would flag nearly every conversation.
-# dashboards/rubrics_dashboard.py's HIT_RATING says the same (tests hold the two equal).
-DSAT_HIT_RATING = 5.0
 _SCORE_VERSION = f"bitOr(toUInt64(status = 'scored') * {SCORED_BIT}, toUInt64(toUnixTimestamp64Micro(scored_at)))"
 
 # Each conversation's newest score row (any scorer version); recreated by migrations that add score columns.
@@ -206,7 +203,6 @@ FEEDBACK_COLUMNS = (
     "conversation_id", "turn_index", "timestamp", "rating", "comment", "attributes", "product", "model_version", "received_at",
 )  # fmt: skip
 
-LABELS = ("sat", "dsat", "uncertain")
 STATUSES = ("scored", "unscored", "unsampled")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

@@ -29,11 +29,12 @@ from typing import Any, TypedDict
 
 from scorers.errors import UserError
 from scorers.questions import load_questions
+from scorers.rubrics import is_dsat_hit
 from stream.records import RubricHit
 from stream.report.cost import JudgeCost, load_judge_costs
 from stream.sampling import hajek_sampling_variance
 from stream.settings import PriceSettings
-from stream.store import DSAT_HIT_RATING, ClickHouseStore
+from stream.store import ClickHouseStore
 
 MAX_BUCKETS = 60
 WORST = 20
@@ -580,7 +581,7 @@ def _worst(store: ClickHouseStore, scope: Mapping[str, Any], n: int) -> tuple[Wo
                 product=w["product"], model_version=w["model_version"], label=w["label"], netsat=w["netsat"],
                 dissatisfaction_probability=w["dissatisfaction_probability"], main_expected_value=w["main_expected_value"],
                 n_turns=int(w["n_turns"]),
-                dsat_hits=tuple(h for h in hits if h.polarity == "dsat" and h.score <= -DSAT_HIT_RATING)[:DSAT_HITS_SHOWN],
+                dsat_hits=tuple(h for h in hits if is_dsat_hit(h.polarity, h.score))[:DSAT_HITS_SHOWN],
                 weakest_sat=tuple(h for h in hits if h.polarity == "sat")[:WEAKEST_SAT_SHOWN],
             )
         )  # fmt: skip

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from html import escape
 
+from scorers.rubrics import LABELS
 from stream.records import RubricHit
 from stream.report.cost import cost_table
 from stream.report.data import Counts, ReportData, WorstRow, describe_seconds
@@ -199,7 +200,7 @@ def _worst(data: ReportData) -> str:
 
 
 def _worst_row(data: ReportData, w: WorstRow) -> str:
-    label_class = w.label if w.label in ("sat", "dsat", "uncertain") else ""
+    label_class = w.label if w.label in LABELS else ""
     return (
         f'<tr data-conversation-id="{escape(w.conversation_id)}"><td class="id">{escape(w.conversation_id)}</td>'
         f"<td>{w.closed_at:%Y-%m-%d %H:%M:%S}</td><td>{escape(w.product)}</td><td>{escape(w.model_version)}</td>"

@@ -25,11 +25,11 @@ from typing import Any
 import pytest
 import yaml
 
-from dashboards import catalog
+from dashboards import catalog, rubrics_dashboard
 from dashboards.datasources import CLICKHOUSE_UID, PROMETHEUS_UID
 from dashboards.push import DEFAULT_FOLDER, PushError, folder_uid, push
-from dashboards.rubrics_dashboard import HIT_RATING
 from scorers.datasets.llm_rubric import REAL_CONVERSATIONS_FILE, load_real_conversations
+from scorers.rubrics import DSAT_HIT_RATING as HIT_RATING
 from stream.metrics import ServiceMetrics, metric_names
 from stream.records import ClosedConversation, DimensionPrediction, RubricHit, ScoreRecord, TurnRecord
 from tests.chdb_fixture import chdb_dsn, chdb_store, store_factory  # noqa: F401
@@ -578,8 +578,9 @@ def test_push_command_to_a_closed_port_is_one_error_line() -> None:
     assert r.stderr.count("\n") == 1 and "is unreachable" in r.stderr, r.stderr
 
 
-def test_the_dashboards_and_the_store_count_the_same_dsat_hits() -> None:
-    """`convowatch summary` (stream/store.py) and the Rubrics dashboard must agree on what a DSAT hit is."""
-    from stream.store import DSAT_HIT_RATING
+def test_the_dsat_hit_rule_is_one_threshold() -> None:
+    """`convowatch summary`/report (stream/) and the Rubrics dashboard take the DSAT-hit threshold from scorers.rubrics."""
+    from scorers.rubrics import is_dsat_hit
 
-    assert DSAT_HIT_RATING == HIT_RATING
+    assert is_dsat_hit("dsat", -HIT_RATING) and not is_dsat_hit("dsat", -HIT_RATING + 0.1) and not is_dsat_hit("sat", -10.0)
+    assert f"score <= -{HIT_RATING:g}" in rubrics_dashboard.dsat_hit()
