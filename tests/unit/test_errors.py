@@ -26,9 +26,6 @@ from stream.commands import cli as cli_module
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("scorers", "stream", "dashboards", "deploy")
-# Classes still outside the hierarchy because their module is being edited elsewhere right now. Move each under
-# ConvowatchError (EmbeddingModelError: `class EmbeddingModelError(ModelNotFound, RuntimeError)`), then delete it here.
-NOT_YET_UNDER_THE_ROOT: set[str] = set()
 
 
 def _exception_classes() -> dict[str, type[BaseException]]:
@@ -48,15 +45,14 @@ def test_every_exception_class_derives_from_convowatch_error() -> None:
     classes = _exception_classes()
     assert "scorers.rubrics.RubricSetError" in classes and "stream.store.StoreError" in classes  # the walk saw them
     outside = {name for name, cls in classes.items() if not issubclass(cls, ConvowatchError)}
-    new = sorted(outside - NOT_YET_UNDER_THE_ROOT)
-    assert not new, f"derive these from scorers.errors.UserError or ServiceError (keep their ValueError/RuntimeError): {new}"
-    moved = sorted(NOT_YET_UNDER_THE_ROOT - outside)
-    assert not moved, f"now under ConvowatchError, remove from NOT_YET_UNDER_THE_ROOT: {moved}"
+    assert not outside, (
+        f"derive these from scorers.errors.UserError or ServiceError (keep their ValueError/RuntimeError): {sorted(outside)}"
+    )
 
 
 def test_every_error_is_either_a_user_error_or_a_service_error() -> None:
     roots = {"scorers.errors.ConvowatchError", "scorers.errors.UserError", "scorers.errors.ServiceError"}
-    classes = {n: c for n, c in _exception_classes().items() if n not in roots | NOT_YET_UNDER_THE_ROOT}
+    classes = {n: c for n, c in _exception_classes().items() if n not in roots}
     wrong = sorted(n for n, c in classes.items() if issubclass(c, UserError) == issubclass(c, ServiceError))
     assert not wrong, f"each error is a UserError or a ServiceError, not both or neither: {wrong}"
 
