@@ -103,16 +103,23 @@ class WorkerApp(faust.App):
 
     def on_rebalance_start(self) -> None:
         """Faust calls this first thing in a rebalance (from its consumer thread). Faust then waits for the event each
-        agent is processing; one waiting for the judge budget could hold the rebalance past the group's timeout."""
+        agent is processing; one waiting for the judge budget could hold the rebalance past the group's timeout, so
+        budget waits are called off until the rebalance ends."""
         super().on_rebalance_start()
         if self.budget is not None:
-            self.loop.call_soon_threadsafe(self.budget.interrupt)
+            self.loop.call_soon_threadsafe(self.budget.call_off)
+
+    def on_rebalance_end(self) -> None:
+        """Faust calls this on the event loop once the new assignment is recovered: budget waits are allowed again."""
+        super().on_rebalance_end()
+        if self.budget is not None:
+            self.budget.resume()
 
     async def on_stop(self) -> None:
         """On shutdown Faust likewise waits for each agent's event: call budget waits off first, so the worker stops
         without waiting for the budget (the waiting conversation's offset stays uncommitted)."""
         if self.budget is not None:
-            self.budget.interrupt()
+            self.budget.call_off()
         await super().on_stop()
 
     async def _consumer_wait_empty(self, consumer: Any, logger: Any) -> None:

@@ -232,8 +232,11 @@ class BudgetGate:
     """Where the score agent waits for the budget: no busy loop, metrics while waiting, called off on a rebalance.
 
     A waiter sleeps until expiring spend makes room or a settlement changes the picture, but at most one
-    per-minute window at a time, so the wait counter keeps growing during long (per-day) waits. All methods run on
-    the worker's event loop (`interrupt` from another thread goes through ``loop.call_soon_threadsafe``).
+    per-minute window at a time, so the wait counter keeps growing during long (per-day) waits. Between
+    `call_off` and `resume` (a rebalance, or a stop) nothing waits: current waits end and an acquire the budget
+    does not admit at once raises `BudgetWaitInterrupted`, because the agent takes the next buffered conversation
+    as soon as its wait ends, before Faust suspends the flow. All methods run on the worker's event loop (from the
+    consumer thread through ``loop.call_soon_threadsafe``).
     """
 
     def __init__(
@@ -250,6 +253,7 @@ class BudgetGate:
         self._clock = clock
         self._sleep = sleep
         self._change = _Change()
+        self._called_off = False
         self._waiting: dict[Limit, int] = {limit: 0 for limit in budget.limits}
         self._accounted_at = clock()
         for limit in budget.limits:  # every configured limit exports its series from the start
@@ -288,6 +292,8 @@ class BudgetGate:
                 decision = self.budget.try_acquire(size_chars, self._clock())
                 if isinstance(decision, Reservation):
                     return decision
+                if self._called_off:
+                    raise BudgetWaitInterrupted(f"waiting for the judge budget ({decision.limit}) is called off")
                 if decision.limit != waiting_on:
                     if waiting_on is not None:
                         self._set_waiting(waiting_on, -1)
@@ -314,9 +320,14 @@ class BudgetGate:
         self.budget.settle(reservation, cost, self._clock())
         self._notify()
 
-    def interrupt(self) -> None:
-        """Call off every current wait (each raises `BudgetWaitInterrupted`); later acquires wait as usual."""
+    def call_off(self) -> None:
+        """Call off every wait, current and later (each raises `BudgetWaitInterrupted`) until `resume`."""
+        self._called_off = True
         self._notify(interrupted=True)
+
+    def resume(self) -> None:
+        """Acquires wait for the budget again (the rebalance is over)."""
+        self._called_off = False
 
 
 def transcript_chars(conversation: Conversation | ClosedConversation) -> int:

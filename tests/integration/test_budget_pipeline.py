@@ -249,3 +249,7 @@ def test_a_rebalance_calls_off_the_wait_and_the_waiting_conversation_is_scored_o
     assert "left in the closed topic while waiting for the judge budget" in log, first.log_tail()
     assert first.popen.poll() is None and "LeaveGroup" not in log and "Heartbeat session expired" not in log
     assert log.count("Joined group") == 2  # the first join and the rebalance, nothing else
+    # The rebalance did not wait for the budget: once the wait was called off, the next buffered conversation did not
+    # start a new one (Faust logs "Waiting for tasks" while it waits for an agent's event, and its flight recorder
+    # "Task timed out" after 95 % of the session timeout).
+    assert "wait_empty: Waiting for tasks" not in log and "Task timed out" not in log, first.log_tail()

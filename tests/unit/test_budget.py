@@ -256,7 +256,7 @@ def test_a_settlement_wakes_a_waiter_blocked_by_a_conversation_in_flight() -> No
     assert asyncio.run(run()).reserved == {"calls_per_minute": 2}
 
 
-def test_interrupt_calls_off_every_wait_and_later_waits_work_as_usual() -> None:
+def test_call_off_ends_every_wait_and_refuses_new_ones_until_resume() -> None:
     clock = FakeClock()
     clock.block = True
     g, metrics = gate(clock, calls_per_minute=10)
@@ -266,15 +266,23 @@ def test_interrupt_calls_off_every_wait_and_later_waits_work_as_usual() -> None:
         waiters = [asyncio.ensure_future(g.acquire(100)) for _ in range(2)]
         await asyncio.sleep(0)
         await asyncio.sleep(0)
-        g.interrupt()
+        g.call_off()
         for w in waiters:
             with pytest.raises(BudgetWaitInterrupted, match="calls_per_minute"):
                 await asyncio.wait_for(w, timeout=5)
         assert sample(metrics, "convowatch_judge_budget_exhausted", "calls_per_minute") == 0
+        # Still called off: the agent's next buffered conversation must not start a new wait (it would hold the
+        # rebalance), so an acquire the budget does not admit at once raises at once ...
+        with pytest.raises(BudgetWaitInterrupted, match="called off"):
+            await asyncio.wait_for(g.acquire(100), timeout=5)
+        g.settle(first, Cost(calls=5, tokens=0))
+        # ... while one it admits goes through (5 calls spent and 5 estimated: the window is full again).
+        second = await asyncio.wait_for(g.acquire(100), timeout=5)
+        g.resume()
         later = asyncio.ensure_future(g.acquire(100))
         await asyncio.sleep(0)
-        assert not later.done()
-        g.settle(first, Cost(calls=1, tokens=0))
+        assert not later.done()  # waits as usual after resume
+        g.settle(second, Cost(calls=0, tokens=0))
         await asyncio.wait_for(later, timeout=5)
 
     asyncio.run(run())
