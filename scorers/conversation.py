@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, cast
@@ -85,8 +85,13 @@ class Conversation:
 
     def content_hash(self) -> str:
         """Stable hash of roles and texts (not timestamps or attributes): a cache key."""
-        payload = json.dumps([[t.role, t.text] for t in self.turns], ensure_ascii=False)
-        return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
+        return content_hash((t.role, t.text) for t in self.turns)
+
+
+def content_hash(turns: Iterable[tuple[str, str]]) -> str:
+    """`Conversation.content_hash` of the (role, text) pairs of a conversation's turns, in order."""
+    payload = json.dumps([[role, text] for role, text in turns], ensure_ascii=False)
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
 
 
 def _render_turn(index: int, turn: Turn, text: str | None = None) -> str:

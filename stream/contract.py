@@ -80,8 +80,7 @@ REASON_DESCRIPTIONS: dict[str, str] = {
     "conversation_closed": "(assembler) an event for a conversation that is already closed",
     "empty_conversation": "(assembler) an end event for a conversation with no turns",
     "bad_closed_record": "(worker) a closed-conversation record that cannot be decoded",
-    "bad_score_record": "(sink) a score record that cannot be decoded",
-    "rejected_by_store": "(sink) a score or feedback row the store refuses",
+    "bad_score_record": "(sink) a score record that cannot be decoded or has a bad value",
 }
 REASONS: tuple[str, ...] = tuple(REASON_DESCRIPTIONS)
 

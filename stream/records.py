@@ -6,25 +6,37 @@
   closed conversation (or why it could not), with the versions that produced
   it. The sink writes these rows to ClickHouse; downstream consumers read the
   same topic.
+* `FeedbackRow` — a user's rating of a turn, as the sink stores it.
 
 Both are plain data with ``to_json``/``from_json``; times are UTC epoch
-seconds (floats) so the records stay language-neutral.
+seconds (floats) so the records stay language-neutral. Every record checks
+its values when it is built (`RecordError`), so a bad one fails where it is
+made (the scorer turns it into an unscored record; decoding dead-letters it)
+and whatever reaches the store can be written.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from scorers.conversation import Conversation, Turn, as_role
+from scorers.conversation import ROLES, Conversation, Turn, as_role, content_hash
 from scorers.errors import UserError
+from scorers.rubrics import LABELS
 
 RECORD_VERSION = 1
 
 CloseCause = Literal["end", "idle_timeout", "max_turns"]
 ScoreStatus = Literal["scored", "unscored", "unsampled"]  # unsampled: counted (volume), not judged
+CLOSE_CAUSES: tuple[str, ...] = get_args(CloseCause)
+STATUSES: tuple[str, ...] = get_args(ScoreStatus)
+POLARITIES = ("sat", "dsat")
+_OPTIONAL_FLOATS = ("netsat", "netsat_lower", "netsat_upper", "main_expected_value", "dissatisfaction_probability")
+_COUNTS = ("attempts", "judge_calls", "judge_prompt_tokens", "judge_completion_tokens", "judge_cached_prompt_tokens")
+_ROUNDING = 1e-9  # a mixture of distributions may sum a hair past 1
 
 
 class RecordError(UserError, ValueError):
@@ -37,6 +49,12 @@ class TurnRecord:
     role: str
     text: str
     timestamp: float
+
+    def __post_init__(self) -> None:
+        _check(_count(self.index), f"turn index {self.index!r} is not a non-negative integer")
+        _check(self.role in ROLES, f"turn {self.index}: role {self.role!r} is not one of {ROLES}")
+        _check(isinstance(self.text, str), f"turn {self.index}: text is not a string")
+        _time(self.timestamp, f"turn {self.index} timestamp")
 
 
 @dataclass(frozen=True)
@@ -52,6 +70,19 @@ class ClosedConversation:
     last_event_at: float
     missing_turn_indices: tuple[int, ...] = ()
     negative_feedback: bool = False  # a user rated a turn down while it was open (sampling always judges it)
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.conversation_id, str) and self.conversation_id != "", "conversation_id is empty")
+        _check(self.close_cause in CLOSE_CAUSES, f"close_cause {self.close_cause!r} is not one of {CLOSE_CAUSES}")
+        for name in ("closed_at", "first_event_at", "last_event_at"):
+            _time(getattr(self, name), name)
+        _check(all(isinstance(t, TurnRecord) for t in self.turns), "turns are not TurnRecords")
+        _check(all(map(_count, self.missing_turn_indices)), "missing_turn_indices are not indices")
+        _check(isinstance(self.negative_feedback, bool), f"negative_feedback {self.negative_feedback!r} is not true or false")
+
+    def content_hash(self) -> str:
+        """`Conversation.content_hash` of this conversation (roles and texts), without building the Conversation."""
+        return content_hash((t.role, t.text) for t in self.turns)
 
     def to_conversation(self) -> Conversation:
         """The scoring library's view: turns in index order, attributes kept."""
@@ -92,8 +123,10 @@ class ClosedConversation:
                 first_event_at=float(d["first_event_at"]),
                 last_event_at=float(d["last_event_at"]),
                 missing_turn_indices=tuple(int(i) for i in d.get("missing_turn_indices", ())),
-                negative_feedback=_bool(d.get("negative_feedback", False), "negative_feedback"),
+                negative_feedback=d.get("negative_feedback", False),
             )
+        except RecordError:
+            raise
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise RecordError(f"not a closed-conversation record: {e!r}") from e
 
@@ -110,6 +143,11 @@ class DimensionPrediction:
     probabilities: tuple[float, ...]
     expected_value: float
 
+    def __post_init__(self) -> None:
+        in_range = all(_finite(p) and -_ROUNDING <= p <= 1 + _ROUNDING for p in self.probabilities)
+        _check(in_range, f"{self.question_id}: probabilities {self.probabilities!r} are not in [0, 1]")
+        _check(_finite(self.expected_value), f"{self.question_id}: expected_value = {self.expected_value!r} is not finite")
+
 
 @dataclass(frozen=True)
 class RubricHit:
@@ -118,6 +156,10 @@ class RubricHit:
     rubric_id: str
     polarity: str
     score: float
+
+    def __post_init__(self) -> None:
+        _check(self.polarity in POLARITIES, f"rubric {self.rubric_id}: polarity {self.polarity!r} is not one of {POLARITIES}")
+        _check(_finite(self.score), f"rubric {self.rubric_id}: score = {self.score!r} is not finite")
 
 
 @dataclass(frozen=True)
@@ -153,6 +195,30 @@ class ScoreRecord:
     inclusion_probability: float = 1.0  # π: the chance sampling gave it of being judged (weight 1/π)
     sampling_reason: str = ""  # rate | new_model_version | negative_feedback ('' in records written before sampling)
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        cid = getattr(self.conversation, "conversation_id", self.conversation)
+        try:
+            _check(isinstance(self.conversation, ClosedConversation), "conversation is not a ClosedConversation")
+            _check(self.status in STATUSES, f"status {self.status!r} is not one of {STATUSES}")
+            if self.status == "scored":
+                _check(self.label in LABELS, f"label {self.label!r} of a scored record is not one of {LABELS}")
+            elif self.label or self.dimensions or self.rubrics:
+                raise RecordError(f"an {self.status} record carries a label, dimensions or rubrics")
+            pi = self.inclusion_probability
+            _check(_finite(pi) and 0 < pi <= 1, f"inclusion_probability = {pi!r} is not in (0, 1]")
+            _time(self.scored_at, "scored_at")
+            for name in _OPTIONAL_FLOATS:
+                value = getattr(self, name)
+                _check(value is None or _finite(value), f"{name} = {value!r} is not finite")
+            _check(all(map(_finite, self.main_probabilities)), f"main_probabilities {self.main_probabilities!r} are not finite")
+            for name in _COUNTS:
+                _check(_count(getattr(self, name)), f"{name} = {getattr(self, name)!r} is not a count")
+            _check(_finite(self.judge_latency_s) and self.judge_latency_s >= 0, f"judge_latency_s = {self.judge_latency_s!r}")
+            _check(all(isinstance(d, DimensionPrediction) for d in self.dimensions), "dimensions are not DimensionPredictions")
+            _check(all(isinstance(h, RubricHit) for h in self.rubrics), "rubrics are not RubricHits")
+        except RecordError as e:
+            raise RecordError(f"score record for conversation {cid!r}: {e}") from None
 
     @property
     def conversation_id(self) -> str:
@@ -211,10 +277,44 @@ class ScoreRecord:
             raise RecordError(f"not a score record: {e!r}") from e
 
 
-def _bool(x: Any, name: str) -> bool:
-    if not isinstance(x, bool):
-        raise ValueError(f"{name} must be true or false, got {x!r}")
-    return x
+@dataclass(frozen=True)
+class FeedbackRow:
+    """A user's rating of a conversation turn, as stored in the ``feedback`` table."""
+
+    conversation_id: str
+    turn_index: int
+    rating: str
+    comment: str
+    timestamp: float
+    attributes: dict[str, str] = field(default_factory=dict)
+    received_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        try:
+            _check(isinstance(self.conversation_id, str) and self.conversation_id != "", "conversation_id is empty")
+            _check(isinstance(self.rating, str) and self.rating != "", "rating is empty")
+            _check(isinstance(self.turn_index, int) and not isinstance(self.turn_index, bool), "turn_index is not an integer")
+            _time(self.timestamp, "timestamp")
+            _time(self.received_at, "received_at")
+        except RecordError as e:
+            raise RecordError(f"feedback for conversation {self.conversation_id!r}: {e}") from None
+
+
+def _check(ok: bool, problem: str) -> None:
+    if not ok:
+        raise RecordError(problem)
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _time(t: Any, name: str) -> None:
+    _check(_finite(t), f"{name} = {t!r} is not a finite epoch time in seconds")
 
 
 def _dump(obj: dict[str, Any]) -> bytes:

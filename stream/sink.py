@@ -25,9 +25,9 @@ from kafka.errors import CommitFailedError, KafkaError
 
 from stream.contract import DeadLetter, FeedbackEvent, InvalidEvent, parse_event
 from stream.metrics import ServiceMetrics
-from stream.records import RecordError, ScoreRecord
+from stream.records import FeedbackRow, RecordError, ScoreRecord
 from stream.settings import Settings
-from stream.store import ClickHouseStore, FeedbackRow, RejectedRowError, StoreError
+from stream.store import ClickHouseStore, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class ScoreSink:
                 )
             except InvalidEvent:
                 continue  # the workers dead-letter invalid events; the sink only needs valid feedback
-            if isinstance(event, FeedbackEvent):
+            if isinstance(event, FeedbackEvent):  # a valid event makes a valid row: the contract checks more than it
                 batch.feedback.append(
                     FeedbackRow(
                         conversation_id=event.conversation_id,
@@ -100,47 +100,6 @@ class ScoreSink:
                 )
         return batch
 
-    def reject(self, batch: SinkBatch) -> list[DeadLetter]:
-        """Remove the rows the store refuses (bad values) from ``batch``, one at a time; return them as dead letters."""
-        rejected: list[DeadLetter] = []
-        good_scores, good_feedback = [], []
-        for record in batch.scores:
-            try:
-                self.store.check_scores([record])
-                good_scores.append(record)
-            except RejectedRowError as e:
-                rejected.append(
-                    DeadLetter(
-                        "rejected_by_store",
-                        str(e),
-                        record.to_json(),
-                        record.conversation_id.encode("utf-8"),
-                        self.settings.kafka.scores_topic,
-                        -1,
-                        -1,
-                        time.time(),
-                    )
-                )
-        for row in batch.feedback:
-            try:
-                self.store.check_feedback([row])
-                good_feedback.append(row)
-            except RejectedRowError as e:
-                rejected.append(
-                    DeadLetter(
-                        "rejected_by_store",
-                        str(e),
-                        repr(row).encode("utf-8"),
-                        row.conversation_id.encode("utf-8"),
-                        self.settings.kafka.events_topic,
-                        -1,
-                        -1,
-                        time.time(),
-                    )
-                )
-        batch.scores, batch.feedback = good_scores, good_feedback
-        return rejected
-
     def write(self, batch: SinkBatch, stop: threading.Event) -> bool:
         """Write until it succeeds (retrying store errors with backoff) or ``stop`` is set; True if written."""
         delay = 0.5
@@ -151,9 +110,6 @@ class ScoreSink:
                 if batch.feedback:
                     rows["feedback"] = self.store.write_feedback(batch.feedback)
                 break
-            except RejectedRowError as e:
-                log.error("store refused rows; dead-lettering them and writing the rest: %s", e)
-                self.dead_letter(self.reject(batch))
             except StoreError as e:
                 self.metrics.sink_errors.inc()
                 log.error("store write failed (retrying in %.1fs): %s", delay, e)

@@ -24,7 +24,7 @@ import os
 import re
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
@@ -34,7 +34,7 @@ from clickhouse_connect.driver.exceptions import Error as ClickHouseDriverError
 
 from scorers.errors import ServiceError
 from scorers.rubrics import DSAT_HIT_RATING, LABELS
-from stream.records import ClosedConversation, RubricHit, ScoreRecord
+from stream.records import ClosedConversation, FeedbackRow, RubricHit, ScoreRecord
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -44,10 +44,6 @@ if TYPE_CHECKING:
 
 class StoreError(ServiceError, RuntimeError):
     """The store cannot be opened, migrated, written or read; the message says which and why."""
-
-
-class RejectedRowError(StoreError):
-    """A score record or feedback row the store refuses (bad value): retrying the same batch cannot succeed."""
 
 
 # --- schema -------------------------------------------------------------------------------------
@@ -203,24 +199,10 @@ FEEDBACK_COLUMNS = (
     "conversation_id", "turn_index", "timestamp", "rating", "comment", "attributes", "product", "model_version", "received_at",
 )  # fmt: skip
 
-STATUSES = ("scored", "unscored", "unsampled")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 # --- rows ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FeedbackRow:
-    """A user's rating of a conversation turn, as stored in the ``feedback`` table."""
-
-    conversation_id: str
-    turn_index: int
-    rating: str
-    comment: str
-    timestamp: float
-    attributes: dict[str, str] = field(default_factory=dict)
-    received_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -332,33 +314,16 @@ class ClickHouseStore:
 
     # writes
 
-    def check_scores(self, records: Sequence[ScoreRecord]) -> None:
-        """Raise `RejectedRowError` if any record cannot become rows (without writing)."""
-        for r in records:
-            try:
-                _append_score_rows(r, [], [], [], [])
-            except (ValueError, TypeError, OverflowError, AttributeError) as e:
-                raise RejectedRowError(f"score record for conversation {getattr(r, 'conversation_id', r)!r}: {e}") from e
-
-    def check_feedback(self, items: Sequence[FeedbackRow]) -> None:
-        """Raise `RejectedRowError` if any feedback item cannot become a row (without writing)."""
-        for f in items:
-            try:
-                _feedback_row(f)
-            except (ValueError, TypeError, OverflowError, AttributeError) as e:
-                raise RejectedRowError(f"feedback for conversation {getattr(f, 'conversation_id', f)!r}: {e}") from e
-
     def write_scores(self, records: Sequence[ScoreRecord]) -> dict[str, int]:
-        """Insert the records' rows, one batch insert per table; returns the rows written per table."""
+        """Insert the records' rows, one batch insert per table; returns the rows written per table.
+
+        Records check their values when they are built (`stream.records`), so every record becomes rows."""
         conversations: list[list[Any]] = []
         scores: list[list[Any]] = []
         dimensions: list[list[Any]] = []
         rubrics: list[list[Any]] = []
         for r in records:
-            try:
-                _append_score_rows(r, conversations, scores, dimensions, rubrics)
-            except (ValueError, TypeError, OverflowError, AttributeError) as e:
-                raise RejectedRowError(f"score record for conversation {getattr(r, 'conversation_id', r)!r}: {e}") from e
+            _append_score_rows(r, conversations, scores, dimensions, rubrics)
         batches = {
             "conversations": (conversations, CONVERSATION_COLUMNS),
             "conversation_scores": (scores, SCORE_COLUMNS),
@@ -372,12 +337,7 @@ class ClickHouseStore:
 
     def write_feedback(self, items: Sequence[FeedbackRow]) -> int:
         """Insert feedback rows in one batch; returns how many."""
-        rows = []
-        for f in items:
-            try:
-                rows.append(_feedback_row(f))
-            except (ValueError, TypeError, OverflowError, AttributeError) as e:
-                raise RejectedRowError(f"feedback for conversation {getattr(f, 'conversation_id', f)!r}: {e}") from e
+        rows = [_feedback_row(f) for f in items]
         if rows:
             self._insert("feedback", rows, FEEDBACK_COLUMNS)
         return len(rows)
@@ -562,32 +522,20 @@ def _weighted_mean(column: str) -> str:
 def _append_score_rows(
     r: ScoreRecord, conversations: list[list[Any]], scores: list[list[Any]], dimensions: list[list[Any]], rubrics: list[list[Any]]
 ) -> None:
-    if r.status not in STATUSES:
-        raise ValueError(f"status {r.status!r} is not one of {STATUSES}")
-    if r.status == "scored" and r.label not in LABELS:
-        raise ValueError(f"label {r.label!r} of a scored record is not one of {LABELS}")
-    if r.status != "scored" and (r.label or r.dimensions or r.rubrics):
-        raise ValueError(f"an {r.status} record carries a label, dimensions or rubrics")
-    pi = r.inclusion_probability
-    if isinstance(pi, bool) or not isinstance(pi, (int, float)) or not 0 < pi <= 1:
-        raise ValueError(f"inclusion_probability = {pi!r} is not in (0, 1]")
     c = r.conversation
     product, model_version = c.attributes.get("product", ""), c.attributes.get("model_version", "")
-    closed_at = _micros(c.closed_at, "conversation.closed_at")
-    scored_at = _micros(r.scored_at, "scored_at")
+    closed_at, scored_at = _micros(c.closed_at), _micros(r.scored_at)
     conversations.append(_conversation_row(c, product, model_version, closed_at))
     scores.append(
         [
             c.conversation_id, r.scorer_version, r.status, r.unscored_reason, r.judge, r.rubric_set_version,
-            r.calibrator_version, scored_at, closed_at, r.attempts, _opt_float(r.netsat, "netsat"),
-            _opt_float(r.netsat_lower, "netsat_lower"), _opt_float(r.netsat_upper, "netsat_upper"),
-            [str(x) for x in r.rubrics_unasked], r.label,
+            r.calibrator_version, scored_at, closed_at, r.attempts, _float_or_none(r.netsat),
+            _float_or_none(r.netsat_lower), _float_or_none(r.netsat_upper), list(r.rubrics_unasked), r.label,
             r.threshold_label, r.main_question_id, [float(p) for p in r.main_probabilities],
-            _opt_float(r.main_expected_value, "main_expected_value"),
-            _opt_float(r.dissatisfaction_probability, "dissatisfaction_probability"),
+            _float_or_none(r.main_expected_value), _float_or_none(r.dissatisfaction_probability),
             product, model_version, c.attributes, len(c.turns), r.judge_calls, r.judge_prompt_tokens,
-            r.judge_completion_tokens, r.judge_cached_prompt_tokens, float(r.judge_latency_s), float(pi), r.sampling_reason,
-            json.dumps(r.extra, sort_keys=True, ensure_ascii=False),
+            r.judge_completion_tokens, r.judge_cached_prompt_tokens, float(r.judge_latency_s),
+            float(r.inclusion_probability), r.sampling_reason, json.dumps(r.extra, sort_keys=True, ensure_ascii=False),
         ]
     )  # fmt: skip
     for d in r.dimensions:
@@ -612,39 +560,24 @@ def _append_score_rows(
 
 
 def _conversation_row(c: ClosedConversation, product: str, model_version: str, closed_at: int) -> list[Any]:
-    turns = [(t.index, t.role, t.text, _micros(t.timestamp, f"turns[{t.index}].timestamp")) for t in c.turns]
+    turns = [(t.index, t.role, t.text, _micros(t.timestamp)) for t in c.turns]
     return [
-        c.conversation_id, closed_at, c.close_cause, _micros(c.first_event_at, "first_event_at"),
-        _micros(c.last_event_at, "last_event_at"), len(c.turns), list(c.missing_turn_indices),
-        c.attributes, product, model_version, c.to_conversation().content_hash(), turns,
+        c.conversation_id, closed_at, c.close_cause, _micros(c.first_event_at), _micros(c.last_event_at), len(c.turns),
+        list(c.missing_turn_indices), c.attributes, product, model_version, c.content_hash(), turns,
     ]  # fmt: skip
 
 
 def _feedback_row(f: FeedbackRow) -> list[Any]:
-    if not f.conversation_id:
-        raise ValueError("conversation_id is empty")
-    if not f.rating:
-        raise ValueError("rating is empty")
     attributes = {str(k): str(v) for k, v in f.attributes.items()}
     return [
-        f.conversation_id, int(f.turn_index), _micros(f.timestamp, "timestamp"), f.rating, f.comment, attributes,
-        attributes.get("product", ""), attributes.get("model_version", ""), _micros(f.received_at, "received_at"),
+        f.conversation_id, f.turn_index, _micros(f.timestamp), f.rating, f.comment, attributes,
+        attributes.get("product", ""), attributes.get("model_version", ""), _micros(f.received_at),
     ]  # fmt: skip
 
 
-def _micros(t: float, name: str) -> int:
+def _micros(t: float) -> int:
     """Epoch seconds as DateTime64(6) ticks (ints are written as raw ticks by clickhouse-connect)."""
-    if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-        raise ValueError(f"{name} = {t!r} is not a finite, non-negative epoch time in seconds")
     return round(t * 1_000_000)
-
-
-def _opt_float(x: float | None, name: str) -> float | None:
-    if x is None:
-        return None
-    if not math.isfinite(float(x)):
-        raise ValueError(f"{name} = {x!r} is not finite")
-    return float(x)
 
 
 def _float_or_none(x: Any) -> float | None:

@@ -279,7 +279,7 @@ def scored_store(store_factory):
     store.write_scores(
         [
             ScoreRecord(
-                conversation=record(c4, t4, "chat", "", 0, 0, {}).conversation,
+                conversation=record(c4, t4, "chat", "sat", 0, 0, {}).conversation,
                 status="unscored",
                 scorer_version="v1",
                 judge="recorded:test",

@@ -174,7 +174,7 @@ REASON_EXAMPLES: dict[str, tuple[bytes | None, dict[str, Any]]] = {
 }
 # Found after parsing: by the assembler (state) or by the worker/sink on internal topics.
 ASSEMBLER_REASONS = {"duplicate_turn_index", "conversation_closed", "empty_conversation"}
-INTERNAL_REASONS = {"bad_closed_record", "bad_score_record", "rejected_by_store"}
+INTERNAL_REASONS = {"bad_closed_record", "bad_score_record"}
 
 
 @pytest.mark.parametrize("reason", sorted(REASON_EXAMPLES))

@@ -11,6 +11,7 @@ import asyncio
 import random
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -302,6 +303,30 @@ def test_unknown_conversation_is_unscored_at_once(judge, rubric_set, calibrator,
     assert sample(metrics, "convowatch_conversations_unscored_total", reason="UnknownConversation", **attrs) == 1
     assert sample(metrics, "convowatch_judge_errors_total", judge=scorer.judge_name, error="UnknownConversation") == 1
     assert sample(metrics, "convowatch_scoring_retries_total", reason="UnknownConversation") is None
+    assert ScoreRecord.from_json(record.to_json()) == record
+
+
+class BrokenUsageJudge:
+    """Answers with the real judge but reports a fractional call count, as a broken wrapper's usage might.
+
+    A stand-in for a fault: the recorded judge reports no usage at all, and no real server here misreports it.
+    """
+
+    def __init__(self, judge: RecordedJudge) -> None:
+        self.inner, self.name, self.model = judge, judge.name, judge.model
+
+    def judge(self, conversation: Conversation, questions: Sequence[Question]) -> Judgement:
+        j = self.inner.judge(conversation, questions)
+        return replace(j, provenance=replace(j.provenance, calls=1.5))
+
+
+def test_a_record_with_a_bad_value_is_unscored_at_the_scorer(judge, rubric_set, calibrator, conversation) -> None:
+    """Records check their values when built: the scorer stores why, instead of the sink failing to write it."""
+    metrics = ServiceMetrics()
+    record = score(ConversationScorer(BrokenUsageJudge(judge), rubric_set, calibrator, fast_retries(), metrics), conversation)
+    assert record.status == "unscored" and record.attempts == 1
+    assert record.unscored_reason.startswith("RecordError: score record for conversation ")
+    assert "judge_calls = 1.5 is not a count" in record.unscored_reason
     assert ScoreRecord.from_json(record.to_json()) == record
 
 
