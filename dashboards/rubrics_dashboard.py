@@ -29,7 +29,7 @@ from grafana_foundation_sdk.models import common
 from dashboards import datasources
 from dashboards import panels as p
 from dashboards.clickhouse import Target
-from scorers.rubrics import DSAT_HIT_RATING
+from scorers.rubrics import DSAT_HIT_RATING, dsat_hit_sql
 
 UID = "convowatch-rubrics"
 TITLE = "convowatch / Rubrics and conversations"
@@ -37,12 +37,6 @@ WORST_LIMIT = 50
 NETSAT_BUCKET = 5
 NETSAT_ROWS = 100_000  # the histogram panel buckets raw values; cap what one panel pulls
 CONVERSATION = "${conversation_id:singlequote}"
-
-
-def dsat_hit(alias: str = "") -> str:
-    """The rubric row is a DSAT hit: a DSAT rubric rated at least `DSAT_HIT_RATING` (stored score <= -DSAT_HIT_RATING)."""
-    col = f"{alias}." if alias else ""
-    return f"{col}polarity = 'dsat' AND {col}score <= -{DSAT_HIT_RATING:g}"
 
 
 def attribute_filter(alias: str = "") -> str:
@@ -62,7 +56,7 @@ HITS = "round(sum(1 / s.inclusion_probability), 1) AS hits"  # each judged conve
 
 TOP_RUBRICS_SQL = f"""SELECT r.rubric_id AS rubric, {HITS}
 FROM {_CURRENT_RUBRIC_ROWS}
-WHERE {dsat_hit("r")}
+WHERE {dsat_hit_sql("r")}
   AND $__timeFilter(r.closed_at)
   AND {attribute_filter("r")}
 GROUP BY rubric
@@ -71,7 +65,7 @@ LIMIT 15"""
 
 HITS_OVER_TIME_SQL = f"""SELECT $__timeInterval(r.closed_at) AS time, r.rubric_id AS rubric, {HITS}
 FROM {_CURRENT_RUBRIC_ROWS}
-WHERE {dsat_hit("r")}
+WHERE {dsat_hit_sql("r")}
   AND $__timeFilter(r.closed_at)
   AND {attribute_filter("r")}
 GROUP BY time, rubric
@@ -100,7 +94,7 @@ LEFT JOIN (
                arrayMap(x -> concat(x.2, ' ', toString(round(x.1, 1))), arraySort(groupArray((score, rubric_id)))),
                '; ') AS dsat_hits
     FROM rubric_scores FINAL
-    WHERE {dsat_hit()} AND $__timeFilter(closed_at)
+    WHERE {dsat_hit_sql()} AND $__timeFilter(closed_at)
     GROUP BY conversation_id, scorer_version, scored_at
 ) AS h ON h.conversation_id = s.conversation_id AND h.scorer_version = s.scorer_version AND h.scored_at = s.scored_at
 WHERE s.status = 'scored'
@@ -142,7 +136,7 @@ RUBRIC_SCORES_SQL = f"""SELECT
     r.rubric_id AS rubric,
     r.polarity AS polarity,
     round(r.score, 2) AS score,
-    ({dsat_hit("r")}) AS dsat_hit
+    ({dsat_hit_sql("r")}) AS dsat_hit
 FROM rubric_scores AS r FINAL
 INNER JOIN {_SELECTED_SCORE}
     ON r.conversation_id = s.conversation_id AND r.scorer_version = s.scorer_version AND r.scored_at = s.scored_at

@@ -60,13 +60,20 @@ UNCERTAIN: Label = "uncertain"
 LABELS: tuple[Label, ...] = (SAT, DSAT, UNCERTAIN)  # the label vocabulary: store, report and dashboards use this
 # A DSAT rubric "hits" a conversation when the judge rates it at least the middle of the 0-10 scale (its signed
 # score <= -5). Almost every probabilistic answer puts some mass on "applies", so score < 0 would flag nearly every
-# conversation. The store's and the Rubrics dashboard's SQL use this threshold too.
+# conversation. The store's and the Rubrics dashboard's SQL use it through `dsat_hit_sql`.
 DSAT_HIT_RATING = 5.0
 
 
 def is_dsat_hit(polarity: str, score: float) -> bool:
     """Whether a rubric's signed score is a DSAT hit (`DSAT_HIT_RATING`)."""
     return polarity == DSAT and score <= -DSAT_HIT_RATING
+
+
+def dsat_hit_sql(alias: str = "") -> str:
+    """`is_dsat_hit` as an SQL condition on the ``polarity`` and ``score`` columns (of table ``alias``, if given),
+    for the store's and the dashboards' queries of rubric scores."""
+    col = f"{alias}." if alias else ""
+    return f"{col}polarity = '{DSAT}' AND {col}score <= -{DSAT_HIT_RATING:g}"
 
 
 class RubricSetError(UserError, ValueError):

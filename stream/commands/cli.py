@@ -604,12 +604,11 @@ def summary_cmd(obj: _Context, group_by: str, worst: int, as_json: bool) -> None
 
     With the embedded store, stop the sink first (only one process may open it).
     """
-    import dataclasses
-
+    from stream.report.summary import summarize
     from stream.store import ClickHouseStore
 
     with ClickHouseStore.open(obj.settings.store) as store:
-        summary = store.summary(worst=worst, group_by=group_by)
+        summary = summarize(store, worst=worst, group_by=group_by)
     if as_json:
         click.echo(json.dumps(dataclasses.asdict(summary), indent=2, default=str))
         return

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dashboards import catalog, rubrics_dashboard
+from dashboards import catalog
 from dashboards.datasources import CLICKHOUSE_UID, PROMETHEUS_UID
 from dashboards.push import DEFAULT_FOLDER, PushError, folder_uid, push
 from scorers.datasets.llm_rubric import REAL_CONVERSATIONS_FILE, load_real_conversations
@@ -578,9 +578,17 @@ def test_push_command_to_a_closed_port_is_one_error_line() -> None:
     assert r.stderr.count("\n") == 1 and "is unreachable" in r.stderr, r.stderr
 
 
-def test_the_dsat_hit_rule_is_one_threshold() -> None:
-    """`convowatch summary`/report (stream/) and the Rubrics dashboard take the DSAT-hit threshold from scorers.rubrics."""
-    from scorers.rubrics import is_dsat_hit
+def test_the_dsat_hit_rule_and_its_sql_agree(store_factory) -> None:
+    """`convowatch summary`/report (stream/) and the Rubrics dashboard take the DSAT-hit rule from scorers.rubrics:
+    its SQL form, run on the engine, says what `is_dsat_hit` says."""
+    from scorers.rubrics import dsat_hit_sql, is_dsat_hit
 
-    assert is_dsat_hit("dsat", -HIT_RATING) and not is_dsat_hit("dsat", -HIT_RATING + 0.1) and not is_dsat_hit("sat", -10.0)
-    assert f"score <= -{HIT_RATING:g}" in rubrics_dashboard.dsat_hit()
+    store = store_factory()
+    cases = [("dsat", -HIT_RATING), ("dsat", -HIT_RATING + 0.1), ("dsat", -10.0), ("dsat", 0.0), ("sat", -10.0), ("sat", 7.0)]
+    for polarity, score in cases:
+        [row] = store.query(
+            f"SELECT ({dsat_hit_sql('r')}) AS hit FROM (SELECT {{p:String}} AS polarity, {{s:Float64}} AS score) AS r",
+            {"p": polarity, "s": score},
+        )
+        assert bool(row["hit"]) == is_dsat_hit(polarity, score), (polarity, score)
+    assert is_dsat_hit("dsat", -HIT_RATING) and not is_dsat_hit("dsat", -HIT_RATING + 0.1)

@@ -15,6 +15,7 @@ import pytest
 from stream.metrics import ServiceMetrics
 from stream.records import ClosedConversation, RecordError, ScoreRecord
 from stream.report.data import Z95, Counts
+from stream.report.summary import summarize
 from stream.sampling import SamplingPolicy, unit_hash
 from stream.scoring import ConversationScorer
 from stream.settings import SamplingRuleSettings, SamplingSettings, SettingsError, load_settings
@@ -148,7 +149,7 @@ def test_a_sample_is_judged_and_the_rest_is_stored_unsampled(judge, rubric_set, 
         {"status": "scored", "n": len(judged)},
         {"status": "unsampled", "n": len(unsampled)},
     ]
-    summary = store.summary(group_by="product")
+    summary = summarize(store, group_by="product")
     assert summary.by_label["unsampled"] == len(unsampled) and sum(
         summary.by_label[k] for k in ("sat", "dsat", "uncertain")
     ) == len(judged)

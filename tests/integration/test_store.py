@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from stream.records import ClosedConversation, DimensionPrediction, FeedbackRow, RubricHit, ScoreRecord, TurnRecord
+from stream.report.summary import summarize
 from stream.store import MIGRATIONS, ClickHouseStore, StoreError
 from tests.chdb_fixture import chdb_dsn, chdb_store, store_factory  # noqa: F401
 
@@ -178,7 +179,7 @@ def test_a_database_before_sampling_is_upgraded_and_its_rows_count_with_weight_o
         {"conversation_id": "old-dsat", "status": "scored", "inclusion_probability": 1.0, "sampling_reason": ""},
         {"conversation_id": "old-sat", "status": "scored", "inclusion_probability": 1.0, "sampling_reason": ""},
     ]
-    [v] = store.summary(group_by="product").variants
+    [v] = summarize(store, group_by="product").variants
     assert (v.n, v.n_scored, v.dsat_rate, v.calibrated_dissatisfaction) == (2, 2, 0.5, pytest.approx(0.5))
 
 
@@ -344,7 +345,7 @@ def test_duplicate_delivery_leaves_counts_unchanged(store_factory) -> None:
     batch = [scored(f"c{i}", "sat", 3.0, 0.2, 3.0, rubrics=hits, dimensions=dims) for i in range(5)] + [unscored("u")]
     store.write_scores(batch)
     once = final_counts(store)
-    summary_once = store.summary()
+    summary_once = summarize(store)
     store.write_scores(batch)  # the sink crashed before committing: the same records again
     store.write_scores(batch[2:4])
     assert store.query("SELECT count() AS n FROM conversation_scores")[0]["n"] > 6  # the raw table holds the copies ...
@@ -354,7 +355,7 @@ def test_duplicate_delivery_leaves_counts_unchanged(store_factory) -> None:
         == {"conversations": 6, "conversation_scores": 6, "dimension_predictions": 15, "rubric_scores": 10}
     )
     assert store.count_conversations() == 6  # ... reads see each conversation once
-    assert store.summary() == summary_once
+    assert summarize(store) == summary_once
     assert store.query("SELECT count() AS n FROM latest_scores")[0]["n"] == 6
 
 
@@ -365,7 +366,7 @@ def test_later_scored_record_replaces_unscored(store_factory) -> None:
     store.write_scores([scored("c", "dsat", -4.0, 0.7, 1.5, scored_at=T0 + 200, rubrics=(RubricHit("d", "dsat", -4.0),))])
     rows = store.query("SELECT status, label, netsat, scored_at FROM conversation_scores FINAL")
     assert rows == [{"status": "scored", "label": "dsat", "netsat": -4.0, "scored_at": utc(T0 + 200)}]
-    assert store.summary().by_label == {"sat": 0, "dsat": 1, "uncertain": 0, "unscored": 0, "unsampled": 0}
+    assert summarize(store).by_label == {"sat": 0, "dsat": 1, "uncertain": 0, "unscored": 0, "unsampled": 0}
     assert store.count_conversations() == 1
 
 
@@ -430,7 +431,7 @@ def test_summary_matches_hand_computed_numbers(store_factory) -> None:
     store = store_factory()
     for batch in _summary_fixture():
         store.write_scores(batch)
-    s = store.summary(worst=3)  # latest score per conversation: g counts with its v2 score
+    s = summarize(store, worst=3)  # latest score per conversation: g counts with its v2 score
     assert s.group_by == "dialogue_version"
     assert s.by_label == {
         "sat": 3,
@@ -469,12 +470,12 @@ def test_summary_for_one_scorer_version_and_another_attribute(store_factory) -> 
     store = store_factory()
     for batch in _summary_fixture():
         store.write_scores(batch)
-    s = store.summary(worst=1, scorer_version="v1", group_by="product")
+    s = summarize(store, worst=1, scorer_version="v1", group_by="product")
     assert s.by_label == {"sat": 2, "dsat": 3, "uncertain": 1, "unscored": 1, "unsampled": 0}  # g is dsat under v1
     assert [w.conversation_id for w in s.worst] == ["g"]
     assert s.worst[0].dsat_hits == (RubricHit("d5", "dsat", -10.0),)
     assert [(v.variant, v.n) for v in s.variants] == [("", 6), ("p", 1)]
-    empty = store.summary(scorer_version="nope")
+    empty = summarize(store, scorer_version="nope")
     assert empty.by_label == {"sat": 0, "dsat": 0, "uncertain": 0, "unscored": 0, "unsampled": 0}
     assert empty.variants == () and empty.worst == ()
 
