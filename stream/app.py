@@ -191,16 +191,7 @@ def create_app(settings: Settings, scorer: ConversationScorer, metrics: ServiceM
 
     async def dead_letter(reason: str, detail: str, event: faust.types.EventT) -> None:
         msg = event.message
-        letter = DeadLetter(
-            reason=reason,
-            detail=detail,
-            original=msg.value if msg.value is not None else b"",
-            key=msg.key,
-            topic=msg.topic,
-            partition=msg.partition,
-            offset=msg.offset,
-            dead_lettered_at=time.time(),
-        )
+        letter = DeadLetter.of_record(reason, detail, msg.value, msg.key, msg.topic, msg.partition, msg.offset)
         await dead_letter_topic.send(key=msg.key, value=letter.to_json())
         metrics.dead_letters.labels(reason).inc()
 

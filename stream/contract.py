@@ -24,6 +24,7 @@ import base64
 import binascii
 import json
 import re
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import date
@@ -498,12 +499,28 @@ class DeadLetter:
     dead_lettered_at: float
 
     @classmethod
-    def from_error(
-        cls, error: InvalidEvent, original: bytes | None, key: bytes | None, topic: str, partition: int, offset: int, at: float
+    def of_record(
+        cls,
+        reason: str,
+        detail: str,
+        value: bytes | None,
+        key: bytes | None,
+        topic: str,
+        partition: int,
+        offset: int,
+        at: float | None = None,
     ) -> DeadLetter:
-        """The dead letter for a refused record (a null value is kept as empty bytes)."""
+        """The dead letter for a consumed record refused for ``reason`` (a null value is kept as empty bytes), dead-lettered
+        ``at`` (default: now). The worker and the sink both build their dead letters here."""
         return cls(
-            error.reason, error.detail, bytes(original or b""), None if key is None else bytes(key), topic, partition, offset, at
+            reason,
+            detail,
+            bytes(value or b""),
+            None if key is None else bytes(key),
+            topic,
+            partition,
+            offset,
+            time.time() if at is None else at,
         )
 
     def to_dict(self) -> dict[str, Any]:

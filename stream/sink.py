@@ -74,7 +74,7 @@ class ScoreSink:
                     batch.scores.append(ScoreRecord.from_json(m.value))
                 except RecordError as e:
                     batch.bad.append(
-                        DeadLetter("bad_score_record", str(e), m.value or b"", m.key, m.topic, m.partition, m.offset, time.time())
+                        DeadLetter.of_record("bad_score_record", str(e), m.value, m.key, m.topic, m.partition, m.offset)
                     )
                 continue
             try:

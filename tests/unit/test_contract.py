@@ -495,7 +495,9 @@ def test_dead_letter_keeps_exact_bytes_including_invalid_utf8() -> None:
     original = b'\xff\xfe{"text": "caf\xc3\xa9 \xe2\x82"}\x00'
     with pytest.raises(InvalidEvent) as info:
         parse_event(original, key=b"\x80key")
-    dl = DeadLetter.from_error(info.value, original, b"\x80key", "convowatch.events", 3, 1234, 1707455673.5)
+    dl = DeadLetter.of_record(
+        info.value.reason, info.value.detail, original, b"\x80key", "convowatch.events", 3, 1234, 1707455673.5
+    )
     raw = dl.to_json()
     back = DeadLetter.from_json(raw)
     assert back == dl
@@ -519,7 +521,7 @@ def test_dead_letter_preview_is_at_most_1_kb() -> None:
 def test_dead_letter_of_a_null_value_and_a_surrogate_detail() -> None:
     with pytest.raises(InvalidEvent) as info:
         parse_event(None)
-    dl = DeadLetter.from_error(info.value, None, None, "t", 0, 7, 1.0)
+    dl = DeadLetter.of_record(info.value.reason, info.value.detail, None, None, "t", 0, 7, 1.0)
     assert DeadLetter.from_json(dl.to_json()) == DeadLetter("not_json", info.value.detail, b"", None, "t", 0, 7, 1.0)
     odd = DeadLetter("invalid_value", "quoted \udc80", b"x", None, "t", 0, 0, 0.0)  # a detail that is not Unicode
     assert DeadLetter.from_json(odd.to_json()) == odd
