@@ -30,7 +30,7 @@ from grafana_client.client import (
     GrafanaUnauthorizedError,
 )
 
-from scorers.errors import ServiceError
+from scorers.errors import ServiceError, UserError
 
 MIN_GRAFANA_MAJOR = 10  # the ClickHouse plugin v4, scenes-era panels and schemaVersion 41 need a recent Grafana
 DEFAULT_FOLDER = "convowatch"
@@ -41,7 +41,11 @@ _VERSION = re.compile(r"^v?(\d+)\.(\d+)")
 
 
 class PushError(ServiceError, RuntimeError):
-    """The dashboards could not be pushed; the message says why and never contains the token."""
+    """Grafana could not take the dashboards; the message says why and never contains the token."""
+
+
+class PushTargetError(UserError, ValueError):
+    """The Grafana URL or folder name given is not usable (fix the option and run again)."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,7 @@ def push(
     except ValueError:
         valid = False
     if not valid:
-        raise PushError(f"{where!r} is not an http(s)://host[:port] Grafana URL")
+        raise PushTargetError(f"{where!r} is not an http(s)://host[:port] Grafana URL")
     api = GrafanaApi.from_url(url, credential=token or None, timeout=timeout_s)
     check_version(api, where, timeout_s)
     folder_uid = ensure_folder(api, where, folder, token, timeout_s)
@@ -123,7 +127,7 @@ def folder_uid(title: str) -> str:
     """A Grafana uid for a folder title: letters, digits, ``-`` and ``_``, at most 40 characters."""
     uid = re.sub(r"[^A-Za-z0-9_-]+", "-", title.strip()).strip("-")[:40]
     if not uid:
-        raise PushError(f"folder name {title!r} has no letters or digits to make a uid from")
+        raise PushTargetError(f"folder name {title!r} has no letters or digits to make a uid from")
     return uid
 
 

@@ -6,7 +6,7 @@ provisioning file, `dashboards.alert_files`), ``check`` exits 1 listing the
 files that differ from their generators (for CI),
 ``push`` saves them into a Grafana through its HTTP API with the token from
 ``CONVOWATCH_GRAFANA_TOKEN``. Registered on the CLI in `stream.commands.cli`, which
-prints a `PushError` or `CatalogError` (both `ConvowatchError`) as one ``convowatch: error: ...`` line.
+prints a `PushError`, `PushTargetError` or `CatalogError` (all `ConvowatchError`) as one ``convowatch: error: ...`` line.
 """
 
 from __future__ import annotations

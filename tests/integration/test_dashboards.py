@@ -27,7 +27,7 @@ import yaml
 
 from dashboards import catalog
 from dashboards.datasources import CLICKHOUSE_UID, PROMETHEUS_UID
-from dashboards.push import DEFAULT_FOLDER, PushError, folder_uid, push
+from dashboards.push import DEFAULT_FOLDER, PushError, PushTargetError, folder_uid, push
 from scorers.datasets.llm_rubric import REAL_CONVERSATIONS_FILE, load_real_conversations
 from scorers.rubrics import DSAT_HIT_RATING as HIT_RATING
 from stream.metrics import ServiceMetrics, metric_names
@@ -424,7 +424,7 @@ def test_push_to_a_server_that_never_answers_times_out() -> None:
 
 
 def test_push_refuses_a_url_that_is_not_http() -> None:
-    with pytest.raises(PushError, match="not an http"):
+    with pytest.raises(PushTargetError, match="not an http"):
         push("grafana.example.com:3000", None, {})
 
 
