@@ -37,6 +37,7 @@ POLARITIES = ("sat", "dsat")
 _OPTIONAL_FLOATS = ("netsat", "netsat_lower", "netsat_upper", "main_expected_value", "dissatisfaction_probability")
 _COUNTS = ("attempts", "judge_calls", "judge_prompt_tokens", "judge_completion_tokens", "judge_cached_prompt_tokens")
 _ROUNDING = 1e-9  # a mixture of distributions may sum a hair past 1
+_EARLIEST, _LATEST = -2_208_988_800, 10_413_792_000  # 1900-01-01 and 2300-01-01 UTC: what DateTime64 stores
 
 
 class RecordError(UserError, ValueError):
@@ -314,7 +315,7 @@ def _count(x: Any) -> bool:
 
 
 def _time(t: Any, name: str) -> None:
-    _check(_finite(t), f"{name} = {t!r} is not a finite epoch time in seconds")
+    _check(_finite(t) and _EARLIEST <= t < _LATEST, f"{name} = {t!r} is not an epoch time in seconds from 1900 to 2299")
 
 
 def _dump(obj: dict[str, Any]) -> bytes:
