@@ -1,8 +1,8 @@
-"""One chat completion from an OpenAI-compatible endpoint under the shared retry policy.
+"""An OpenAI-compatible chat endpoint under the shared retry policy (`ChatEndpoint`).
 
 `OpenAIJudge` (`scorers.judges.openai_http`) and `OpenAIGenerator`
 (`scorers.learning.generators`) differ in what they ask and read, not in how they
-survive failures, so both call `complete_with_retries`:
+reach the endpoint or survive failures, so both hold a `ChatEndpoint`:
 
 - 429, 408, 5xx, timeouts and connection errors are retried with exponential
   backoff and full jitter (delay before retry r uniform in
@@ -15,7 +15,7 @@ survive failures, so both call `complete_with_retries`:
 
 Each caller names its own exception classes and its role word ("judge",
 "generator") in a `ChatErrors`, so messages read ``judge 'm' at <url> ...``.
-Clients must be built with ``max_retries=0`` so this is the only policy.
+The openai client is built with ``max_retries=0`` so this is the only policy.
 """
 
 from __future__ import annotations
@@ -58,54 +58,84 @@ def require(ok: bool, field: str, value: object, rule: str) -> None:
         raise ValueError(f"{field} must be {rule}, got {value!r}")
 
 
-def complete_with_retries(
-    client: openai.OpenAI,
-    *,
-    base_url: str,
-    model: str,
-    timeout_s: float,
-    max_retries: int,
-    backoff_initial_s: float,
-    backoff_max_s: float,
-    rng: random.Random,
-    errors: ChatErrors,
-    log: logging.Logger,
-    create_kwargs: Mapping[str, Any],
-    slots: AbstractContextManager[Any] | None = None,
-) -> tuple[ChatCompletion, int]:
-    """``client.chat.completions.create(model=model, **create_kwargs)`` under the retry policy.
+class ChatEndpoint:
+    """The HTTP client of one model at an OpenAI-compatible ``base_url``, and `complete` under the retry policy."""
 
-    Returns the completion and the number of attempts it took. ``slots`` (e.g. a
-    semaphore) is held around each request only, never during a backoff sleep.
-    """
-    attempts = max_retries + 1
-    for attempt in range(attempts):
-        try:
-            with slots if slots is not None else contextlib.nullcontext():
-                completion = client.chat.completions.create(model=model, **create_kwargs)
-        except openai.APIError as e:
-            reason, last_error = _transient_reason(e, base_url=base_url, model=model, timeout_s=timeout_s, errors=errors), e
-        else:
-            if not isinstance(completion, ChatCompletion):
-                raise errors.reply(f"{errors.role} {model!r} sent a reply that is not a chat completion")
-            return completion, attempt + 1
-        if attempt + 1 == attempts:
-            raise errors.unavailable(
-                f"{errors.role} {model!r} at {base_url} still failing after {attempts} attempt(s): {reason}"
-            ) from last_error
-        delay = rng.uniform(0.0, min(backoff_max_s, backoff_initial_s * 2**attempt))
-        log.warning(
-            "%s %r at %s: attempt %d/%d failed (%s); retrying in %.2fs",
-            errors.role,
-            model,
-            base_url,
-            attempt + 1,
-            attempts,
-            reason,
-            delay,
-        )
-        time.sleep(delay)
-    raise AssertionError("unreachable")  # pragma: no cover
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        model: str,
+        errors: ChatErrors,
+        log: logging.Logger,
+        api_key: str | None = None,
+        timeout_s: float = 60.0,
+        max_retries: int = 5,
+        backoff_initial_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        """``rng`` seeds the backoff jitter; ValueError names a bad argument."""
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
+        if not model:
+            raise ValueError("model must be a non-empty string")
+        require(max_retries >= 0, "max_retries", max_retries, ">= 0")
+        require(backoff_initial_s > 0, "backoff_initial_s", backoff_initial_s, "> 0")
+        require(backoff_max_s > 0, "backoff_max_s", backoff_max_s, "> 0")
+        require(timeout_s > 0, "timeout_s", timeout_s, "> 0")
+        self.base_url = base_url
+        self.model = model
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self._errors = errors
+        self._log = log
+        self._rng = rng or random.Random()
+        self._client = openai.OpenAI(base_url=base_url, api_key=api_key or NO_API_KEY, timeout=timeout_s, max_retries=0)
+
+    def close(self) -> None:
+        """Close the HTTP connection pool."""
+        self._client.close()
+
+    def complete(
+        self, create_kwargs: Mapping[str, Any], slots: AbstractContextManager[Any] | None = None
+    ) -> tuple[ChatCompletion, int]:
+        """``chat.completions.create(model=model, **create_kwargs)`` under the retry policy.
+
+        Returns the completion and the number of attempts it took. ``slots`` (e.g. a
+        semaphore) is held around each request only, never during a backoff sleep.
+        """
+        errors, attempts = self._errors, self.max_retries + 1
+        for attempt in range(attempts):
+            try:
+                with slots if slots is not None else contextlib.nullcontext():
+                    completion = self._client.chat.completions.create(model=self.model, **create_kwargs)
+            except openai.APIError as e:
+                reason = _transient_reason(e, base_url=self.base_url, model=self.model, timeout_s=self.timeout_s, errors=errors)
+                last_error = e
+            else:
+                if not isinstance(completion, ChatCompletion):
+                    raise errors.reply(f"{errors.role} {self.model!r} sent a reply that is not a chat completion")
+                return completion, attempt + 1
+            if attempt + 1 == attempts:
+                raise errors.unavailable(
+                    f"{errors.role} {self.model!r} at {self.base_url} still failing after {attempts} attempt(s): {reason}"
+                ) from last_error
+            delay = self._rng.uniform(0.0, min(self.backoff_max_s, self.backoff_initial_s * 2**attempt))
+            self._log.warning(
+                "%s %r at %s: attempt %d/%d failed (%s); retrying in %.2fs",
+                errors.role,
+                self.model,
+                self.base_url,
+                attempt + 1,
+                attempts,
+                reason,
+                delay,
+            )
+            time.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _transient_reason(e: openai.APIError, *, base_url: str, model: str, timeout_s: float, errors: ChatErrors) -> str:

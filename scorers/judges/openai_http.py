@@ -62,7 +62,7 @@ retries are disabled so this is the only policy. Not retried: 401/403
 (`JudgeModelNotFound`), other 4xx (`JudgeError`), and unusable replies
 (`JudgeReplyError`): at temperature 0 the same request yields the same reply,
 so retrying a malformed one would only spend another call (the loop is
-`scorers.openai_chat.complete_with_retries`, shared with `OpenAIGenerator`). One semaphore per
+`scorers.openai_chat.ChatEndpoint`, shared with `OpenAIGenerator`). One semaphore per
 judge instance caps requests in flight across all threads using it. The API
 key is handed to the client and never put in messages, logs or ``repr``.
 """
@@ -79,7 +79,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import openai
 from openai.types.chat import ChatCompletion
 from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenLogprob, TopLogprob
 
@@ -103,7 +102,7 @@ from scorers.judges.prompt import (
     numbered_order,
     single_question_prompt,
 )
-from scorers.openai_chat import NO_API_KEY, ChatErrors, complete_with_retries, require
+from scorers.openai_chat import ChatEndpoint, ChatErrors, require
 from scorers.questions import Question
 
 log = logging.getLogger(__name__)
@@ -175,34 +174,32 @@ class OpenAIJudge:
         ``"lines"``, ``"grammar"``, ``"json_schema"``); ``extra_body`` adds server-specific JSON fields to every
         request and wins over the constraint fields of ``answer_format`` (e.g. vLLM's ``guided_regex``);
         ``rng`` seeds the backoff jitter."""
-        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
-        if not model:
-            raise ValueError("model must be a non-empty string")
+        self.endpoint = ChatEndpoint(
+            base_url=base_url,
+            model=model,
+            errors=_ERRORS,
+            log=log,
+            api_key=api_key,
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            backoff_initial_s=backoff_initial_s,
+            backoff_max_s=backoff_max_s,
+            rng=rng,
+        )
         require(questions_per_call >= 1, "questions_per_call", questions_per_call, ">= 1")
         require(answer_format in ANSWER_FORMATS, "answer_format", answer_format, f"one of {ANSWER_FORMATS}")
         require(1 <= top_logprobs <= MAX_TOP_LOGPROBS, "top_logprobs", top_logprobs, f"in 1..{MAX_TOP_LOGPROBS}")
         require(max_concurrency >= 1, "max_concurrency", max_concurrency, ">= 1")
-        require(max_retries >= 0, "max_retries", max_retries, ">= 0")
-        require(backoff_initial_s > 0, "backoff_initial_s", backoff_initial_s, "> 0")
-        require(backoff_max_s > 0, "backoff_max_s", backoff_max_s, "> 0")
-        require(timeout_s > 0, "timeout_s", timeout_s, "> 0")
         self.name = name
         self.base_url = base_url
         self.model = model
         self.questions_per_call = questions_per_call
         self.top_logprobs = top_logprobs
         self.max_concurrency = max_concurrency
-        self.max_retries = max_retries
-        self.backoff_initial_s = backoff_initial_s
-        self.backoff_max_s = backoff_max_s
-        self.timeout_s = timeout_s
         self.max_transcript_chars = max_transcript_chars
         self.extra_body = dict(extra_body or {})
         self.answer_format = answer_format
-        self._rng = rng or random.Random()
         self._slots = threading.BoundedSemaphore(max_concurrency)
-        self._client = openai.OpenAI(base_url=base_url, api_key=api_key or NO_API_KEY, timeout=timeout_s, max_retries=0)
 
     def __repr__(self) -> str:
         return (
@@ -212,7 +209,7 @@ class OpenAIJudge:
 
     def close(self) -> None:
         """Close the HTTP connection pool."""
-        self._client.close()
+        self.endpoint.close()
 
     def __enter__(self) -> OpenAIJudge:
         return self
@@ -337,18 +334,8 @@ class OpenAIJudge:
 
     def _complete(self, prompt: str, max_tokens: int, extra_body: Mapping[str, Any]) -> tuple[ChatCompletion, int]:
         """One chat completion under the retry policy; returns it and the number of attempts."""
-        return complete_with_retries(
-            self._client,
-            base_url=self.base_url,
-            model=self.model,
-            timeout_s=self.timeout_s,
-            max_retries=self.max_retries,
-            backoff_initial_s=self.backoff_initial_s,
-            backoff_max_s=self.backoff_max_s,
-            rng=self._rng,
-            errors=_ERRORS,
-            log=log,
-            create_kwargs={
+        return self.endpoint.complete(
+            {
                 "messages": [{"role": "user", "content": prompt}],
                 "temperature": 0,
                 "max_tokens": max_tokens,

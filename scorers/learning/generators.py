@@ -55,7 +55,7 @@ from scorers.judges.local import (
     load_llama,
     resolve_model,
 )
-from scorers.openai_chat import NO_API_KEY, ChatErrors, complete_with_retries, require
+from scorers.openai_chat import ChatEndpoint, ChatErrors, require
 
 log = logging.getLogger(__name__)
 
@@ -141,32 +141,30 @@ class OpenAIGenerator:
     ) -> None:
         """``seed`` is sent with every request (servers that honour it sample reproducibly);
         ``extra_body`` adds server-specific JSON fields; ``rng`` seeds the backoff jitter."""
-        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
-        if not model:
-            raise ValueError("model must be a non-empty string")
-        require(max_retries >= 0, "max_retries", max_retries, ">= 0")
-        require(backoff_initial_s > 0, "backoff_initial_s", backoff_initial_s, "> 0")
-        require(backoff_max_s > 0, "backoff_max_s", backoff_max_s, "> 0")
-        require(timeout_s > 0, "timeout_s", timeout_s, "> 0")
+        self.endpoint = ChatEndpoint(
+            base_url=base_url,
+            model=model,
+            errors=_ERRORS,
+            log=log,
+            api_key=api_key,
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            backoff_initial_s=backoff_initial_s,
+            backoff_max_s=backoff_max_s,
+            rng=rng,
+        )
         self.name = name
         self.base_url = base_url
         self.model = model
-        self.timeout_s = timeout_s
-        self.max_retries = max_retries
-        self.backoff_initial_s = backoff_initial_s
-        self.backoff_max_s = backoff_max_s
         self.seed = seed
         self.extra_body = dict(extra_body or {})
-        self._rng = rng or random.Random()
-        self._client = openai.OpenAI(base_url=base_url, api_key=api_key or NO_API_KEY, timeout=timeout_s, max_retries=0)
 
     def __repr__(self) -> str:
         return f"OpenAIGenerator(base_url={self.base_url!r}, model={self.model!r})"
 
     def close(self) -> None:
         """Close the HTTP connection pool."""
-        self._client.close()
+        self.endpoint.close()
 
     def __enter__(self) -> OpenAIGenerator:
         return self
@@ -193,24 +191,14 @@ class OpenAIGenerator:
         )
 
     def _complete(self, prompt: str, max_tokens: int, temperature: float) -> ChatCompletion:
-        return complete_with_retries(
-            self._client,
-            base_url=self.base_url,
-            model=self.model,
-            timeout_s=self.timeout_s,
-            max_retries=self.max_retries,
-            backoff_initial_s=self.backoff_initial_s,
-            backoff_max_s=self.backoff_max_s,
-            rng=self._rng,
-            errors=_ERRORS,
-            log=log,
-            create_kwargs={
+        return self.endpoint.complete(
+            {
                 "messages": [{"role": "user", "content": prompt}],
                 "max_tokens": max_tokens,
                 "temperature": temperature,
                 "seed": self.seed if self.seed is not None else openai.omit,
                 "extra_body": self.extra_body or None,
-            },
+            }
         )[0]
 
 

@@ -31,7 +31,7 @@ def test_openai_backend_passes_the_settings_through(tmp_path):
     )
     judge = judge_from_settings(settings, tmp_path)
     assert isinstance(judge, OpenAIJudge) and judge.model == "m"
-    assert (judge.questions_per_call, judge.answer_format, judge.max_retries) == (3, "grammar", 1)
+    assert (judge.questions_per_call, judge.answer_format, judge.endpoint.max_retries) == (3, "grammar", 1)
     assert "sk-factory-secret" not in repr(judge)
     with pytest.raises(SettingsError, match="judge.base_url .*judge.model"):
         judge_from_settings(JudgeSettings(backend="openai"), tmp_path)
