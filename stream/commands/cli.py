@@ -110,6 +110,14 @@ def rubrics() -> None:
     """Rubric sets (RUBICON): score conversations, fit thresholds and windows, evaluate."""
 
 
+_labelled_option = click.option(
+    "--labelled",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    required=True,
+    help="Labelled conversations (JSONL: conversation_id, label positive/negative, turns).",
+)
+
+
 def _netsats(rubric_set: RubricSet, items: Sequence[LabelledConversation], judge: Judge) -> np.ndarray:
     with _progress(items, "judging") as bar:
         return rubric_set.netsats(judge, (item.conversation for item in bar))
@@ -123,12 +131,7 @@ def _netsats(rubric_set: RubricSet, items: Sequence[LabelledConversation], judge
     required=True,
     help="Rubric-set JSON whose rubrics to keep (its threshold and windows are replaced).",
 )
-@click.option(
-    "--labelled",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    required=True,
-    help="Labelled conversations (JSONL: conversation_id, label positive/negative, turns).",
-)
+@_labelled_option
 @click.option(
     "--precision",
     type=click.FloatRange(0.5, 1.0, max_open=True),
@@ -174,12 +177,7 @@ def _edge(value: float | None) -> str:
     required=True,
     help="A fitted rubric-set JSON (threshold and windows).",
 )
-@click.option(
-    "--labelled",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    required=True,
-    help="Labelled conversations (JSONL: conversation_id, label positive/negative, turns).",
-)
+@_labelled_option
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
 @click.option(
     "--rubrics-per-round",
