@@ -12,7 +12,7 @@ import pytest
 
 from scorers.datasets.labelled import load_labelled_jsonl
 from scorers.datasets.uss import read_uss, uss_labelled
-from scorers.learning.pool import seed_pool
+from scorers.learning.pool import RubricPool, seed_pool
 from scorers.rubrics import RubricSet
 from tests import servers
 from tests.data_paths import LLM_RUBRIC, SHARED_DATA
@@ -146,6 +146,24 @@ def test_learn_from_real_labels_with_the_recorded_judge(tmp_path, llm_rubric_fil
     assert RubricSet.load(tmp_path / "again.json").version == rubric_set.version
 
 
+def _seed_pool_head(per_polarity: int) -> RubricPool:
+    """The first ``per_polarity`` SAT and DSAT rubrics of the shipped seed pool."""
+    full = seed_pool()
+    sat = [j for j, x in enumerate(full.rubrics) if x.polarity.value == "sat"][:per_polarity]
+    dsat = [j for j, x in enumerate(full.rubrics) if x.polarity.value == "dsat"][:per_polarity]
+    return full.subset(sat + dsat)
+
+
+def _learn_one_per_polarity(
+    train: Path, domain: Path, pool_file: Path, out: Path, cache: Path, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """`convowatch learn` of one SAT and one DSAT rubric from ``pool_file``, 2 folds, answers cached in ``cache``."""
+    return convowatch(
+        "learn", "--data", train, "--domain", domain, "--pool", "generated", "--pool-file", pool_file, "--out", out,
+        "--n-sat", "1", "--n-dsat", "1", "--folds", "2", "--cache", cache, env=env,
+    )  # fmt: skip
+
+
 def test_uss_to_rubric_set_that_the_cli_scores_with(tmp_path, domain):
     """USS -> labelled JSONL (2+2 train, 2+2 test) -> learn (2 seed rubrics, packaged Gemma judge) -> `rubrics evaluate` uses the set."""
     train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
@@ -154,34 +172,10 @@ def test_uss_to_rubric_set_that_the_cli_scores_with(tmp_path, domain):
     )
     assert r.returncode == 0, r.stderr
     pool_file = tmp_path / "pool.json"
-    full = seed_pool()
-    sat = [j for j, x in enumerate(full.rubrics) if x.polarity.value == "sat"][:1]
-    dsat = [j for j, x in enumerate(full.rubrics) if x.polarity.value == "dsat"][:1]
-    full.subset(sat + dsat).save(pool_file)
+    _seed_pool_head(1).save(pool_file)
     local = {"CONVOWATCH_JUDGE__BACKEND": "local", "CONVOWATCH_CACHE_DIR": str(servers.cache_dir())}
     out = tmp_path / "uss-rubricset.json"
-    r = convowatch(
-        "learn",
-        "--data",
-        train,
-        "--domain",
-        domain,
-        "--pool",
-        "generated",
-        "--pool-file",
-        pool_file,
-        "--out",
-        out,
-        "--n-sat",
-        "1",
-        "--n-dsat",
-        "1",
-        "--folds",
-        "2",
-        "--cache",
-        tmp_path / "scores.sqlite",
-        env=local,
-    )
+    r = _learn_one_per_polarity(train, domain, pool_file, out, tmp_path / "scores.sqlite", local)
     assert r.returncode == 0, r.stderr
     rubric_set = RubricSet.load(out)
     assert {x.polarity.value for x in rubric_set.rubrics} == {"sat", "dsat"}
@@ -202,11 +196,9 @@ def test_learn_and_evaluate_ask_all_questions_of_a_conversation_in_one_call(tmp_
         "data", "uss", "--file", MWOZ, "--labelled-out", train, "--n-per-class", "4", "--seed", "5", "--split-out-test", test
     )
     assert r.returncode == 0, r.stderr
-    full = seed_pool()
-    sat = [j for j, x in enumerate(full.rubrics) if x.polarity.value == "sat"][:2]
-    dsat = [j for j, x in enumerate(full.rubrics) if x.polarity.value == "dsat"][:2]
+    pool = _seed_pool_head(2)
     pool_file = tmp_path / "pool.json"
-    full.subset(sat + dsat).save(pool_file)
+    pool.save(pool_file)
     out = tmp_path / "set.json"
     with servers.ScriptedServer(lambda i, req: servers.forward(llama_server.url.removesuffix("/v1"), req)) as proxy:
         one_pass = {
@@ -219,28 +211,7 @@ def test_learn_and_evaluate_ask_all_questions_of_a_conversation_in_one_call(tmp_
             "CONVOWATCH_JUDGE__TIMEOUT_S": "300",
             "CONVOWATCH_CACHE_DIR": str(tmp_path / "cache"),
         }
-        r = convowatch(
-            "learn",
-            "--data",
-            train,
-            "--domain",
-            domain,
-            "--pool",
-            "generated",
-            "--pool-file",
-            pool_file,
-            "--out",
-            out,
-            "--n-sat",
-            "1",
-            "--n-dsat",
-            "1",
-            "--folds",
-            "2",
-            "--cache",
-            tmp_path / "scores.sqlite",
-            env=one_pass,
-        )
+        r = _learn_one_per_polarity(train, domain, pool_file, out, tmp_path / "scores.sqlite", one_pass)
         assert r.returncode == 0, r.stderr
         learn_report = r.stdout.strip().splitlines()[-1]
         learn_requests = [json.loads(q.body) for q in proxy.received if q.path.endswith("/chat/completions")]
@@ -256,7 +227,7 @@ def test_learn_and_evaluate_ask_all_questions_of_a_conversation_in_one_call(tmp_
     prompts = [body["messages"][-1]["content"] for body in learn_requests + evaluate_requests]
     assert all("Answer every numbered question" in p for p in prompts)  # the multi-question prompt, not one question
     for body in learn_requests:
-        assert all(rubric.text in body["messages"][-1]["content"] for rubric in full.subset(sat + dsat).rubrics)
+        assert all(rubric.text in body["messages"][-1]["content"] for rubric in pool.rubrics)
     for body in evaluate_requests:
         assert all(rubric.text in body["messages"][-1]["content"] for rubric in rubric_set.rubrics)
     got = json.loads(r.stdout)
