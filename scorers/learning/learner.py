@@ -66,6 +66,7 @@ from scorers.learning.selection import (
     brute_force_select,
     greedy_select,
     select_alpha,
+    selection_record,
     separations,
     to_rubric_set,
     training_data_hash,
@@ -420,18 +421,7 @@ class RubricLearner:
         rubrics = tuple(candidates.rubrics[j] for j in idx)
         netsats = netsat_matrix(matrix[:, idx], [r.polarity for r in rubrics])
         recorded = {
-            "selection": {
-                "method": selection.method,
-                "alpha": selection.alpha,
-                "n_sat": selection.n_sat,
-                "n_dsat": selection.n_dsat,
-                "steps": [
-                    {"rubric": candidates.rubrics[s.index].id, "loss_c": s.loss_c, "loss_s": s.loss_s, "loss": s.loss}
-                    for s in selection.history
-                ],
-                "warnings": list(selection.warnings),
-                **({"details": dict(selection.metadata)} if selection.metadata else {}),
-            },
+            "selection": selection_record(selection, [r.id for r in candidates.rubrics]),
             "rubric_sources": {r.id: "manual" for r in rubrics},
             "pool": {"hash": candidates.hash, "size": len(candidates.rubrics), "name": None},
             "training_data_hash": data_hash,

@@ -574,6 +574,22 @@ def training_data_hash(conversation_keys: Sequence[str], labels: Sequence[bool])
     return hashlib.sha256("".join(lines).encode("utf-8")).hexdigest()[:16]
 
 
+def selection_record(selection: Selection, candidate_ids: Sequence[str]) -> dict[str, Any]:
+    """The ``selection`` entry a learned rubric set records: method, α, sizes, each greedy step (by the rubric id of
+    its column in ``candidate_ids``), warnings and the method's details."""
+    return {
+        "method": selection.method,
+        "alpha": selection.alpha,
+        "n_sat": selection.n_sat,
+        "n_dsat": selection.n_dsat,
+        "steps": [
+            {"rubric": candidate_ids[s.index], "loss_c": s.loss_c, "loss_s": s.loss_s, "loss": s.loss} for s in selection.history
+        ],
+        "warnings": list(selection.warnings),
+        **({"details": dict(selection.metadata)} if selection.metadata else {}),
+    }
+
+
 def to_rubric_set(
     pool: RubricPool,
     selection: Selection,
@@ -610,18 +626,7 @@ def to_rubric_set(
     versions = dict(pool.prompt_versions)
     versions.update(prompt_versions or {})
     recorded = {
-        "selection": {
-            "method": selection.method,
-            "alpha": selection.alpha,
-            "n_sat": selection.n_sat,
-            "n_dsat": selection.n_dsat,
-            "steps": [
-                {"rubric": pool.rubrics[s.index].id, "loss_c": s.loss_c, "loss_s": s.loss_s, "loss": s.loss}
-                for s in selection.history
-            ],
-            "warnings": list(selection.warnings),
-            **({"details": dict(selection.metadata)} if selection.metadata else {}),
-        },
+        "selection": selection_record(selection, [r.id for r in pool.rubrics]),
         "rubric_sources": {pool.rubrics[j].id: pool.rubrics[j].source for j in idx},
         "pool": {"hash": pool.content_hash(), "size": len(pool), "name": pool.metadata.get("name")},
         "training_data_hash": training_data_hash,
