@@ -19,13 +19,16 @@ Helpers: ``free_port()``, ``free_ports(n)``, ``wait_for(predicate, timeout, inte
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,6 +41,20 @@ LOCALHOST = "127.0.0.1"
 TEST_SCRAPE_INTERVAL_S = 1.0
 TEST_EVALUATION_INTERVAL_S = 1.0
 HTTP_TIMEOUT_S = 10.0
+
+
+def convowatch(*args: str | Path, env: Mapping[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Run the command line as a user would: a new process in the checkout, with no CONVOWATCH_* settings but ``env``."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("CONVOWATCH_")}
+    return subprocess.run(
+        [sys.executable, "-m", "stream.commands.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env={**clean, **(env or {})},
+        timeout=timeout,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+
 
 T = TypeVar("T")
 

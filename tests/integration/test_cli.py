@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,25 +11,13 @@ import pytest
 from scorers.calibration import CalibrationNetwork
 from scorers.datasets.labelled import load_labelled_jsonl, write_labelled_jsonl
 from tests.data_paths import LLM_RUBRIC
+from tests.infra import convowatch
 
 SYNTH_ANSWERS = LLM_RUBRIC / "gpt-3.5-turbo-16k_synth_evaluations_FIXED.tsv"
 SYNTH_HUMANS = LLM_RUBRIC / "human_judges_synth_all_FIXED_ANON.tsv"
 REAL_ANSWERS = LLM_RUBRIC / "gpt-3.5-turbo-16k_real_evaluations_FIXED.tsv"
 REAL_HUMANS = LLM_RUBRIC / "human_judges_real_convs_FIXED_ANON.tsv"
 QUESTIONS = LLM_RUBRIC / "questions.json"
-
-
-def convowatch(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("CONVOWATCH_")}
-    full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "stream.commands.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        timeout=600,
-        cwd=Path(__file__).resolve().parents[2],
-    )
 
 
 def recorded(answers: Path) -> dict[str, str]:

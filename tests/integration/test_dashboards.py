@@ -13,11 +13,9 @@ and against `GrafanaStandIn`, a small imitation of Grafana's HTTP API.
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import subprocess
-import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -35,6 +33,7 @@ from stream.records import ClosedConversation, DimensionPrediction, RubricHit, S
 from tests.chdb_fixture import chdb_dsn, chdb_store, store_factory  # noqa: F401
 from tests.data_paths import LLM_RUBRIC
 from tests.grafana_macros import ALL, expand_promql, expand_sql
+from tests.infra import convowatch
 from tests.servers import LOCALHOST, Received, Reply, ScriptedServer
 from tests.unit.test_service_metrics import every_series
 
@@ -43,18 +42,6 @@ UIDS = {"convowatch-overview", "convowatch-quality", "convowatch-rubrics", "conv
 T0 = 1_707_480_000.0  # 2024-02-09 12:00 UTC
 START = datetime.fromtimestamp(T0 - 3600, tz=UTC)
 END = datetime.fromtimestamp(T0 + 3600, tz=UTC)
-
-
-def convowatch(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("CONVOWATCH_")}
-    return subprocess.run(
-        [sys.executable, "-m", "stream.commands.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env={**clean, **(env or {})},
-        timeout=120,
-        cwd=ROOT,
-    )
 
 
 def all_panels(model: dict[str, Any]) -> list[dict[str, Any]]:

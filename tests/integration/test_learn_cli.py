@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,22 +14,10 @@ from scorers.learning.pool import RubricPool, seed_pool
 from scorers.rubrics import RubricSet
 from tests import servers
 from tests.data_paths import LLM_RUBRIC, SHARED_DATA
+from tests.infra import convowatch
 
 REAL_ANSWERS = LLM_RUBRIC / "gpt-3.5-turbo-16k_real_evaluations_FIXED.tsv"
 MWOZ = SHARED_DATA / "uss" / "MWOZ.txt"
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def convowatch(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("CONVOWATCH_")}
-    return subprocess.run(
-        [sys.executable, "-m", "stream.commands.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env={**clean, **(env or {})},
-        timeout=600,
-        cwd=ROOT,
-    )
 
 
 def recorded() -> dict[str, str]:

@@ -6,9 +6,7 @@ events topic back with kafka-python.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -19,9 +17,8 @@ from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import NewTopic
 
 from stream.contract import EndEvent, TurnEvent, encode_event
-from tests.infra import free_port
+from tests.infra import convowatch, free_port
 
-REPO = Path(__file__).resolve().parents[2]
 CONTRACT_ERROR = "lines break the event contract"
 CLOSED_PORT_LIMIT_S = 60.0
 
@@ -38,19 +35,6 @@ def kafka_env(bootstrap: str) -> dict[str, str]:
         "CONVOWATCH_KAFKA__APP_ID": f"replay-test-{tag}",
         "CONVOWATCH_KAFKA__PARTITIONS": "1",
     }
-
-
-def convowatch(*args: str | Path, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("CONVOWATCH_")}
-    full_env.update(env)
-    return subprocess.run(
-        [sys.executable, "-m", "stream.commands.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        timeout=timeout,
-        cwd=REPO,
-    )
 
 
 def create_topic(bootstrap: str, topic: str) -> None:

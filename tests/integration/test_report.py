@@ -6,7 +6,6 @@ import dataclasses
 import functools
 import html
 import math
-import os
 import re
 import struct
 import subprocess
@@ -29,6 +28,7 @@ from stream.report.data import (
 )
 from stream.report.render import write_report
 from tests.chdb_fixture import chdb_dsn, chdb_store, store_factory  # noqa: F401
+from tests.infra import convowatch
 from tests.integration.test_store import T0, closed, scored, unscored, utc
 from tests.pipeline import REPO
 
@@ -210,17 +210,6 @@ def test_a_store_without_the_database_is_a_clear_error(store_factory) -> None:
 
 
 # --- the command --------------------------------------------------------------------------------
-
-
-def convowatch(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "stream.commands.cli", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=300,
-    )
 
 
 def test_the_command_refuses_a_bad_window_with_exit_2(tmp_path) -> None:
