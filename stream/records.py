@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any, Literal, get_args
@@ -34,8 +35,6 @@ ScoreStatus = Literal["scored", "unscored", "unsampled"]  # unsampled: counted (
 CLOSE_CAUSES: tuple[str, ...] = get_args(CloseCause)
 STATUSES: tuple[str, ...] = get_args(ScoreStatus)
 POLARITIES = ("sat", "dsat")
-_OPTIONAL_FLOATS = ("netsat", "netsat_lower", "netsat_upper", "main_expected_value", "dissatisfaction_probability")
-_COUNTS = ("attempts", "judge_calls", "judge_prompt_tokens", "judge_completion_tokens", "judge_cached_prompt_tokens")
 _ROUNDING = 1e-9  # a mixture of distributions may sum a hair past 1
 _EARLIEST, _LATEST = -2_208_988_800, 10_413_792_000  # 1900-01-01 and 2300-01-01 UTC: what DateTime64 stores
 
@@ -202,20 +201,18 @@ class ScoreRecord:
         try:
             _check(isinstance(self.conversation, ClosedConversation), "conversation is not a ClosedConversation")
             _check(self.status in STATUSES, f"status {self.status!r} is not one of {STATUSES}")
+            for f in fields(self):  # each plain field holds what its annotation says
+                value = getattr(self, f.name)
+                holds, what = _HOLDS.get(str(f.type), (None, ""))
+                _check(holds is None or holds(value), f"{f.name} = {value!r} is not {what}")
             if self.status == "scored":
                 _check(self.label in LABELS, f"label {self.label!r} of a scored record is not one of {LABELS}")
             elif self.label or self.dimensions or self.rubrics:
                 raise RecordError(f"an {self.status} record carries a label, dimensions or rubrics")
             pi = self.inclusion_probability
-            _check(_finite(pi) and 0 < pi <= 1, f"inclusion_probability = {pi!r} is not in (0, 1]")
+            _check(0 < pi <= 1, f"inclusion_probability = {pi!r} is not in (0, 1]")
             _time(self.scored_at, "scored_at")
-            for name in _OPTIONAL_FLOATS:
-                value = getattr(self, name)
-                _check(value is None or _finite(value), f"{name} = {value!r} is not finite")
-            _check(all(map(_finite, self.main_probabilities)), f"main_probabilities {self.main_probabilities!r} are not finite")
-            for name in _COUNTS:
-                _check(_count(getattr(self, name)), f"{name} = {getattr(self, name)!r} is not a count")
-            _check(_finite(self.judge_latency_s) and self.judge_latency_s >= 0, f"judge_latency_s = {self.judge_latency_s!r}")
+            _check(self.judge_latency_s >= 0, f"judge_latency_s = {self.judge_latency_s!r} is negative")
             _check(all(isinstance(d, DimensionPrediction) for d in self.dimensions), "dimensions are not DimensionPredictions")
             _check(all(isinstance(h, RubricHit) for h in self.rubrics), "rubrics are not RubricHits")
         except RecordError as e:
@@ -239,39 +236,17 @@ class ScoreRecord:
     def from_json(cls, raw: bytes | None) -> ScoreRecord:
         d = _load(raw)
         try:
-            return cls(
-                conversation=ClosedConversation.from_dict(d["conversation"]),
-                status=d["status"],
-                scorer_version=d["scorer_version"],
-                judge=d["judge"],
-                rubric_set_version=d["rubric_set_version"],
-                calibrator_version=d["calibrator_version"],
-                scored_at=float(d["scored_at"]),
-                attempts=int(d["attempts"]),
-                unscored_reason=d.get("unscored_reason", ""),
-                netsat=d.get("netsat"),
-                netsat_lower=d.get("netsat_lower"),
-                netsat_upper=d.get("netsat_upper"),
-                rubrics_unasked=tuple(str(x) for x in d.get("rubrics_unasked", ())),
-                label=d.get("label", ""),
-                threshold_label=d.get("threshold_label", ""),
-                main_question_id=d.get("main_question_id", ""),
-                main_probabilities=tuple(d.get("main_probabilities", ())),
-                main_expected_value=d.get("main_expected_value"),
-                dissatisfaction_probability=d.get("dissatisfaction_probability"),
-                dimensions=tuple(
-                    DimensionPrediction(**{**x, "probabilities": tuple(x["probabilities"])}) for x in d.get("dimensions", ())
-                ),
-                rubrics=tuple(RubricHit(**x) for x in d.get("rubrics", ())),
-                judge_calls=int(d.get("judge_calls", 0)),
-                judge_prompt_tokens=int(d.get("judge_prompt_tokens", 0)),
-                judge_completion_tokens=int(d.get("judge_completion_tokens", 0)),
-                judge_cached_prompt_tokens=int(d.get("judge_cached_prompt_tokens", 0)),
-                judge_latency_s=float(d.get("judge_latency_s", 0.0)),
-                inclusion_probability=float(d.get("inclusion_probability", 1.0)),
-                sampling_reason=str(d.get("sampling_reason", "")),
-                extra=dict(d.get("extra", {})),
+            values = {f.name: d[f.name] for f in fields(cls) if f.name in d}
+            for f in fields(cls):
+                if str(f.type).startswith("tuple[") and isinstance(values.get(f.name), list):
+                    values[f.name] = tuple(values[f.name])
+            values["conversation"] = ClosedConversation.from_dict(d["conversation"])
+            values["dimensions"] = tuple(
+                DimensionPrediction(x["question_id"], tuple(x["probabilities"]), x["expected_value"])
+                for x in values.get("dimensions", ())
             )
+            values["rubrics"] = tuple(RubricHit(x["rubric_id"], x["polarity"], x["score"]) for x in values.get("rubrics", ()))
+            return cls(**values)
         except RecordError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -316,6 +291,18 @@ def _count(x: Any) -> bool:
 
 def _time(t: Any, name: str) -> None:
     _check(_finite(t) and _EARLIEST <= t < _LATEST, f"{name} = {t!r} is not an epoch time in seconds from 1900 to 2299")
+
+
+# What a value of each annotated type must be (ScoreRecord checks its plain fields with these); ints are counts.
+_HOLDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "int": (_count, "a count"),
+    "float": (_finite, "a finite number"),
+    "float | None": (lambda v: v is None or _finite(v), "a finite number or null"),
+    "tuple[str, ...]": (lambda v: isinstance(v, tuple) and all(isinstance(x, str) for x in v), "a list of strings"),
+    "tuple[float, ...]": (lambda v: isinstance(v, tuple) and all(map(_finite, v)), "a list of finite numbers"),
+    "dict[str, Any]": (lambda v: isinstance(v, dict), "an object"),
+}
 
 
 def _dump(obj: dict[str, Any]) -> bytes:

@@ -4,7 +4,8 @@ The sink writes each `ScoreRecord` as rows in four tables (conversations,
 conversation_scores, dimension_predictions, rubric_scores) and user feedback
 in a fifth, all ReplacingMergeTree keyed so that writing the same record again
 (re-delivery after a crash, re-scoring) replaces rather than adds: read them
-with ``FINAL`` (see docs/clickhouse-schema.md).
+with ``FINAL`` (see docs/clickhouse-schema.md). The tables' columns and
+migrations are declared in `stream.tables`.
 
 The DSN picks the engine: ``chdb://DIR`` is chDB, ClickHouse running inside
 this process on a data directory (relative DIRs resolve against the current
@@ -18,7 +19,6 @@ own connection and default database.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import re
 import threading
@@ -31,7 +31,8 @@ import clickhouse_connect
 from clickhouse_connect.driver.exceptions import Error as ClickHouseDriverError
 
 from scorers.errors import ServiceError
-from stream.records import ClosedConversation, FeedbackRow, ScoreRecord
+from stream.records import FeedbackRow, ScoreRecord
+from stream.tables import FEEDBACK, MIGRATIONS, MIGRATIONS_TABLE, score_rows
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -42,159 +43,6 @@ if TYPE_CHECKING:
 class StoreError(ServiceError, RuntimeError):
     """The store cannot be opened, migrated, written or read; the message says which and why."""
 
-
-# --- schema -------------------------------------------------------------------------------------
-
-_TS = "DateTime64(6, 'UTC')"
-_LC = "LowCardinality(String)"
-
-# conversation_scores' version: a scored row beats an unscored one whatever their times (a later
-# failed re-score must not hide a good score, nor orphan its dimension/rubric rows); among rows of
-# the same status the later scored_at wins.
-SCORED_BIT = 1 << 62
-_SCORE_VERSION = f"bitOr(toUInt64(status = 'scored') * {SCORED_BIT}, toUInt64(toUnixTimestamp64Micro(scored_at)))"
-
-# Each conversation's newest score row (any scorer version); recreated by migrations that add score columns.
-_LATEST_SCORES_VIEW = """{db}.latest_scores AS
-                SELECT * FROM {db}.conversation_scores FINAL
-                ORDER BY conversation_id, version DESC
-                LIMIT 1 BY conversation_id"""
-
-MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    (
-        "0001_initial",
-        (
-            f"""CREATE TABLE IF NOT EXISTS {{db}}.conversations (
-                conversation_id String,
-                closed_at {_TS},
-                close_cause {_LC},
-                first_event_at {_TS},
-                last_event_at {_TS},
-                n_turns UInt32,
-                missing_turn_indices Array(UInt32),
-                attributes Map(String, String),
-                product {_LC},
-                model_version {_LC},
-                content_hash String,
-                turns Array(Tuple(index UInt32, role {_LC}, text String, timestamp {_TS}))
-            ) ENGINE = ReplacingMergeTree(closed_at) ORDER BY conversation_id""",
-            f"""CREATE TABLE IF NOT EXISTS {{db}}.conversation_scores (
-                conversation_id String,
-                scorer_version {_LC},
-                status {_LC},
-                unscored_reason String,
-                judge {_LC},
-                rubric_set_version {_LC},
-                calibrator_version {_LC},
-                scored_at {_TS},
-                closed_at {_TS},
-                attempts UInt32,
-                netsat Nullable(Float64),
-                label {_LC},
-                threshold_label {_LC},
-                main_question_id {_LC},
-                main_probabilities Array(Float64),
-                main_expected_value Nullable(Float64),
-                dissatisfaction_probability Nullable(Float64),
-                product {_LC},
-                model_version {_LC},
-                attributes Map(String, String),
-                n_turns UInt32,
-                judge_calls UInt32,
-                judge_prompt_tokens UInt64,
-                judge_completion_tokens UInt64,
-                judge_latency_s Float64,
-                extra String,
-                stored_at {_TS} DEFAULT now64(6),
-                version UInt64 MATERIALIZED {_SCORE_VERSION}
-            ) ENGINE = ReplacingMergeTree(version) ORDER BY (conversation_id, scorer_version)""",
-            f"""CREATE TABLE IF NOT EXISTS {{db}}.dimension_predictions (
-                conversation_id String,
-                scorer_version {_LC},
-                question_id {_LC},
-                probabilities Array(Float64),
-                expected_value Float64,
-                product {_LC},
-                model_version {_LC},
-                closed_at {_TS},
-                scored_at {_TS}
-            ) ENGINE = ReplacingMergeTree(scored_at) ORDER BY (conversation_id, scorer_version, question_id)""",
-            f"""CREATE TABLE IF NOT EXISTS {{db}}.rubric_scores (
-                conversation_id String,
-                scorer_version {_LC},
-                rubric_id {_LC},
-                polarity {_LC},
-                score Float64,
-                product {_LC},
-                model_version {_LC},
-                closed_at {_TS},
-                scored_at {_TS}
-            ) ENGINE = ReplacingMergeTree(scored_at) ORDER BY (conversation_id, scorer_version, rubric_id)""",
-            f"""CREATE TABLE IF NOT EXISTS {{db}}.feedback (
-                conversation_id String,
-                turn_index Int32,
-                timestamp {_TS},
-                rating {_LC},
-                comment String,
-                attributes Map(String, String),
-                product {_LC},
-                model_version {_LC},
-                received_at {_TS}
-            ) ENGINE = ReplacingMergeTree(received_at) ORDER BY (conversation_id, turn_index, timestamp)""",
-            "CREATE VIEW IF NOT EXISTS " + _LATEST_SCORES_VIEW,
-        ),
-    ),
-    (
-        "0002_judge_cost",
-        (
-            """ALTER TABLE {db}.conversation_scores
-                ADD COLUMN IF NOT EXISTS netsat_lower Nullable(Float64) AFTER netsat,
-                ADD COLUMN IF NOT EXISTS netsat_upper Nullable(Float64) AFTER netsat_lower,
-                ADD COLUMN IF NOT EXISTS rubrics_unasked Array(String) AFTER netsat_upper,
-                ADD COLUMN IF NOT EXISTS judge_cached_prompt_tokens UInt64 AFTER judge_completion_tokens""",
-            "CREATE OR REPLACE VIEW " + _LATEST_SCORES_VIEW,  # the view's * was expanded when it was created
-        ),
-    ),
-    (
-        "0003_sampling",
-        (
-            # Rows written before sampling were all judged: π = 1. Status 'unsampled' needs no DDL (a String).
-            f"""ALTER TABLE {{db}}.conversation_scores
-                ADD COLUMN IF NOT EXISTS inclusion_probability Float64 DEFAULT 1 AFTER judge_latency_s,
-                ADD COLUMN IF NOT EXISTS sampling_reason {_LC} AFTER inclusion_probability""",
-            "CREATE OR REPLACE VIEW " + _LATEST_SCORES_VIEW,
-        ),
-    ),
-)
-
-_MIGRATIONS_TABLE = f"""CREATE TABLE IF NOT EXISTS {{db}}.schema_migrations (
-    id String,
-    applied_at {_TS} DEFAULT now64(6)
-) ENGINE = ReplacingMergeTree(applied_at) ORDER BY id"""
-
-CONVERSATION_COLUMNS = (
-    "conversation_id", "closed_at", "close_cause", "first_event_at", "last_event_at", "n_turns",
-    "missing_turn_indices", "attributes", "product", "model_version", "content_hash", "turns",
-)  # fmt: skip
-SCORE_COLUMNS = (
-    "conversation_id", "scorer_version", "status", "unscored_reason", "judge", "rubric_set_version",
-    "calibrator_version", "scored_at", "closed_at", "attempts", "netsat", "netsat_lower", "netsat_upper",
-    "rubrics_unasked", "label", "threshold_label",
-    "main_question_id", "main_probabilities", "main_expected_value", "dissatisfaction_probability",
-    "product", "model_version", "attributes", "n_turns", "judge_calls", "judge_prompt_tokens",
-    "judge_completion_tokens", "judge_cached_prompt_tokens", "judge_latency_s", "inclusion_probability",
-    "sampling_reason", "extra",
-)  # fmt: skip
-DIMENSION_COLUMNS = (
-    "conversation_id", "scorer_version", "question_id", "probabilities", "expected_value",
-    "product", "model_version", "closed_at", "scored_at",
-)  # fmt: skip
-RUBRIC_COLUMNS = (
-    "conversation_id", "scorer_version", "rubric_id", "polarity", "score", "product", "model_version", "closed_at", "scored_at",
-)  # fmt: skip
-FEEDBACK_COLUMNS = (
-    "conversation_id", "turn_index", "timestamp", "rating", "comment", "attributes", "product", "model_version", "received_at",
-)  # fmt: skip
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -250,7 +98,7 @@ class ClickHouseStore:
         """
         db = self.database
         self._command(f"CREATE DATABASE IF NOT EXISTS {db}", "creating the database")
-        self._command(_MIGRATIONS_TABLE.format(db=db), "creating schema_migrations")
+        self._command(MIGRATIONS_TABLE.format(db=db), "creating schema_migrations")
         self._client.database = db
         done = {r["id"] for r in self._select(f"SELECT id FROM {db}.schema_migrations FINAL", None, "reading schema_migrations")}
         applied = []
@@ -276,28 +124,18 @@ class ClickHouseStore:
         """Insert the records' rows, one batch insert per table; returns the rows written per table.
 
         Records check their values when they are built (`stream.records`), so every record becomes rows."""
-        conversations: list[list[Any]] = []
-        scores: list[list[Any]] = []
-        dimensions: list[list[Any]] = []
-        rubrics: list[list[Any]] = []
-        for r in records:
-            _append_score_rows(r, conversations, scores, dimensions, rubrics)
-        batches = {
-            "conversations": (conversations, CONVERSATION_COLUMNS),
-            "conversation_scores": (scores, SCORE_COLUMNS),
-            "dimension_predictions": (dimensions, DIMENSION_COLUMNS),
-            "rubric_scores": (rubrics, RUBRIC_COLUMNS),
-        }
-        for table, (rows, columns) in batches.items():
+        written: dict[str, int] = {}
+        for table, rows in score_rows(records):
             if rows:
-                self._insert(table, rows, columns)
-        return {table: len(rows) for table, (rows, _) in batches.items()}
+                self._insert(table.name, rows, table.column_names)
+            written[table.name] = len(rows)
+        return written
 
     def write_feedback(self, items: Sequence[FeedbackRow]) -> int:
         """Insert feedback rows in one batch; returns how many."""
-        rows = [_feedback_row(f) for f in items]
+        rows = [FEEDBACK.row(f) for f in items]
         if rows:
-            self._insert("feedback", rows, FEEDBACK_COLUMNS)
+            self._insert(FEEDBACK.name, rows, FEEDBACK.column_names)
         return len(rows)
 
     # reads
@@ -364,74 +202,6 @@ class ClickHouseStore:
     def _check_open(self) -> None:
         if self._closed:
             raise StoreError(f"{self!r} is closed")
-
-
-# --- row building -------------------------------------------------------------------------------
-
-
-def _append_score_rows(
-    r: ScoreRecord, conversations: list[list[Any]], scores: list[list[Any]], dimensions: list[list[Any]], rubrics: list[list[Any]]
-) -> None:
-    c = r.conversation
-    product, model_version = c.attributes.get("product", ""), c.attributes.get("model_version", "")
-    closed_at, scored_at = _micros(c.closed_at), _micros(r.scored_at)
-    conversations.append(_conversation_row(c, product, model_version, closed_at))
-    scores.append(
-        [
-            c.conversation_id, r.scorer_version, r.status, r.unscored_reason, r.judge, r.rubric_set_version,
-            r.calibrator_version, scored_at, closed_at, r.attempts, _opt_float(r.netsat),
-            _opt_float(r.netsat_lower), _opt_float(r.netsat_upper), list(r.rubrics_unasked), r.label,
-            r.threshold_label, r.main_question_id, [float(p) for p in r.main_probabilities],
-            _opt_float(r.main_expected_value), _opt_float(r.dissatisfaction_probability),
-            product, model_version, c.attributes, len(c.turns), r.judge_calls, r.judge_prompt_tokens,
-            r.judge_completion_tokens, r.judge_cached_prompt_tokens, float(r.judge_latency_s),
-            float(r.inclusion_probability), r.sampling_reason, json.dumps(r.extra, sort_keys=True, ensure_ascii=False),
-        ]
-    )  # fmt: skip
-    for d in r.dimensions:
-        dimensions.append(
-            [c.conversation_id, r.scorer_version, d.question_id, [float(p) for p in d.probabilities],
-             float(d.expected_value), product, model_version, closed_at, scored_at]
-        )  # fmt: skip
-    for h in r.rubrics:
-        rubrics.append(
-            [
-                c.conversation_id,
-                r.scorer_version,
-                h.rubric_id,
-                h.polarity,
-                float(h.score),
-                product,
-                model_version,
-                closed_at,
-                scored_at,
-            ]
-        )
-
-
-def _conversation_row(c: ClosedConversation, product: str, model_version: str, closed_at: int) -> list[Any]:
-    turns = [(t.index, t.role, t.text, _micros(t.timestamp)) for t in c.turns]
-    return [
-        c.conversation_id, closed_at, c.close_cause, _micros(c.first_event_at), _micros(c.last_event_at), len(c.turns),
-        list(c.missing_turn_indices), c.attributes, product, model_version, c.content_hash(), turns,
-    ]  # fmt: skip
-
-
-def _feedback_row(f: FeedbackRow) -> list[Any]:
-    attributes = {str(k): str(v) for k, v in f.attributes.items()}
-    return [
-        f.conversation_id, f.turn_index, _micros(f.timestamp), f.rating, f.comment, attributes,
-        attributes.get("product", ""), attributes.get("model_version", ""), _micros(f.received_at),
-    ]  # fmt: skip
-
-
-def _opt_float(x: float | None) -> float | None:
-    return None if x is None else float(x)
-
-
-def _micros(t: float) -> int:
-    """Epoch seconds as DateTime64(6) ticks (ints are written as raw ticks by clickhouse-connect)."""
-    return round(t * 1_000_000)
 
 
 # --- connecting ---------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ import pytest
 
 from stream.records import ClosedConversation, DimensionPrediction, FeedbackRow, RubricHit, ScoreRecord, TurnRecord
 from stream.report.summary import summarize
-from stream.store import MIGRATIONS, ClickHouseStore, StoreError
+from stream.store import ClickHouseStore, StoreError
+from stream.tables import MIGRATIONS, TABLES as DECLARED_TABLES
 from tests.chdb_fixture import chdb_dsn, chdb_store, store_factory  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
@@ -127,6 +128,33 @@ def test_migrate_is_idempotent(store_factory) -> None:
         engines[t] == "ReplacingMergeTree"
         for t in ("conversations", "conversation_scores", "dimension_predictions", "rubric_scores", "feedback")
     )
+
+
+def test_the_migrated_tables_have_exactly_the_declared_columns_and_types(store_factory) -> None:
+    """`stream.tables` declares what the sink inserts; the migrations must have built exactly that."""
+    store = store_factory()
+    for table in DECLARED_TABLES:
+        rows = store.query(
+            "SELECT name, type FROM system.columns WHERE database = currentDatabase() AND table = {t:String} ORDER BY position",
+            {"t": table.name},
+        )
+        actual = {r["name"]: r["type"] for r in rows}
+        declared = {c.name: c.type for c in table.columns}
+        assert {n: t for n, t in actual.items() if n not in table.server_columns} == declared, table.name
+        assert set(table.server_columns) <= set(actual), table.name
+
+
+def test_the_schema_document_lists_every_declared_column_with_its_type() -> None:
+    text = (REPO / "docs" / "clickhouse-schema.md").read_text(encoding="utf-8")
+    for table in DECLARED_TABLES:
+        section = text.split(f"### `{table.name}`", 1)[1].split("\n### ", 1)[0]
+        documented: dict[str, str] = {}
+        for row in re.findall(r"^\| `.*$", section, flags=re.MULTILINE):
+            names, types = (re.findall(r"`([^`]+)`", cell) for cell in row.split("|")[1:3])
+            documented |= dict(zip(names, types if len(types) == len(names) else types * len(names)))
+        for column in table.columns:
+            assert column.name in documented, f"{table.name}.{column.name} is not in docs/clickhouse-schema.md"
+            assert documented[column.name].startswith(column.type), f"{table.name}.{column.name}: {documented[column.name]}"
 
 
 def test_a_database_of_the_first_schema_is_upgraded_and_keeps_its_rows(store_factory, monkeypatch) -> None:

@@ -54,12 +54,16 @@ def test_a_good_record_round_trips() -> None:
         ({"status": "done"}, r"conversation 'c1': status 'done' is not one of"),
         ({"label": "great"}, r"conversation 'c1': label 'great' of a scored record is not one of"),
         ({"status": "unscored"}, r"an unscored record carries a label, dimensions or rubrics"),
-        ({"netsat": float("nan")}, r"netsat = nan is not finite"),
-        ({"dissatisfaction_probability": float("inf")}, r"dissatisfaction_probability = inf is not finite"),
-        ({"scored_at": float("inf")}, r"scored_at = inf is not an epoch time in seconds from 1900 to 2299"),
+        ({"netsat": float("nan")}, r"netsat = nan is not a finite number or null"),
+        ({"dissatisfaction_probability": float("inf")}, r"dissatisfaction_probability = inf is not a finite number or null"),
+        ({"scored_at": float("inf")}, r"scored_at = inf is not a finite number"),
         ({"scored_at": 1e12}, r"scored_at = 1000000000000.0 is not an epoch time"),
         ({"inclusion_probability": 0.0}, r"inclusion_probability = 0.0 is not in \(0, 1\]"),
-        ({"inclusion_probability": True}, r"inclusion_probability = True is not in \(0, 1\]"),
+        ({"inclusion_probability": True}, r"inclusion_probability = True is not a finite number"),
+        ({"judge": 3}, r"judge = 3 is not a string"),
+        ({"rubrics_unasked": ["r1"]}, r"rubrics_unasked = \['r1'\] is not a list of strings"),
+        ({"main_probabilities": (0.5, float("nan"))}, r"main_probabilities = \(0.5, nan\) is not a list of finite numbers"),
+        ({"extra": []}, r"extra = \[\] is not an object"),
         ({"judge_prompt_tokens": -1}, r"judge_prompt_tokens = -1 is not a count"),
         ({"attempts": 1.5}, r"attempts = 1.5 is not a count"),
     ],
@@ -95,7 +99,14 @@ def test_decoding_a_record_with_a_bad_value_is_a_record_error() -> None:
     """What the sink dead-letters as ``bad_score_record``: the message names the conversation and the field."""
     d = json.loads(scored().to_json())
     d["netsat"] = 1e400  # JSON overflow: Python reads inf
-    with pytest.raises(RecordError, match=r"score record for conversation 'c1': netsat = inf is not finite"):
+    with pytest.raises(RecordError, match=r"score record for conversation 'c1': netsat = inf is not a finite number or null"):
+        ScoreRecord.from_json(json.dumps(d).encode())
+    d = json.loads(scored().to_json()) | {"scorer_version": 5}
+    with pytest.raises(RecordError, match=r"'c1': scorer_version = 5 is not a string"):
+        ScoreRecord.from_json(json.dumps(d).encode())
+    d = json.loads(scored().to_json())
+    del d["judge"]
+    with pytest.raises(RecordError, match=r"not a score record: TypeError.*judge"):
         ScoreRecord.from_json(json.dumps(d).encode())
     d = json.loads(closed().to_json())
     d["close_cause"] = "bored"
