@@ -30,7 +30,6 @@ import functools
 import hashlib
 import json
 import math
-import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ import numpy as np
 
 from scorers.conversation import Conversation
 from scorers.errors import UserError
+from scorers.json_file import write_json
 from scorers.judges.base import Answer, Judge, Judgement, JudgeReplyError
 from scorers.questions import LIKERT_5, Question, likert_question
 
@@ -516,14 +516,10 @@ class RubricSet:
 
     def save(self, path: str | Path) -> None:
         """Write the JSON file (atomically: a reader never sees half a file)."""
-        path = Path(path)
         try:
-            text = json.dumps(self.to_dict(), indent=2, ensure_ascii=False, allow_nan=False)
+            write_json(path, self.to_dict())
         except (TypeError, ValueError) as e:
             raise RubricSetError("metadata", f"must be JSON-serialisable: {e}") from None
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text + "\n", encoding="utf-8")
-        os.replace(tmp, path)
 
     @classmethod
     def from_dict(cls, doc: Any, source: str | None = None) -> RubricSet:

@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from scorers.datasets.labelled import LabelledConversation
+from scorers.json_file import write_json
 from scorers.judges.base import Judge
 from scorers.judges.prompt import PROMPT_VERSION as JUDGE_PROMPT_VERSION
 from scorers.learning.pool import RubricPool, to_rubric
@@ -515,7 +516,7 @@ def write_report(
         ),
     }
     report_path = out / REPORT_FILE
-    report_path.write_text(json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n", encoding="utf-8")
+    write_json(report_path, doc)
     plot_path = out / PLOT_FILE
     plot_precision_curves(netsats, y, rubric_set, plot_path, title=_plot_title(report, rubric_set))
     return {"report": report_path, "plot": plot_path}

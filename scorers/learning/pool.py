@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from scorers.errors import UserError
+from scorers.json_file import write_json
 from scorers.rubrics import LIKERT_SCALE, RUBRIC_ID_PATTERN, Polarity, Rubric, RubricSet
 
 POOL_SCHEMA_VERSION = 1
@@ -210,11 +210,7 @@ class RubricPool:
 
     def save(self, path: str | Path) -> None:
         """Write the JSON file atomically."""
-        path = Path(path)
-        text = json.dumps(self.to_dict(), indent=2, ensure_ascii=False, allow_nan=False)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+        write_json(path, self.to_dict())
 
     @classmethod
     def from_dict(cls, doc: Any, source: str | None = None) -> RubricPool:
