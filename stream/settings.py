@@ -193,6 +193,13 @@ class ScoringSettings(BaseModel):
         description="Early stopping: rubrics asked per judge round, stopping once the label provably cannot change "
         "(scorers/early_stopping.py); None = every question in one round.",
     )
+    max_label_change_probability: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Approximate early stopping (needs rubrics_per_round and the score moments `rubrics fit` records): "
+        "also stop once the chance that the unasked rubrics would change a label is at most this; 0 = exact only.",
+    )
     sampling: SamplingSettings = Field(default_factory=SamplingSettings)
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
 

@@ -38,7 +38,7 @@ from scorers.datasets.llm_rubric import (
     load_split,
     satisfaction_labels,
 )
-from scorers.early_stopping import EarlyStoppingScorer
+from scorers.early_stopping import MOMENTS_KEY, EarlyStoppingScorer, ScoreMoments
 from scorers.errors import ConvowatchError
 from scorers.judges.base import Judge
 from scorers.questions import load_questions
@@ -118,9 +118,12 @@ _labelled_option = click.option(
 )
 
 
-def _netsats(rubric_set: RubricSet, items: Sequence[LabelledConversation], judge: Judge) -> np.ndarray:
+def _rubric_scores(rubric_set: RubricSet, items: Sequence[LabelledConversation], judge: Judge) -> np.ndarray:
+    """Each conversation's signed rubric scores (conversations × rubrics, in the set's order); rows sum to NetSAT."""
+    questions = list(rubric_set.questions())
     with _progress(items, "judging") as bar:
-        return rubric_set.netsats(judge, (item.conversation for item in bar))
+        judged = [rubric_set.score(judge.judge(item.conversation, questions)).rubric_scores for item in bar]
+    return np.array([[scores[r.id] for r in rubric_set.rubrics] for scores in judged], dtype=float).reshape(len(items), -1)
 
 
 @rubrics.command("fit")
@@ -148,15 +151,18 @@ def rubrics_fit(obj: _Context, rubric_set_path: Path, labelled: Path, precision:
 
     Every conversation is scored with the configured judge; θ is the midpoint
     of the two class means, and the windows are the NetSAT ranges where
-    precision on this data reaches P.
+    precision on this data reaches P. The rubric scores' mean and covariance go
+    into the set's metadata (``score_moments``), for approximate early stopping.
     """
     judge = obj.judge()  # configuration errors first, before any work
     rubric_set = RubricSet.load(rubric_set_path)
     items = load_labelled_jsonl(labelled)
     require_both_classes(items, str(labelled))
-    netsats = _netsats(rubric_set, items, judge)
+    scores = _rubric_scores(rubric_set, items, judge)
     labels = np.array([i.positive for i in items])
-    fitted = rubric_set.fit_windows(netsats, labels, precision=precision)
+    fitted = rubric_set.fit_windows(scores.sum(axis=1), labels, precision=precision)
+    moments = ScoreMoments.fit([r.id for r in rubric_set.rubrics], scores)
+    fitted = dataclasses.replace(fitted, metadata={**fitted.metadata, MOMENTS_KEY: moments.to_dict()})
     fitted.save(out)
     w = fitted.windows
     click.echo(
@@ -186,8 +192,23 @@ def _edge(value: float | None) -> str:
     help="Early stopping: ask this many rubrics per round and stop once the labels are settled (the labels, "
     "hence A/P/R/F1 and YR, are those of asking all; ΔNetSAT is then not reported).",
 )
+@click.option(
+    "--max-label-change-probability",
+    type=click.FloatRange(0, 1, max_open=True),
+    default=0.0,
+    show_default=True,
+    help="Approximate early stopping (with --rubrics-per-round): also stop once the chance that the rest would change "
+    "a label is at most this; needs the score moments `rubrics fit` records. Labels may then differ from asking all.",
+)
 @click.pass_obj
-def rubrics_evaluate(obj: _Context, rubric_set_path: Path, labelled: Path, as_json: bool, rubrics_per_round: int | None) -> None:
+def rubrics_evaluate(
+    obj: _Context,
+    rubric_set_path: Path,
+    labelled: Path,
+    as_json: bool,
+    rubrics_per_round: int | None,
+    max_label_change_probability: float,
+) -> None:
     """Score labelled conversations with a rubric set and report RUBICON's metrics.
 
     \b
@@ -197,20 +218,25 @@ def rubrics_evaluate(obj: _Context, rubric_set_path: Path, labelled: Path, as_js
     """
     judge = obj.judge()  # configuration errors first, before any work
     rubric_set = RubricSet.load(rubric_set_path)
+    if max_label_change_probability > 0 and rubrics_per_round is None:
+        raise click.UsageError("--max-label-change-probability needs --rubrics-per-round")
+    scorer = _early_stopping_scorer(rubric_set, judge, rubrics_per_round, max_label_change_probability)
     items = load_labelled_jsonl(labelled)
     require_both_classes(items, str(labelled))
     asked: dict[str, int] = {}
-    if rubrics_per_round is None:
-        netsats = _netsats(rubric_set, items, judge)
+    approximate: dict[str, float] = {}
+    if scorer is None:
+        netsats = _rubric_scores(rubric_set, items, judge).sum(axis=1)
     else:
-        netsats, n_asked = _early_stopped_netsats(rubric_set, items, judge, rubrics_per_round)
+        netsats, n_asked = _early_stopped_netsats(scorer, items)
         asked = {"rubric_questions_asked": n_asked, "rubric_questions_of_all": len(items) * len(rubric_set.rubrics)}
+        approximate = {"max_label_change_probability": max_label_change_probability} if max_label_change_probability else {}
     m = evaluate(netsats, np.array([i.positive for i in items]), rubric_set)
     if asked:
         m = dataclasses.replace(m, delta_netsat=math.nan)  # NetSATs of stopped conversations are only bounded
     if as_json:
         figures = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in m.__dict__.items()}  # JSON has no NaN
-        click.echo(json.dumps({"rubric_set": rubric_set.version, **figures, **asked}, indent=2))
+        click.echo(json.dumps({"rubric_set": rubric_set.version, **figures, **asked, **approximate}, indent=2))
         return
     click.echo(f"rubric set {rubric_set.version}: {m.n} conversations ({m.n_positive} positive)")
     delta = "— (early stopping)" if asked else f"{m.delta_netsat:.2f}"
@@ -221,20 +247,38 @@ def rubrics_evaluate(obj: _Context, rubric_set_path: Path, labelled: Path, as_js
     if asked:
         click.echo(
             f"early stopping asked {asked['rubric_questions_asked']} of {asked['rubric_questions_of_all']} rubric questions"
+            + (
+                f" (approximate: labels may differ from asking all, P(change) ≤ {max_label_change_probability})"
+                if approximate
+                else ""
+            )
         )
 
 
-def _early_stopped_netsats(
-    rubric_set: RubricSet, items: Sequence[LabelledConversation], judge: Judge, rubrics_per_round: int
-) -> tuple[np.ndarray, int]:
-    """A NetSAT per conversation that carries its early-stopped labels (the midpoint of its bounds when it stopped
-    early: every NetSAT within the bounds has the same labels), and the rubric questions asked."""
-    scorer = EarlyStoppingScorer(rubric_set, judge, round_size=rubrics_per_round)
+def _early_stopping_scorer(
+    rubric_set: RubricSet, judge: Judge, rubrics_per_round: int | None, max_change_probability: float
+) -> EarlyStoppingScorer | None:
+    if rubrics_per_round is None:
+        return None
+    moments = ScoreMoments.of_rubric_set(rubric_set) if max_change_probability > 0 else None
+    if max_change_probability > 0 and moments is None:
+        raise click.UsageError(
+            f"approximate early stopping needs the rubric scores' moments, which {rubric_set.version} does not record: "
+            "refit it with `convowatch rubrics fit`"
+        )
+    return EarlyStoppingScorer(
+        rubric_set, judge, round_size=rubrics_per_round, max_change_probability=max_change_probability, moments=moments
+    )
+
+
+def _early_stopped_netsats(scorer: EarlyStoppingScorer, items: Sequence[LabelledConversation]) -> tuple[np.ndarray, int]:
+    """A NetSAT per conversation that carries its early-stopped labels (`EarlyStoppedScore.predicted_netsat`), and the
+    rubric questions asked."""
     netsats, asked = [], 0
     with _progress(items, "judging") as bar:
         for item in bar:
             score = scorer.score(item.conversation)
-            netsats.append(score.netsat if score.netsat is not None else (score.netsat_lower + score.netsat_upper) / 2)
+            netsats.append(score.predicted_netsat)
             asked += len(score.rubric_scores)
     return np.array(netsats), asked
 

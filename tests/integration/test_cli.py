@@ -136,6 +136,8 @@ def test_rubrics_fit_and_evaluate_with_the_recorded_judge(tmp_path):
     assert r.returncode == 0, r.stderr
     doc = json.loads(fitted.read_text())
     assert doc["version"] != json.loads(dims.read_text())["version"]  # θ and windows are part of the version
+    moments = doc["metadata"]["score_moments"]  # for approximate early stopping
+    assert moments["rubric_ids"] == [r["id"] for r in doc["rubrics"]] and len(moments["covariance"]) == len(doc["rubrics"])
 
     r = convowatch("rubrics", "evaluate", "--rubric-set", fitted, "--labelled", synth, "--json", env=recorded(SYNTH_ANSWERS))
     assert r.returncode == 0, r.stderr
@@ -267,3 +269,33 @@ def test_rubrics_evaluate_with_early_stopping_gives_the_labels_of_asking_every_r
         env=recorded(SYNTH_ANSWERS),
     )
     assert r.returncode == 2 and "--rubrics-per-round" in r.stderr
+
+
+def test_rubrics_evaluate_approximate_early_stopping_asks_less_and_needs_moments(scoring_artifacts, tmp_path):
+    rubric_set, _ = scoring_artifacts
+    synth = rubric_set.parent / "synth.jsonl"
+    runs = {}
+    for p in ("0", "0.1"):
+        r = convowatch(
+            "rubrics", "evaluate", "--rubric-set", rubric_set, "--labelled", synth, "--json", "--rubrics-per-round", "2",
+            "--max-label-change-probability", p, env=recorded(SYNTH_ANSWERS),
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        runs[p] = json.loads(r.stdout)
+    assert runs["0.1"]["max_label_change_probability"] == 0.1 and "max_label_change_probability" not in runs["0"]
+    assert runs["0.1"]["rubric_questions_asked"] < runs["0"]["rubric_questions_asked"]
+
+    r = convowatch(
+        "rubrics", "evaluate", "--rubric-set", rubric_set, "--labelled", synth, "--max-label-change-probability", "0.1",
+        env=recorded(SYNTH_ANSWERS),
+    )  # fmt: skip
+    assert r.returncode == 2 and "needs --rubrics-per-round" in r.stderr
+    doc = json.loads(rubric_set.read_text())
+    del doc["metadata"]["score_moments"]
+    no_moments = tmp_path / "no-moments.json"
+    no_moments.write_text(json.dumps(doc))
+    r = convowatch(
+        "rubrics", "evaluate", "--rubric-set", no_moments, "--labelled", synth, "--rubrics-per-round", "2",
+        "--max-label-change-probability", "0.1", env=recorded(SYNTH_ANSWERS),
+    )  # fmt: skip
+    assert r.returncode == 2 and "refit it with `convowatch rubrics fit`" in r.stderr

@@ -7,6 +7,8 @@ hypothesis generates (a recorded judge is a judge for whatever it recorded).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -14,11 +16,19 @@ from hypothesis import strategies as st
 
 from scorers.conversation import Conversation
 from scorers.datasets.llm_rubric import dimension_rubric_set, load_real_conversations, load_split, satisfaction_labels
-from scorers.early_stopping import EarlyStoppingScorer, contribution_range, decided, netsat_range
+from scorers.early_stopping import (
+    MOMENTS_KEY,
+    EarlyStoppingScorer,
+    ScoreMoments,
+    change_probability,
+    contribution_range,
+    decided,
+    netsat_range,
+)
 from scorers.judges.base import Judge, Judgement
 from scorers.judges.recorded import RecordedJudge
 from scorers.questions import Question
-from scorers.rubrics import ConfidenceWindows, Polarity, Rubric, RubricSet, Scale
+from scorers.rubrics import ConfidenceWindows, Polarity, Rubric, RubricSet, RubricSetError, Scale
 from tests.data_paths import LLM_RUBRIC as DATA
 
 REAL_TSV = DATA / "gpt-3.5-turbo-16k_real_evaluations_FIXED.tsv"
@@ -175,3 +185,88 @@ def test_round_size_none_asks_everything_in_one_call(fitted_q1_q8: RubricSet) ->
 def test_bad_round_size_is_refused(fitted_q1_q8: RubricSet) -> None:
     with pytest.raises(ValueError, match="round_size"):
         EarlyStoppingScorer(fitted_q1_q8, RecordedJudge({}), round_size=0)
+
+
+# ---------------------------------------------------------------- approximate mode
+
+
+def test_the_remaining_sum_is_the_conditional_gaussian() -> None:
+    """Two rubrics with correlation 0.8: knowing the first moves the second's mean and shrinks its variance."""
+    moments = ScoreMoments(("a", "b"), (5.0, 5.0), ((4.0, 3.2), (3.2, 4.0)))
+    assert moments.remaining_sum({}, ["a", "b"]) == pytest.approx((10.0, 4 + 4 + 2 * 3.2))
+    mean, variance = moments.remaining_sum({"a": 7.0}, ["b"])
+    assert mean == pytest.approx(5 + 0.8 * 2) and variance == pytest.approx(4 * (1 - 0.8**2))
+    assert moments.remaining_sum({"a": 7.0, "b": 1.0}, []) == (0.0, 0.0)
+
+
+def test_fitted_moments_match_a_sample() -> None:
+    rng = np.random.default_rng(0)
+    scores = rng.multivariate_normal([2.0, -3.0, 6.0], [[4, 1, 0], [1, 2, 0.5], [0, 0.5, 1]], size=20_000)
+    moments = ScoreMoments.fit(["a", "b", "c"], scores)
+    assert np.allclose(moments.mean, [2, -3, 6], atol=0.05)
+    assert np.allclose(moments.covariance, [[4, 1, 0], [1, 2, 0.5], [0, 0.5, 1]], atol=0.1)
+    with pytest.raises(ValueError, match="at least 2 conversations"):
+        ScoreMoments.fit(["a"], np.zeros((1, 1)))
+
+
+def test_change_probability_is_the_mass_outside_the_labels_region() -> None:
+    windows = ConfidenceWindows(threshold=0.0, dsat_upper=-5.0, sat_lower=5.0)
+    assert change_probability(windows, 0.0, 1.0) == pytest.approx(0.5, abs=1e-6)  # on θ: a coin flip
+    assert change_probability(windows, 2.5, 1e-6) == 0.0  # deep inside (0, 5)
+    assert change_probability(windows, 2.5, 2.5**2) == pytest.approx(2 * 0.158655, abs=1e-4)  # one sd to either edge
+    assert change_probability(windows, -20.0, 1.0) == 0.0  # dsat extends to -∞
+    assert change_probability(windows, 3.0, 0.0) == 0.0
+
+
+def test_approximate_mode_needs_moments_and_a_probability_below_one(fitted_q1_q8: RubricSet) -> None:
+    with pytest.raises(ValueError, match="needs the rubric scores' moments"):
+        EarlyStoppingScorer(fitted_q1_q8, RecordedJudge({}), max_change_probability=0.05)
+    with pytest.raises(ValueError, match="max_change_probability"):
+        EarlyStoppingScorer(fitted_q1_q8, RecordedJudge({}), max_change_probability=1.0, moments=None)
+
+
+def test_moments_are_read_from_the_rubric_set_and_must_cover_its_rubrics(fitted_q1_q8: RubricSet) -> None:
+    assert ScoreMoments.of_rubric_set(fitted_q1_q8) is None
+    ids = [r.id for r in fitted_q1_q8.rubrics]
+    moments = ScoreMoments.fit(ids, np.random.default_rng(1).normal(size=(10, len(ids))))
+    with_moments = replace(fitted_q1_q8, metadata={MOMENTS_KEY: moments.to_dict()})
+    assert RubricSet.from_dict(with_moments.to_dict()).version == fitted_q1_q8.version  # moments are metadata
+    assert ScoreMoments.of_rubric_set(RubricSet.from_dict(with_moments.to_dict())) == moments
+    partial = ScoreMoments.fit(ids[:3], np.random.default_rng(1).normal(size=(10, 3)))
+    with pytest.raises(RubricSetError, match=r"has no moments for rubrics \['Q4'"):
+        ScoreMoments.of_rubric_set(replace(fitted_q1_q8, metadata={MOMENTS_KEY: partial.to_dict()}))
+    with pytest.raises(RubricSetError, match="is not a mean and covariance"):
+        ScoreMoments.of_rubric_set(replace(fitted_q1_q8, metadata={MOMENTS_KEY: {"mean": [1]}}))
+
+
+def test_approximate_mode_on_real_conversations_asks_less_and_reports_its_risk() -> None:
+    """θ, windows and moments fitted on half of the real conversations, scored on the other half (bench/early_stopping.py
+    measures the agreement; here: it stops earlier than the exact mode, and only when the risk is within the setting)."""
+    rubric_set = dimension_rubric_set(DATA / "questions.json")
+    judge = RecordedJudge.from_tsv(REAL_TSV)
+    human = satisfaction_labels(load_split(DATA, "real"))
+    conversations = [c for cid, c in sorted(load_real_conversations(DATA / "real_data.json").items()) if cid in human]
+    scores = np.array(
+        [
+            [rubric_set.score(judge.judge(c, rubric_set.questions())).rubric_scores[r.id] for r in rubric_set.rubrics]
+            for c in conversations
+        ]
+    )
+    fit, test = slice(0, None, 2), conversations[1::2]
+    fitted = rubric_set.fit_windows(scores[fit].sum(axis=1), np.array([human[c.id] for c in conversations[fit]]))
+    moments = ScoreMoments.fit([r.id for r in rubric_set.rubrics], scores[fit])
+    exact = EarlyStoppingScorer(fitted, judge, round_size=2)
+    approximate = EarlyStoppingScorer(fitted, judge, round_size=2, max_change_probability=0.05, moments=moments)
+    asked = {"exact": 0, "approximate": 0}
+    for conversation in test:
+        e, a = exact.score(conversation), approximate.score(conversation)
+        asked["exact"] += len(e.rubric_scores)
+        asked["approximate"] += len(a.rubric_scores)
+        assert a.change_probability <= 0.05
+        if a.unasked:
+            assert a.netsat is None and a.netsat_lower <= a.predicted_netsat <= a.netsat_upper
+            assert (a.label, a.threshold_label) == (
+                fitted.label(a.predicted_netsat),
+                fitted.windows.binary_label(a.predicted_netsat),
+            )
+    assert asked["approximate"] < asked["exact"], asked

@@ -26,6 +26,7 @@ from scorers.datasets.llm_rubric import (
     load_split,
     satisfaction_labels,
 )
+from scorers.early_stopping import MOMENTS_KEY, ScoreMoments
 from scorers.judges.base import Judgement, JudgeUnavailable
 from scorers.judges.recorded import RecordedJudge
 from scorers.questions import Question
@@ -411,3 +412,30 @@ def test_early_stopping_still_asks_every_question_the_calibrator_reads(judge, ru
     assert early.rubrics_unasked == () and early.netsat == pytest.approx(full.netsat)
     assert early.dissatisfaction_probability == pytest.approx(full.dissatisfaction_probability)
     assert early.judge_calls == full.judge_calls == 0  # the recorded judge makes no requests
+
+
+def test_approximate_early_stopping_needs_rounds_and_moments_and_versions_its_scores(judge, rubric_set) -> None:
+    """Real answers on the real conversations; the moments are fitted on those answers (this checks the wiring only:
+    bench/early_stopping.py measures the mode on held-out conversations)."""
+    approximate = fast_retries(questions=None, rubrics_per_round=1, max_label_change_probability=0.05)
+    with pytest.raises(SettingsError, match="needs the rubric scores' moments.*rubrics fit"):
+        ConversationScorer(judge, rubric_set, None, approximate, ServiceMetrics())
+    with pytest.raises(SettingsError, match="needs scoring.rubrics_per_round"):
+        ConversationScorer(
+            judge, rubric_set, None, fast_retries(questions=None, max_label_change_probability=0.05), ServiceMetrics()
+        )
+    ids = [r.id for r in rubric_set.rubrics]
+    conversations = _assemble_all()
+    scores = [
+        score(ConversationScorer(judge, rubric_set, None, fast_retries(questions=None), ServiceMetrics()), c)
+        for c in conversations.values()
+    ]
+    table = np.array([[{h.rubric_id: h.score for h in r.rubrics}[i] for i in ids] for r in scores])
+    with_moments = replace(rubric_set, metadata={MOMENTS_KEY: ScoreMoments.fit(ids, table).to_dict()})
+    exact = ConversationScorer(judge, with_moments, None, fast_retries(questions=None, rubrics_per_round=1), ServiceMetrics())
+    scorer = ConversationScorer(judge, with_moments, None, approximate, ServiceMetrics())
+    assert scorer.scorer_version != exact.scorer_version  # approximate labels are another scorer's
+    records = [score(scorer, c) for c in conversations.values()]
+    stopped = [r for r in records if "label_change_probability" in r.extra]
+    assert stopped and all(0 < r.extra["label_change_probability"] <= 0.05 and r.rubrics_unasked for r in stopped)
+    assert sum(len(r.rubrics) for r in records) < sum(len(r.rubrics) for r in (score(exact, c) for c in conversations.values()))
