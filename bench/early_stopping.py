@@ -118,7 +118,7 @@ def run_seed(
             "questions_asked_share": sum(len(s.rubric_scores) for s in stopped) / n_questions,
             "accuracy": float(correct.mean()),
             "stopped_approximately": int(sum(s.change_probability > 0 for s in stopped)),
-            "per_conversation_same": same.astype(int).tolist(),
+            "per_conversation_same": "".join(str(int(x)) for x in same),  # 1: labels equal to asking all
         }
     return result
 
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             for s in (base.score(judge.judge(c, base.questions())) for c in conversations)
         ]
     )
-    protocols = {}
+    protocols: dict[str, dict] = {}
     for protocol in ("synthetic_fit", "real_split"):
         seeds = []
         for seed in range(args.seeds):

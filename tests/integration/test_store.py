@@ -15,7 +15,8 @@ import pytest
 from stream.records import ClosedConversation, DimensionPrediction, FeedbackRow, RubricHit, ScoreRecord, TurnRecord
 from stream.report.summary import summarize
 from stream.store import ClickHouseStore, StoreError
-from stream.tables import MIGRATIONS, TABLES as DECLARED_TABLES
+from stream.tables import MIGRATIONS
+from stream.tables import TABLES as DECLARED_TABLES
 from tests.chdb_fixture import chdb_dsn, chdb_store, store_factory  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
