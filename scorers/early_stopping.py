@@ -144,6 +144,18 @@ class ScoreMoments:
             raise RubricSetError(f"metadata.{MOMENTS_KEY}", f"has no moments for rubrics {missing}")
         return moments
 
+    @classmethod
+    def required_by(cls, rubric_set: RubricSet) -> ScoreMoments:
+        """The moments approximate early stopping needs; `RubricSetError` saying how to get them if absent."""
+        moments = cls.of_rubric_set(rubric_set)
+        if moments is None:
+            raise RubricSetError(
+                f"metadata.{MOMENTS_KEY}",
+                f"is missing in rubric set {rubric_set.version}, and approximate early stopping needs the rubric scores' "
+                "moments: refit it with `convowatch rubrics fit`",
+            )
+        return moments
+
 
 def change_probability(windows: ConfidenceWindows, mean: float, variance: float) -> float:
     """P(a Gaussian NetSAT ~ N(mean, variance) gets other labels than ``mean`` does): mass outside mean's region."""

@@ -78,15 +78,9 @@ def _approximate_stopping_moments(rubric_set: RubricSet, settings: ScoringSettin
     if settings.rubrics_per_round is None:
         raise SettingsError("scoring.max_label_change_probability needs scoring.rubrics_per_round (early stopping in rounds)")
     try:
-        moments = ScoreMoments.of_rubric_set(rubric_set)
+        return ScoreMoments.required_by(rubric_set)
     except RubricSetError as e:
         raise SettingsError(f"scoring.max_label_change_probability: {e}") from None
-    if moments is None:
-        raise SettingsError(
-            f"scoring.max_label_change_probability needs the rubric scores' moments, which rubric set {rubric_set.version} "
-            "does not record: refit it with `convowatch rubrics fit`"
-        )
-    return moments
 
 
 class ConversationScorer:

@@ -260,12 +260,7 @@ def _early_stopping_scorer(
 ) -> EarlyStoppingScorer | None:
     if rubrics_per_round is None:
         return None
-    moments = ScoreMoments.of_rubric_set(rubric_set) if max_change_probability > 0 else None
-    if max_change_probability > 0 and moments is None:
-        raise click.UsageError(
-            f"approximate early stopping needs the rubric scores' moments, which {rubric_set.version} does not record: "
-            "refit it with `convowatch rubrics fit`"
-        )
+    moments = ScoreMoments.required_by(rubric_set) if max_change_probability > 0 else None
     return EarlyStoppingScorer(
         rubric_set, judge, round_size=rubrics_per_round, max_change_probability=max_change_probability, moments=moments
     )

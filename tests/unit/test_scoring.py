@@ -418,7 +418,9 @@ def test_approximate_early_stopping_needs_rounds_and_moments_and_versions_its_sc
     """Real answers on the real conversations; the moments are fitted on those answers (this checks the wiring only:
     bench/early_stopping.py measures the mode on held-out conversations)."""
     approximate = fast_retries(questions=None, rubrics_per_round=1, max_label_change_probability=0.05)
-    with pytest.raises(SettingsError, match="needs the rubric scores' moments.*rubrics fit"):
+    with pytest.raises(
+        SettingsError, match="score_moments.*needs the rubric scores' moments: refit it with `convowatch rubrics fit`"
+    ):
         ConversationScorer(judge, rubric_set, None, approximate, ServiceMetrics())
     with pytest.raises(SettingsError, match="needs scoring.rubrics_per_round"):
         ConversationScorer(
