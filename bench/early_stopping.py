@@ -67,13 +67,8 @@ def synthetic_scores(data_dir: Path, rubric_set: RubricSet) -> tuple[np.ndarray,
     labels = satisfaction_labels(load_split(data_dir, "synth"))
     judge = RecordedJudge.from_tsv(data_dir / SYNTH_TSV)
     ids = sorted(labels)
-    rows = []
-    for i in ids:
-        scores = rubric_set.score(
-            judge.judge(Conversation.from_messages(i, [{"role": "user", "content": "-"}]), rubric_set.questions())
-        )
-        rows.append([scores.rubric_scores[r.id] for r in rubric_set.rubrics])
-    return np.array(rows), np.array([labels[i] for i in ids])
+    placeholders = (Conversation.from_messages(i, [{"role": "user", "content": "-"}]) for i in ids)
+    return rubric_set.rubric_scores(judge, placeholders), np.array([labels[i] for i in ids])
 
 
 def fitted_set(rubric_set: RubricSet, scores: np.ndarray, labels: np.ndarray) -> RubricSet:
@@ -155,12 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     human = np.array([human_by_id[c.id] for c in conversations])
     judge = RecordedJudge.from_tsv(args.data / REAL_TSV)
 
-    real_scores = np.array(
-        [
-            [s.rubric_scores[r.id] for r in base.rubrics]
-            for s in (base.score(judge.judge(c, base.questions())) for c in conversations)
-        ]
-    )
+    real_scores = base.rubric_scores(judge, conversations)
     protocols: dict[str, dict] = {}
     for protocol in ("synthetic_fit", "real_split"):
         seeds = []

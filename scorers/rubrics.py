@@ -478,10 +478,17 @@ class RubricSet:
         """Σ SAT ratings − Σ DSAT ratings for one judged conversation."""
         return float(sum(r.score(self.answer_for(judgement, r)) for r in self.rubrics))
 
+    def rubric_scores(self, judge: Judge, conversations: Iterable[Conversation]) -> np.ndarray:
+        """Each conversation's signed rubric scores (conversations × rubrics, in rubric order), asking ``judge`` this
+        set's questions; a row sums to the conversation's NetSAT."""
+        questions = list(self.questions())
+        judgements = (judge.judge(c, questions) for c in conversations)
+        rows = [[r.score(self.answer_for(j, r)) for r in self.rubrics] for j in judgements]
+        return np.array(rows, dtype=float).reshape(len(rows), len(self.rubrics))
+
     def netsats(self, judge: Judge, conversations: Iterable[Conversation]) -> np.ndarray:
         """NetSAT of each conversation, asking ``judge`` this set's questions (in iteration order)."""
-        questions = list(self.questions())
-        return np.array([self.netsat(judge.judge(c, questions)) for c in conversations], dtype=float)
+        return np.array([float(sum(row)) for row in self.rubric_scores(judge, conversations)], dtype=float)
 
     def label(self, netsat: float) -> Label:
         return self.windows.label(netsat)

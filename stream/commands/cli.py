@@ -119,11 +119,9 @@ _labelled_option = click.option(
 
 
 def _rubric_scores(rubric_set: RubricSet, items: Sequence[LabelledConversation], judge: Judge) -> np.ndarray:
-    """Each conversation's signed rubric scores (conversations × rubrics, in the set's order); rows sum to NetSAT."""
-    questions = list(rubric_set.questions())
+    """`RubricSet.rubric_scores` of the labelled conversations, with a progress bar."""
     with _progress(items, "judging") as bar:
-        judged = [rubric_set.score(judge.judge(item.conversation, questions)).rubric_scores for item in bar]
-    return np.array([[scores[r.id] for r in rubric_set.rubrics] for scores in judged], dtype=float).reshape(len(items), -1)
+        return rubric_set.rubric_scores(judge, (item.conversation for item in bar))
 
 
 @rubrics.command("fit")

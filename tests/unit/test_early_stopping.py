@@ -246,12 +246,7 @@ def test_approximate_mode_on_real_conversations_asks_less_and_reports_its_risk()
     judge = RecordedJudge.from_tsv(REAL_TSV)
     human = satisfaction_labels(load_split(DATA, "real"))
     conversations = [c for cid, c in sorted(load_real_conversations(DATA / "real_data.json").items()) if cid in human]
-    scores = np.array(
-        [
-            [rubric_set.score(judge.judge(c, rubric_set.questions())).rubric_scores[r.id] for r in rubric_set.rubrics]
-            for c in conversations
-        ]
-    )
+    scores = rubric_set.rubric_scores(judge, conversations)
     fit, test = slice(0, None, 2), conversations[1::2]
     fitted = rubric_set.fit_windows(scores[fit].sum(axis=1), np.array([human[c.id] for c in conversations[fit]]))
     moments = ScoreMoments.fit([r.id for r in rubric_set.rubrics], scores[fit])
