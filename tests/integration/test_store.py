@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -559,25 +560,14 @@ def test_times_before_1970_are_stored_and_read_back(store_factory) -> None:
     """The event contract accepts years from 1900: negative epoch seconds are DateTime64 ticks like any other."""
     store = store_factory()
     t = -631_151_999.75  # 1950-01-01T00:00:00.25Z
-    old = ScoreRecord(
-        conversation=ClosedConversation(
-            conversation_id="old",
-            turns=(TurnRecord(0, "user", "hello from 1950", t),),
-            attributes={},
-            close_cause="end",
-            closed_at=t + 60,
-            first_event_at=t,
-            last_event_at=t,
-        ),
-        status="unscored",
-        scorer_version="v1",
-        judge="recorded:test",
-        rubric_set_version="rs1",
-        calibrator_version="",
-        scored_at=T0,
-        attempts=1,
-        unscored_reason="x",
+    conversation = replace(
+        closed("old", n_turns=1),
+        turns=(TurnRecord(0, "user", "hello from 1950", t),),
+        closed_at=t + 60,
+        first_event_at=t,
+        last_event_at=t,
     )
+    old = replace(unscored("old"), conversation=conversation)
     store.write_scores([old])
     store.write_feedback([FeedbackRow("old", 0, "down", "", t, {}, T0)])
     row = store.query("SELECT first_event_at, turns[1].4 AS turn_at FROM conversations FINAL")[0]
