@@ -265,8 +265,8 @@ def create_app(settings: Settings, scorer: ConversationScorer, metrics: ServiceM
         try:
             record = await scorer.score(closed)
         except BudgetWaitInterrupted:
-            # Not judged and not finished: its offset stays uncommitted, so the partition's next owner (or this
-            # worker, after the rebalance's seek to the committed offsets) receives it again.
+            # Not judged and not finished: its offset stays uncommitted and the partition's next owner, or this
+            # worker (GuardedDelivery.release hands it back), receives it again.
             log.info(
                 "rebalance or shutdown: %s left in the closed topic while waiting for the judge budget", closed.conversation_id
             )

@@ -10,7 +10,7 @@ topics (events and closed):
 * **In order, from the committed offset.** An agent takes each partition's events in offset order, starting at
   the broker's committed offset (the earliest offset for a partition never committed). A later record is not
   processed: the partition is fetched again from the offset it should have received (a *hole*). A record
-  delivered twice is not processed twice.
+  delivered twice is not processed twice. A record an agent takes and hands back unfinished is expected again.
 * **Only finished events are committed.** Agents call `finished`; before each commit, acked offsets that were
   not finished are withdrawn, so the commit stops below them and the event is delivered again.
 * **No silent stall.** When an agent has been idle for ``refetch_idle_s`` while a partition it owns has records
@@ -63,6 +63,8 @@ class GuardedDelivery:
         if expected is None or offset == expected:
             self._next_offset[tp] = offset + 1
             self._refetching.pop(tp, None)
+            if offset in self._finished_offsets[tp]:
+                return False  # processed before a lower offset was handed back (`release`): not processed twice
             self._in_flight[tp.topic] += 1
             return True
         if offset > expected and self._refetching.get(tp) != expected:
@@ -70,9 +72,16 @@ class GuardedDelivery:
         return False  # below: taken before (delivered twice); above: waits for the refetch
 
     def release(self, message: Message) -> None:
-        """The agent is done with a taken ``message``, finished or not."""
-        self._in_flight[message.tp.topic] -= 1
-        self._last_activity[message.tp.topic] = time.monotonic()
+        """The agent is done with a taken ``message``, finished or not.
+
+        An unfinished one (e.g. a budget wait called off by a rebalance) is handed back: its partition expects it
+        again, so the next later record is a hole (or the idle partition a stall) and it is fetched again, also when
+        the partition stays with this worker and no seek to the committed offset follows."""
+        tp, offset = message.tp, message.offset
+        self._in_flight[tp.topic] -= 1
+        self._last_activity[tp.topic] = time.monotonic()
+        if offset not in self._finished_offsets[tp] and self._next_offset.get(tp, offset) > offset:
+            self._next_offset[tp] = offset
 
     def finished(self, message: Message) -> None:
         """``message`` was processed: its ack may commit its offset."""

@@ -93,12 +93,16 @@ def _run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
-def _takes(consumer: _Consumer, offsets: list[int]) -> list[bool]:
+def _takes(consumer: _Consumer, offsets: list[int], unfinished: tuple[int, ...] = ()) -> list[bool]:
+    """Take each offset; the agent finishes each taken one but those in ``unfinished``, then releases it."""
+
     async def go() -> list[bool]:
         out = []
         for offset in offsets:
             taken = await consumer.take(_message(offset))
             if taken:
+                if offset not in unfinished:
+                    consumer.finished(_message(offset))
                 consumer.release(_message(offset))
             out.append(taken)
         return out
@@ -142,11 +146,39 @@ def test_records_gone_before_the_committed_offset_start_the_refetch_at_the_earli
 def test_a_rebalance_starts_again_from_the_committed_offset() -> None:
     consumer = _Consumer()
     consumer._thread.committed[P0] = 5
-    assert _takes(consumer, [5, 6]) == [True, True]
+    assert _takes(consumer, [5, 6], unfinished=(6,)) == [True, True]
     # Offset 6 was left unfinished (a budget wait called off): the rebalance's seek delivers it again.
     consumer._thread.committed[P0] = 6
     _run(consumer.on_partitions_assigned({P0}, 2))
     assert _takes(consumer, [6, 7]) == [True, True]
+
+
+def test_an_event_handed_back_unfinished_is_fetched_again_without_a_rebalance() -> None:
+    """The CI failure of this change's first run: a rebalance kept the partition with this worker, Faust did not seek
+    it back, and the conversation whose budget wait was called off was never delivered again."""
+    consumer = _Consumer()
+    consumer._thread.committed[P0] = 5
+    assert _takes(consumer, [5, 6], unfinished=(6,)) == [True, True]
+    assert _takes(consumer, [7]) == [False]  # 7 comes next from the fetch loop: a hole where 6 should be
+    assert consumer.seeks == [(P0, 6)] and consumer.refetches == [(TOPIC, "hole")]
+    assert _takes(consumer, [6, 7]) == [True, True]
+
+
+def test_a_later_event_finished_before_an_earlier_one_was_handed_back_is_not_processed_twice() -> None:
+    """With concurrent agents 7 can finish while 6 is still out; 6 comes back unfinished and the refetch delivers both."""
+    consumer = _Consumer()
+    consumer._thread.committed[P0] = 6
+
+    async def go() -> list[bool]:
+        six, seven = _message(6), _message(7)
+        taken = [await consumer.take(six), await consumer.take(seven)]
+        consumer.finished(seven)
+        consumer.release(seven)
+        consumer.release(six)  # unfinished
+        return taken
+
+    assert _run(go()) == [True, True]
+    assert _takes(consumer, [6, 7, 8]) == [True, False, True]
 
 
 def test_a_stalled_partition_is_fetched_again_only_when_its_agent_idles_with_records_waiting() -> None:
@@ -165,6 +197,7 @@ def test_a_stalled_partition_is_fetched_again_only_when_its_agent_idles_with_rec
     async def busy() -> None:  # an event in flight (say, waiting for the judge budget): not idle
         assert await consumer.take(_message(5))
         await consumer.refetch_stalled(idle_s=0.0)
+        consumer.finished(_message(5))  # then the budget let it through
         consumer.release(_message(5))
 
     _run(busy())
@@ -203,11 +236,18 @@ def test_only_finished_offsets_from_the_committed_one_on_are_committed(
 def test_commits_follow_each_other_and_an_unfinished_offset_is_committed_once_it_is_finished() -> None:
     consumer = _Consumer()
     consumer._thread.committed[P0] = 0  # Faust keeps no committed offset 0: the floor is where the agent started
-    assert _takes(consumer, [0, 1, 2]) == [True, True, True]
+
+    async def three_agents() -> list[bool]:  # concurrent agents take 0, 1 and 2; 1 ends unfinished
+        taken = [await consumer.take(_message(offset)) for offset in (0, 1, 2)]
+        for offset in (0, 1, 2):
+            if offset != 1:
+                consumer.finished(_message(offset))
+            consumer.release(_message(offset))
+        return taken
+
+    assert _run(three_agents()) == [True, True, True]
     for offset in (0, 1, 2):
         consumer.ack(offset)
-    consumer.finished(_message(0))
-    consumer.finished(_message(2))
     assert consumer._new_offset(P0) == 1
     consumer._committed_offset[P0] = 1  # Faust records what it committed
     assert consumer._new_offset(P0) is None  # 1 was withdrawn, 2 waits behind it
