@@ -1,4 +1,4 @@
-"""Model selection for `CalibrationNetwork`: folds by conversation, cross-validation, hyperparameter search.
+"""Model selection for calibrators: folds by conversation, cross-validation, hyperparameter search.
 
 Beside the estimator as scikit-learn keeps `model_selection` beside its estimators: the network's constructor
 only stores parameters, and everything that chooses them lives here.
@@ -11,13 +11,25 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from scorers import statistics
-from scorers.calibration import CalibrationError, CalibrationNetwork
+from scorers.calibration import CalibrationError, CalibrationNetwork, Prediction
 from scorers.datasets.llm_rubric import Label, RubricData
+
+
+class Calibrator(Protocol):
+    """What selection needs of an estimator (`CalibrationNetwork`, `OrdinalCalibrator`)."""
+
+    main_question: str
+
+    def get_params(self) -> dict[str, Any]: ...
+    def clone(self, **overrides: Any) -> Calibrator: ...
+    def fit(self, data: RubricData) -> Calibrator: ...
+    def predict_proba(self, x: Any, question: str | None = None, judge: Any = None) -> Prediction: ...
+
 
 CV_CRITERIA = {"rmse": False, "nll": False, "pearson": True, "spearman": True}  # name -> higher is better
 
@@ -56,7 +68,7 @@ class HeldOutPredictions:
         return out
 
 
-def predict_labels(model: CalibrationNetwork, data: RubricData, question: str | None = None) -> HeldOutPredictions:
+def predict_labels(model: Calibrator, data: RubricData, question: str | None = None) -> HeldOutPredictions:
     """Predict every label of ``question`` in ``data`` with its own judge's weights."""
     question = question or model.main_question
     labels: Sequence[Label] = data.labels_for(question)
@@ -75,7 +87,7 @@ def predict_labels(model: CalibrationNetwork, data: RubricData, question: str | 
 
 
 def cross_validate(
-    model: CalibrationNetwork,
+    model: Calibrator,
     data: RubricData,
     k: int = 5,
     seed: int = 0,
@@ -135,7 +147,7 @@ def parameter_grid(grid: Grid) -> list[dict[str, Any]]:
     return out
 
 
-def cv_scores(model: CalibrationNetwork, data: RubricData, k: int = 5, seed: int = 0) -> dict[str, float]:
+def cv_scores(model: Calibrator, data: RubricData, k: int = 5, seed: int = 0) -> dict[str, float]:
     """Scores of `cross_validate` (a top-level function so executors can run it in other processes)."""
     return cross_validate(model, data, k=k, seed=seed).scores()
 
@@ -143,7 +155,7 @@ def cv_scores(model: CalibrationNetwork, data: RubricData, k: int = 5, seed: int
 def select_hyperparameters(
     data: RubricData,
     grid: Grid,
-    base: CalibrationNetwork | None = None,
+    base: Calibrator | None = None,
     k: int = 5,
     seed: int = 0,
     criterion: str = "rmse",
@@ -169,10 +181,15 @@ def select_hyperparameters(
     if repeats < 1:
         raise CalibrationError(f"repeats must be >= 1, got {repeats}")
     base = base or CalibrationNetwork()
+    seeded = "seed" in base.get_params()  # a seeded model gets a new seed per repeat; a convex fit has none
     candidates = parameter_grid(grid)
     if not candidates:
         raise CalibrationError("empty hyperparameter grid")
-    jobs = [(base.clone(**{**params, "seed": base.seed + r}), seed + r) for params in candidates for r in range(repeats)]
+    jobs = [
+        (base.clone(**params, **({"seed": base.get_params()["seed"] + r} if seeded else {})), seed + r)
+        for params in candidates
+        for r in range(repeats)
+    ]
     if executor is None:
         futures = None
     else:
