@@ -1,0 +1,143 @@
+"""The cumulative-link calibrator: it recovers a known model, shrinks judges, adapts to a shifted domain."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.optimize import check_grad
+from scipy.special import expit
+
+from scorers.calibration import CalibrationError
+from scorers.calibration_selection import cross_validate, select_hyperparameters
+from scorers.datasets.llm_rubric import Label, RubricData
+from scorers.ordinal_calibration import OrdinalCalibrator, _LinkProblem
+
+QUESTIONS = ("Q0", "Q1", "Q8")
+N_OPTIONS = {"Q0": 4, "Q1": 4, "Q8": 3}
+TRUE_WEIGHTS = np.array([1.5, -0.8])  # on the standardised expected answers of Q0 and Q1
+TRUE_CUTS = np.array([-1.5, 0.0, 1.5])
+TRUE_OFFSETS = {"lo": -1.0, "mid": 0.0, "hi": 1.0}
+
+
+def _block(expected: float) -> np.ndarray:
+    """Four option probabilities with the given expected answer (mass on the two nearest options)."""
+    low = int(np.floor(expected))
+    block = np.zeros(4)
+    block[low - 1], block[low] = low + 1 - expected, expected - low
+    return block
+
+
+def _simulated(n: int, seed: int, prefix: str = "c", kinder: bool = False) -> RubricData:
+    """Judge-LLM answers drawn at random; human answers drawn from a known cumulative-link model.
+
+    With ``kinder`` the same conversations and labels, but the judge LLM reads them as another domain:
+    its expected answers are squeezed and moved up (e → 0.5·e + 1.5). Human answers depend on where an
+    answer falls within its own domain, so only standardising on the new domain recovers them.
+    """
+    rng = np.random.default_rng(seed)
+    features, labels = {}, []
+    for i in range(n):
+        tid = f"{prefix}{i}"
+        expected = rng.uniform(1.5, 3.5, size=2)
+        z = (expected - 2.5) / (2 / np.sqrt(12))  # standardised within the home domain
+        shown = 0.5 * expected + 1.5 if kinder else expected
+        features[tid] = np.concatenate([_block(shown[0]), _block(shown[1]), rng.dirichlet(np.ones(3))])
+        for judge, offset in TRUE_OFFSETS.items():
+            at_most = expit(TRUE_CUTS - (TRUE_WEIGHTS @ z + offset))
+            labels.append(Label(tid, "Q0", judge, int(np.searchsorted(at_most, rng.random())) + 1))
+            labels.append(Label(tid, "Q1", judge, int(rng.integers(1, 5))))
+    return RubricData(QUESTIONS, N_OPTIONS, features, tuple(labels))
+
+
+@pytest.fixture(scope="module")
+def train() -> RubricData:
+    return _simulated(600, 0)
+
+
+@pytest.fixture(scope="module")
+def model(train: RubricData) -> OrdinalCalibrator:
+    return OrdinalCalibrator(input_questions=("Q0", "Q1"), weight_decay=0.01, judge_shrinkage=0.01).fit(train)
+
+
+def test_the_analytic_gradient_is_the_gradient() -> None:
+    rng = np.random.default_rng(0)
+    y = rng.integers(1, 5, 300)
+    problem = _LinkProblem(rng.normal(size=(300, 3)), y, rng.integers(0, 4, 300), 4, 4, 0.5, 2.0)
+    for _ in range(3):
+        point = rng.normal(size=3 + 4 + 3)
+        assert check_grad(lambda p: problem.loss(p)[0], lambda p: problem.loss(p)[1], point) < 1e-6
+
+
+def test_recovers_the_weights_and_the_judges_offsets_of_a_known_model(model: OrdinalCalibrator) -> None:
+    link = model._models["Q0"]
+    scale = model._sd[:2] / (2 / np.sqrt(12))  # the model standardises with the sample SD
+    assert link.weights * scale == pytest.approx(TRUE_WEIGHTS, abs=0.25)
+    assert link.cuts == pytest.approx(TRUE_CUTS, abs=0.3)
+    offsets = model.judge_offsets()
+    assert offsets["hi"] - offsets["lo"] == pytest.approx(2.0, abs=0.35)
+    assert offsets["lo"] < offsets["mid"] < offsets["hi"]
+    assert np.all(np.diff(link.cuts) > 0)
+
+
+def test_predictions_are_distributions_that_follow_the_judge(model: OrdinalCalibrator) -> None:
+    test = _simulated(200, 1, prefix="t")
+    x = np.stack([test.features[t] for t in test.text_ids])
+    lo, hi = model.predict_proba(x, "Q0", "lo"), model.predict_proba(x, "Q0", "hi")
+    assert lo.probabilities.sum(axis=1) == pytest.approx(np.ones(len(x)))
+    assert np.all(lo.probabilities >= 0)
+    assert np.all(hi.expected_value > lo.expected_value)
+    unseen = model.predict_proba(x, "Q0", "nobody").expected_value
+    assert np.all((lo.expected_value < unseen) & (unseen < hi.expected_value))
+
+
+def test_shrinkage_pulls_the_judges_offsets_towards_the_average_judge(train: RubricData) -> None:
+    loose = OrdinalCalibrator(input_questions=("Q0", "Q1"), judge_shrinkage=0.01).fit(train).judge_offsets()
+    tight = OrdinalCalibrator(input_questions=("Q0", "Q1"), judge_shrinkage=1000.0).fit(train).judge_offsets()
+    assert abs(tight["hi"] - tight["lo"]) < 0.2 * abs(loose["hi"] - loose["lo"])
+
+
+def test_adapting_to_a_shifted_domain_restores_the_predictions(model: OrdinalCalibrator) -> None:
+    """The same conversations judged by a kinder LLM: standardising on the new domain undoes the shift."""
+    home, shifted = _simulated(400, 2, prefix="h"), _simulated(400, 2, prefix="h", kinder=True)
+    assert home.labels == shifted.labels
+    labels = home.labels_for("Q0")
+    y = np.array([lab.answer for lab in labels])
+    judges = [lab.judge for lab in labels]
+
+    def error(m: OrdinalCalibrator, data: RubricData) -> float:
+        x = np.stack([data.features[lab.text_id] for lab in labels])
+        return float(np.mean((m.predict_proba(x, "Q0", judges).expected_value - y) ** 2))
+
+    unadapted = error(model, shifted)
+    adapted = model.clone().fit(_simulated(600, 0)).adapt_features(np.stack(list(shifted.features.values())))
+    assert error(adapted, shifted) < unadapted - 0.1
+    assert error(adapted, shifted) == pytest.approx(error(model, home), abs=0.03)
+
+
+def test_selection_and_cross_validation_take_the_calibrator() -> None:
+    train = _simulated(60, 3)
+    base = OrdinalCalibrator(input_questions=("Q0", "Q1"))
+    search = select_hyperparameters(train, {"weight_decay": [0.01, 1000.0]}, base=base, k=3)
+    assert search.best_params["weight_decay"] == 0.01  # a huge penalty erases the signal
+    held = cross_validate(base, train, k=3)
+    assert len(held.answers) == len(train.labels_for("Q0"))
+    assert held.scores()["pearson"] > 0.4
+
+
+def test_bad_inputs_are_clear_errors(train: RubricData, model: OrdinalCalibrator) -> None:
+    with pytest.raises(CalibrationError, match="not fitted"):
+        OrdinalCalibrator().predict_proba(np.zeros((1, 11)))
+    with pytest.raises(CalibrationError, match="not ordinal"):
+        OrdinalCalibrator(questions=("Q8",)).fit(train)
+    with pytest.raises(CalibrationError, match="unknown questions"):
+        OrdinalCalibrator(input_questions=("Q9",)).fit(train)
+    with pytest.raises(CalibrationError, match=">= 0"):
+        OrdinalCalibrator(weight_decay=-1.0)
+    with pytest.raises(CalibrationError, match="expected at least 8"):
+        model.predict_proba(np.zeros((2, 5)))
+    with pytest.raises(CalibrationError, match="no model for 'Q1'"):
+        model.predict_proba(np.zeros((2, 11)), "Q1")
+    with pytest.raises(CalibrationError, match="2 judges for 1 feature rows"):
+        model.predict_proba(np.zeros((1, 11)), "Q0", ["lo", "hi"])
+    with pytest.raises(CalibrationError, match="at least 2 unlabelled"):
+        model.clone().fit(train).adapt_features(np.zeros((1, 11)))
