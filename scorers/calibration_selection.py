@@ -11,25 +11,14 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from scorers import statistics
-from scorers.calibration import CalibrationError, CalibrationNetwork, Prediction
+from scorers.calibration import CalibrationError, CalibrationNetwork
+from scorers.calibrators import Calibrator
 from scorers.datasets.llm_rubric import Label, RubricData
-
-
-class Calibrator(Protocol):
-    """What selection needs of an estimator (`CalibrationNetwork`, `OrdinalCalibrator`)."""
-
-    main_question: str
-
-    def get_params(self) -> dict[str, Any]: ...
-    def clone(self, **overrides: Any) -> Calibrator: ...
-    def fit(self, data: RubricData) -> Calibrator: ...
-    def predict_proba(self, x: Any, question: str | None = None, judge: Any = None) -> Prediction: ...
-
 
 CV_CRITERIA = {"rmse": False, "nll": False, "pearson": True, "spearman": True}  # name -> higher is better
 

@@ -26,7 +26,10 @@ ordinal questions can be predicted.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,8 +37,18 @@ from numpy.typing import ArrayLike
 from scipy.optimize import minimize
 from scipy.special import expit
 
-from scorers.calibration import CalibrationError, Prediction
+from scorers.calibration import METADATA_FILE, VERSION_HEX_CHARS, CalibrationError, CalibrationFileError, Prediction
 from scorers.datasets.llm_rubric import RubricData
+from scorers.json_file import write_json
+from scorers.judges.base import Judgement
+
+# The two penalties' grid searched by cross-validation (`convowatch calibrate train`, the transfer benchmark).
+PENALTY_GRID: dict[str, list[float]] = {
+    "weight_decay": [0.01, 0.1, 1.0, 10.0, 100.0],
+    "judge_shrinkage": [0.1, 1.0, 10.0, 100.0, 1000.0],
+}
+FORMAT_NAME = "convowatch-ordinal-calibrator"
+FORMAT_VERSION = 1
 
 MIN_SD = 1e-6  # a feature constant over the training conversations is centred, not scaled
 MIN_PROBABILITY = 1e-12
@@ -49,6 +62,17 @@ class _LinkModel:
         self.weights = weights
         self.cuts = cuts
         self.offsets = offsets
+
+    def as_json(self) -> dict[str, Any]:
+        return {"weights": self.weights.tolist(), "cuts": self.cuts.tolist(), "offsets": self.offsets}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> _LinkModel:
+        cuts = np.asarray(data["cuts"], dtype=np.float64)
+        if cuts.ndim != 1 or np.any(np.diff(cuts) <= 0):
+            raise ValueError("cut points must be an increasing list")
+        offsets = {str(k): float(v) for k, v in data["offsets"].items()}
+        return cls(np.asarray(data["weights"], dtype=np.float64), cuts, offsets)
 
     def probabilities(self, z: np.ndarray, judges: Sequence[str | None]) -> np.ndarray:
         eta = z @ self.weights + np.array([self.offsets.get(j, 0.0) if j is not None else 0.0 for j in judges])
@@ -149,10 +173,12 @@ class OrdinalCalibrator:
         if weight_decay < 0 or judge_shrinkage < 0:
             raise CalibrationError(f"weight_decay and judge_shrinkage must be >= 0, got {weight_decay} and {judge_shrinkage}")
         self._models: dict[str, _LinkModel] = {}
-        self._blocks: list[tuple[str, int, int]] = []  # (question, start in x, options)
-        self._n_options: dict[str, int] = {}
+        self._layout: dict[str, int] = {}  # the questions of a feature row x, in order, and their option counts
+        self._blocks: list[tuple[str, int, int]] = []  # each input question, its start in x, its options
         self._mean = np.zeros(0)
         self._sd = np.ones(0)
+        self.training_data_hash_ = ""
+        self.version_ = ""
 
     def get_params(self) -> dict[str, Any]:
         """Constructor arguments as plain JSON-able data."""
@@ -166,6 +192,25 @@ class OrdinalCalibrator:
     @property
     def is_fitted(self) -> bool:
         return bool(self._models)
+
+    @property
+    def question_ids_(self) -> tuple[str, ...]:
+        """The questions the judge must answer: the model's inputs."""
+        return tuple(q for q, _, _ in self._blocks)
+
+    @property
+    def n_options_(self) -> dict[str, int]:
+        return dict(self._layout)
+
+    def _set_layout(self, layout: Mapping[str, int], inputs: Sequence[str]) -> None:
+        self._layout = dict(layout)
+        starts = dict(zip(self._layout, np.cumsum([0, *self._layout.values()])))
+        self._blocks = [(q, int(starts[q]), self._layout[q]) for q in inputs]
+
+    @property
+    def judges_(self) -> tuple[str, ...]:
+        """Human judges with a fitted offset (for any predicted question)."""
+        return tuple(sorted({j for m in self._models.values() for j in m.offsets}))
 
     # -- features ------------------------------------------------------------
 
@@ -205,6 +250,7 @@ class OrdinalCalibrator:
         if len(raw) < 2:
             raise CalibrationError(f"need at least 2 unlabelled conversations to adapt to, got {len(raw)}")
         self._set_scale(raw)
+        self.version_ = self._compute_version()
         return self
 
     # -- fitting -------------------------------------------------------------
@@ -215,9 +261,7 @@ class OrdinalCalibrator:
         unknown = [q for q in (*inputs, self.main_question, *(self.questions or ())) if q not in data.question_ids]
         if unknown:
             raise CalibrationError(f"unknown questions {unknown}; the data has {data.question_ids}")
-        offsets = data.offsets()
-        self._blocks = [(q, offsets[q], data.n_options[q]) for q in inputs]
-        self._n_options = dict(data.n_options)
+        self._set_layout({q: data.n_options[q] for q in data.question_ids}, inputs)
         conversations = list(data.features)
         self._set_scale(self._raw_features(np.stack([data.features[t] for t in conversations])))
         targets = self.questions or (self.main_question,)
@@ -233,6 +277,8 @@ class OrdinalCalibrator:
             y = np.array([lab.answer for lab in labels])
             models[question] = self._fit_one(z, y, [lab.judge for lab in labels], data.n_options[question])
         self._models = models
+        self.training_data_hash_ = data.content_hash()
+        self.version_ = self._compute_version()
         return self
 
     def _fit_one(self, z: np.ndarray, y: np.ndarray, judges: list[str], k: int) -> _LinkModel:
@@ -264,7 +310,7 @@ class OrdinalCalibrator:
         judges = [judge] * len(z) if judge is None or isinstance(judge, str) else list(judge)
         if len(judges) != len(z):
             raise CalibrationError(f"{len(judges)} judges for {len(z)} feature rows")
-        k = self._n_options[question]
+        k = self._layout[question]
         return Prediction(question, self._models[question].probabilities(z, judges), np.arange(1, k + 1, dtype=float))
 
     def predict_all(self, x: ArrayLike, judge: str | None | Sequence[str | None] = None) -> dict[str, Prediction]:
@@ -275,3 +321,94 @@ class OrdinalCalibrator:
         """Each human judge's fitted offset ``b_a`` (higher: answers higher than the average judge)."""
         self._require_fitted()
         return dict(self._models[question or self.main_question].offsets)
+
+    def features_from_judgement(self, judgement: Judgement) -> np.ndarray:
+        """``x`` for one conversation from a judge's `Judgement` (questions the model does not read are zeros)."""
+        self._require_fitted()
+        missing = [q for q in self.question_ids_ if q not in judgement.answers]
+        if missing:
+            raise CalibrationError(
+                f"judgement for {judgement.conversation_id!r} lacks answers to {missing}; the calibrator needs {self.question_ids_}"
+            )
+        inputs = set(self.question_ids_)
+        row: list[float] = []
+        for question, k in self._layout.items():
+            row.extend(judgement.probability_vector([question], self._layout) if question in inputs else [0.0] * k)
+        return np.asarray(row, dtype=np.float64)
+
+    def predict_judgement(
+        self, judgement: Judgement, judges: Sequence[str] | None = None, questions: Sequence[str] | None = None
+    ) -> dict[str, Prediction]:
+        """Per-question predictions for one judged conversation (one row each).
+
+        With ``judges`` the predictions are the mixture over that trusted set; without, the average
+        judge's (no offset).
+        """
+        x = self.features_from_judgement(judgement)[None, :]
+        wanted = list(questions or self._models)
+        if not judges:
+            return {q: self.predict_proba(x, q) for q in wanted}
+        unknown = [j for j in judges if j not in self.judges_]
+        if unknown:
+            raise CalibrationError(f"judges {unknown} were not in the training data; known: {self.judges_}")
+        out = {}
+        for q in wanted:
+            parts = [self.predict_proba(x, q, j) for j in judges]
+            out[q] = Prediction(q, np.mean([p.probabilities for p in parts], axis=0), parts[0].values)
+        return out
+
+    # -- persistence ---------------------------------------------------------
+
+    def _metadata(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "hyperparameters": self.get_params(),
+            "layout": [[q, k] for q, k in self._layout.items()],
+            "scale": {"mean": self._mean.tolist(), "sd": self._sd.tolist()},
+            "models": {q: m.as_json() for q, m in self._models.items()},
+            "training_data_hash": self.training_data_hash_,
+        }
+
+    def _compute_version(self) -> str:
+        return hashlib.sha256(json.dumps(self._metadata(), sort_keys=True).encode()).hexdigest()[:VERSION_HEX_CHARS]
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``calibrator.json`` (every parameter, in plain JSON) into directory ``path``."""
+        self._require_fitted()
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        write_json(path / METADATA_FILE, {**self._metadata(), "version": self.version_})
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> OrdinalCalibrator:
+        """Load a calibrator saved by `save`; any mismatch raises `CalibrationFileError`."""
+        meta_path = Path(path) / METADATA_FILE
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CalibrationFileError(f"{path}: cannot read calibrator: {e}") from e
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+            raise CalibrationFileError(f"{meta_path}: not a {FORMAT_NAME} file")
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise CalibrationFileError(f"{meta_path}: format_version {meta.get('format_version')!r}, expected {FORMAT_VERSION}")
+        try:
+            model = cls(**meta["hyperparameters"])
+            layout = {str(q): int(k) for q, k in meta["layout"]}
+            model._set_layout(layout, model.input_questions or tuple(layout))
+            model._mean = np.asarray(meta["scale"]["mean"], dtype=np.float64)
+            model._sd = np.asarray(meta["scale"]["sd"], dtype=np.float64)
+            model._models = {str(q): _LinkModel.from_json(m) for q, m in meta["models"].items()}
+            model.training_data_hash_ = str(meta["training_data_hash"])
+            version = meta["version"]
+        except (TypeError, ValueError, KeyError, AttributeError, CalibrationError) as e:
+            raise CalibrationFileError(f"{meta_path}: inconsistent calibrator: {e!r}") from e
+        width = len(model._raw_features(np.zeros((1, sum(layout.values()))))[0])
+        shapes = [len(model._mean), len(model._sd), *(len(m.weights) for m in model._models.values())]
+        if not model._models or any(n != width for n in shapes):
+            raise CalibrationFileError(f"{meta_path}: scale and weights do not match the {width} features of its layout")
+        model.version_ = model._compute_version()
+        if model.version_ != version:
+            raise CalibrationFileError(f"{meta_path}: version {version!r} does not match its content ({model.version_})")
+        return model

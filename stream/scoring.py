@@ -26,7 +26,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from scorers.calibration import CalibrationError, CalibrationNetwork
+from scorers.calibration import CalibrationError
+from scorers.calibrators import Calibrator
 from scorers.early_stopping import EarlyStoppedScore, EarlyStoppingScorer, ScoreMoments
 from scorers.judges.base import Judge, JudgeError
 from scorers.questions import Question, load_questions
@@ -49,9 +50,7 @@ def judge_identity(judge: Judge) -> str:
     return f"{judge.name}:{model}" if model else judge.name
 
 
-def scoring_questions(
-    rubric_set: RubricSet, calibrator: CalibrationNetwork | None, questions_file: Path | None
-) -> tuple[Question, ...]:
+def scoring_questions(rubric_set: RubricSet, calibrator: Calibrator | None, questions_file: Path | None) -> tuple[Question, ...]:
     """The questions to ask: the rubric set's, then the calibrator's others (texts from ``questions_file``)."""
     asked = {q.id: q for q in rubric_set.questions()}
     if calibrator is None:
@@ -90,7 +89,7 @@ class ConversationScorer:
         self,
         judge: Judge,
         rubric_set: RubricSet,
-        calibrator: CalibrationNetwork | None,
+        calibrator: Calibrator | None,
         settings: ScoringSettings,
         metrics: ServiceMetrics,
         questions: Sequence[Question] | None = None,

@@ -6,7 +6,7 @@ import logging
 import signal
 import threading
 
-from scorers.calibration import CalibrationNetwork
+from scorers.calibrators import load_calibrator
 from scorers.rubrics import RubricSet
 from stream.judge_factory import judge_from_settings
 from stream.metrics import ServiceMetrics
@@ -24,7 +24,7 @@ def build_scorer(settings: Settings, metrics: ServiceMetrics) -> ConversationSco
             "no rubric set: set rubric_set (CONVOWATCH_RUBRIC_SET) to a file from `convowatch rubrics fit` or `convowatch learn`"
         )
     rubric_set = RubricSet.load(settings.rubric_set)
-    calibrator = CalibrationNetwork.load(settings.calibrator) if settings.calibrator is not None else None
+    calibrator = load_calibrator(settings.calibrator) if settings.calibrator is not None else None
     judge = judge_from_settings(settings.judge, settings.cache_dir)
     return ConversationScorer(judge, rubric_set, calibrator, settings.scoring, metrics, price=settings.judge.price)
 

@@ -335,15 +335,28 @@ def calibrate() -> None:
 @calibrate.command("train")
 @_calibration_options
 @click.option(
-    "--questions", type=_FILE, required=True, help="questions.json: every question's options (the network's inputs and outputs)."
+    "--questions",
+    type=_FILE,
+    required=True,
+    help="questions.json: every question's options (the calibrator's inputs and outputs).",
 )
-@click.option("--main-question", default="Q0", show_default=True, help="The question fine-tuned last (overall satisfaction).")
+@click.option("--main-question", default="Q0", show_default=True, help="The question that matters most (overall satisfaction).")
+@click.option(
+    "--model",
+    "kind",
+    type=click.Choice(["ordinal", "network"]),
+    default="ordinal",
+    show_default=True,
+    help="ordinal: a cumulative-link model per ordinal question (transfers best, docs/calibration.md); "
+    "network: LLM-Rubric's calibration network.",
+)
 @click.option(
     "--grid",
-    type=click.Choice(["paper", "small", "none"]),
-    default="small",
+    type=click.Choice(["default", "paper", "small", "none"]),
+    default="default",
     show_default=True,
-    help="Hyperparameter grid searched by k-fold CV: paper (64 candidates), small (6), none (defaults).",
+    help="Hyperparameters searched by k-fold CV. ordinal: default (its two penalties, 25 candidates) or none; "
+    "network: default = small (6 candidates), paper (64), none.",
 )
 @click.option(
     "--folds", type=click.IntRange(2, 20), default=5, show_default=True, help="Cross-validation folds (split by conversation)."
@@ -353,9 +366,9 @@ def calibrate() -> None:
     type=click.IntRange(1, 50),
     default=1,
     show_default=True,
-    help="Networks trained from different seeds and averaged (an ensemble).",
+    help="network only: networks trained from different seeds and averaged (an ensemble).",
 )
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Fold split (and the network's initialisation).")
 @click.option(
     "--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Directory to write the calibrator to."
 )
@@ -365,18 +378,20 @@ def calibrate_train(
     questions: Path,
     main_question: str,
     optional_questions: str,
+    kind: str,
     grid: str,
     folds: int,
     members: int,
     seed: int,
     out: Path,
 ) -> None:
-    """Train a calibration network on judge answers paired with human labels.
+    """Train a calibrator on judge answers paired with human labels.
 
     \b
-    1. choose hyperparameters by k-fold cross-validation (--grid),
-    2. pre-train on every question, then fine-tune on --main-question,
-    3. save weights + metadata (questions, judges, data hash) to --out.
+    1. choose hyperparameters by k-fold cross-validation on --main-question (--grid),
+    2. fit (ordinal: one model per ordinal question; network: pre-train on
+       every question, then fine-tune on --main-question),
+    3. save it with its metadata (questions, judges, data hash) to --out.
 
     \b
     Example (LLM-Rubric's synthetic data):
@@ -387,15 +402,23 @@ def calibrate_train(
     """
     from scorers.calibration import CalibrationNetwork
     from scorers.calibration_selection import NAMED_GRIDS, parameter_grid, select_hyperparameters
+    from scorers.ordinal_calibration import PENALTY_GRID, OrdinalCalibrator
 
     n_options = {q.id: q.n_options for q in load_questions(questions).values()}
     if main_question not in n_options:
         raise RubricDataError(f"--main-question {main_question!r} is not in {questions} ({', '.join(n_options)})")
+    if kind == "ordinal" and (grid in ("paper", "small") or members != 1):
+        raise click.UsageError("--grid paper/small and --members are options of --model network")
     data = _load_calibration_data(judge_answers, human_labels, n_options, optional_questions)
-    base = CalibrationNetwork(main_question=main_question, seed=seed)
+    base: CalibrationNetwork | OrdinalCalibrator
+    if kind == "ordinal":
+        base = OrdinalCalibrator(main_question=main_question)
+        candidates = PENALTY_GRID
+    else:
+        base = CalibrationNetwork(main_question=main_question, seed=seed)
+        candidates = NAMED_GRIDS["small" if grid == "default" else grid] if grid != "none" else {}
     params: dict = {}
     if grid != "none":
-        candidates = NAMED_GRIDS[grid]
         with _progress(None, f"cross-validating ({folds} folds)", length=len(parameter_grid(candidates))) as bar:
             search = select_hyperparameters(
                 data, candidates, base=base, k=folds, seed=seed, on_candidate=lambda i, n, p, s: bar.update(1)
@@ -403,15 +426,20 @@ def calibrate_train(
         params = dict(search.best_params)
         chosen = {k: params[k] for k in candidates}
         click.echo(f"chosen by {folds}-fold CV: {chosen}; CV {_score_line(search.best_scores)}", err=True)
-    model = base.clone(**{**params, "n_members": members})
-    with _progress(None, "training", length=_training_steps(model)) as bar:
-        model.fit(data, progress=lambda p: bar.update(1))
+    model: CalibrationNetwork | OrdinalCalibrator
+    if isinstance(base, OrdinalCalibrator):
+        ordinal = [q for q in data.question_ids if q not in base.nominal_inputs and data.labels_for(q)]
+        model = base.clone(**{**params, "questions": ordinal}).fit(data)
+        click.echo(
+            f"fitted questions {', '.join(ordinal)} (not ordinal, not predicted: {', '.join(base.nominal_inputs)})", err=True
+        )
+    else:
+        network = base.clone(**{**params, "n_members": members})
+        with _progress(None, "training", length=network.n_members * (network.pretrain_epochs + network.finetune_epochs)) as bar:
+            network.fit(data, progress=lambda p: bar.update(1))
+        model = network
     model.save(out)
     click.echo(f"wrote calibrator {model.version_} to {out}")
-
-
-def _training_steps(model) -> int:
-    return model.n_members * (model.pretrain_epochs + model.finetune_epochs)
 
 
 @calibrate.command("evaluate")
@@ -435,10 +463,10 @@ def calibrate_evaluate(
     any predictor with that Pearson could reach on these labels.
     """
     from scorers import statistics
-    from scorers.calibration import CalibrationNetwork
     from scorers.calibration_selection import predict_labels
+    from scorers.calibrators import load_calibrator
 
-    model = CalibrationNetwork.load(calibrator)
+    model = load_calibrator(calibrator)
     data = _load_calibration_data(judge_answers, human_labels, dict(model.n_options_), optional_questions)
     held = predict_labels(model, data, question)
     scores = held.scores()

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import copy
+import json
+
 import numpy as np
 import pytest
 from scipy.optimize import check_grad
 from scipy.special import expit
 
-from scorers.calibration import CalibrationError
+from scorers.calibration import METADATA_FILE, CalibrationError, CalibrationFileError
 from scorers.calibration_selection import cross_validate, select_hyperparameters
+from scorers.calibrators import load_calibrator
 from scorers.datasets.llm_rubric import Label, RubricData
+from scorers.judges.base import Answer, Judgement, Provenance
 from scorers.ordinal_calibration import OrdinalCalibrator, _LinkProblem
 
 QUESTIONS = ("Q0", "Q1", "Q8")
@@ -17,6 +22,7 @@ N_OPTIONS = {"Q0": 4, "Q1": 4, "Q8": 3}
 TRUE_WEIGHTS = np.array([1.5, -0.8])  # on the standardised expected answers of Q0 and Q1
 TRUE_CUTS = np.array([-1.5, 0.0, 1.5])
 TRUE_OFFSETS = {"lo": -1.0, "mid": 0.0, "hi": 1.0}
+PROVENANCE = Provenance(judge="test", model="test")
 
 
 def _block(expected: float) -> np.ndarray:
@@ -141,3 +147,60 @@ def test_bad_inputs_are_clear_errors(train: RubricData, model: OrdinalCalibrator
         model.predict_proba(np.zeros((1, 11)), "Q0", ["lo", "hi"])
     with pytest.raises(CalibrationError, match="at least 2 unlabelled"):
         model.clone().fit(train).adapt_features(np.zeros((1, 11)))
+
+
+def test_save_load_round_trip_gives_identical_predictions_and_any_kind_loads(tmp_path, model: OrdinalCalibrator) -> None:
+    saved = model.save(tmp_path / "c")
+    loaded = load_calibrator(saved)
+    assert isinstance(loaded, OrdinalCalibrator) and loaded.version_ == model.version_
+    x = np.random.default_rng(5).dirichlet(np.ones(11), size=20)
+    for judge in ("lo", None, "nobody"):
+        assert np.array_equal(
+            loaded.predict_proba(x, "Q0", judge).probabilities, model.predict_proba(x, "Q0", judge).probabilities
+        )
+    adapted = OrdinalCalibrator.load(saved).adapt_features(x)
+    assert adapted.version_ != model.version_  # the scale is part of what the version names
+
+
+def test_corrupted_or_mismatched_files_are_rejected(tmp_path, model: OrdinalCalibrator) -> None:
+    good = json.loads((model.save(tmp_path / "good") / METADATA_FILE).read_text())
+    for name, edit, message in (
+        ("weights", lambda m: m["models"]["Q0"]["weights"].append(1.0), "do not match"),
+        ("weight", lambda m: m["models"]["Q0"]["weights"].__setitem__(0, 9.0), "version"),
+        ("cuts", lambda m: m["models"]["Q0"].update(cuts=[1.0, 0.0, 2.0]), "increasing"),
+        ("layout", lambda m: m.update(layout=[["Q0", 4]]), "inconsistent|do not match"),
+        ("format", lambda m: m.update(format="something-else"), "not a"),
+        ("fields", lambda m: m.pop("scale"), "inconsistent"),
+        ("params", lambda m: m["hyperparameters"].update(weight_decay=-1), "inconsistent"),
+    ):
+        meta = copy.deepcopy(good)
+        edit(meta)
+        (tmp_path / name).mkdir()
+        (tmp_path / name / METADATA_FILE).write_text(json.dumps(meta))
+        with pytest.raises(CalibrationFileError, match=message):
+            OrdinalCalibrator.load(tmp_path / name)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / METADATA_FILE).write_text(json.dumps({"format": "pickle"}))
+    with pytest.raises(CalibrationFileError, match="neither"):
+        load_calibrator(tmp_path / "other")
+    with pytest.raises(CalibrationFileError, match="cannot read"):
+        load_calibrator(tmp_path / "absent")
+
+
+def test_predictions_from_a_judgement_read_only_its_inputs_and_mix_trusted_judges(train: RubricData) -> None:
+    model = OrdinalCalibrator(input_questions=("Q1",), questions=("Q0", "Q1")).fit(train)
+    assert model.question_ids_ == ("Q1",)  # the worker asks the judge only this
+    tid = train.text_ids[0]
+    x = np.asarray(train.features[tid])
+    judgement = Judgement(tid, {"Q1": Answer("Q1", tuple(x[4:8]))}, PROVENANCE)
+    assert np.array_equal(model.features_from_judgement(judgement), np.concatenate([np.zeros(4), x[4:8], np.zeros(3)]))
+    plain = model.predict_judgement(judgement)
+    assert sorted(plain) == ["Q0", "Q1"]
+    assert np.allclose(plain["Q0"].probabilities, model.predict_proba(x, "Q0").probabilities)
+    trusted = model.predict_judgement(judgement, judges=["lo", "hi"], questions=["Q0"])
+    mixture = np.mean([model.predict_proba(x, "Q0", j).probabilities for j in ("lo", "hi")], axis=0)
+    assert list(trusted) == ["Q0"] and np.allclose(trusted["Q0"].probabilities, mixture)
+    with pytest.raises(CalibrationError, match="not in the training data"):
+        model.predict_judgement(judgement, judges=["stranger"])
+    with pytest.raises(CalibrationError, match="lacks answers"):
+        model.predict_judgement(Judgement(tid, {}, PROVENANCE))

@@ -29,6 +29,7 @@ from scorers.datasets.llm_rubric import (
 from scorers.early_stopping import MOMENTS_KEY, ScoreMoments
 from scorers.judges.base import Judgement, JudgeUnavailable
 from scorers.judges.recorded import RecordedJudge
+from scorers.ordinal_calibration import OrdinalCalibrator
 from scorers.questions import Question
 from scorers.rubrics import RubricSet
 from stream.assembly import ConversationAssembler
@@ -270,6 +271,23 @@ def test_trusted_judges_aggregate_the_calibrated_prediction(judge, rubric_set, c
     )
     expected = np.mean([calibrator.predict_proba(x, "Q0", j).probabilities[0] for j in trusted], axis=0)  # the mixture
     assert record.main_probabilities == pytest.approx(tuple(expected))
+
+
+def test_the_default_ordinal_calibrator_scores_every_ordinal_dimension(judge, rubric_set, conversation) -> None:
+    synth = load_split(DATA, "synth")
+    ordinal = OrdinalCalibrator(questions=DIMENSIONS[:-1]).fit(synth)  # Q8 is not ordinal
+    trusted = list(ordinal.judges_[:3])
+    record = score(
+        ConversationScorer(judge, rubric_set, ordinal, fast_retries(trusted_judges=trusted), ServiceMetrics()), conversation
+    )
+    assert record.status == "scored" and record.calibrator_version == ordinal.version_
+    assert [d.question_id for d in record.dimensions] == DIMENSIONS[:-1]
+    x = ordinal.features_from_judgement(
+        judge.judge(conversation.to_conversation(), scoring_questions(rubric_set, ordinal, QUESTIONS))
+    )
+    expected = np.mean([ordinal.predict_proba(x, "Q0", j).probabilities[0] for j in trusted], axis=0)
+    assert record.main_probabilities == pytest.approx(tuple(expected))
+    assert record.dissatisfaction_probability == pytest.approx(expected[0] + expected[1])
 
 
 def test_an_unknown_trusted_judge_is_refused_at_start_up(judge, rubric_set, calibrator) -> None:
