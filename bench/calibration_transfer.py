@@ -29,6 +29,15 @@ Protocol, fixed before any real figure was looked at:
   the unadapted candidates (CV cannot see a domain shift, so it cannot choose
   adaptation); the adapted variants are reported beside it as measured options.
 
+Few-shot adaptation (``OrdinalCalibrator.adapt``, ``convowatch calibrate adapt``):
+the default adapted to k = 25, 50, 100 real conversations, its strength chosen
+by CV on those k alone, tested on the real conversations outside every k of
+the split; 20 random splits.
+
+Beside the table: how well the worker's P(dissatisfied) (the default as
+``convowatch calibrate train`` fits it, the average judge) separates the real
+conversations humans rate Q0 ≤ 2, as an AUROC with its bootstrap CI.
+
 Run: ``.venv/bin/python bench/calibration_transfer.py`` (a few minutes);
 writes ``bench/results/calibration_transfer.json`` and prints the table.
 """
@@ -53,7 +62,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 import llm_rubric_table1 as table1  # noqa: E402
 
 from scorers import statistics  # noqa: E402
-from scorers.calibration_selection import predict_labels, select_hyperparameters  # noqa: E402
+from scorers.calibration_selection import (  # noqa: E402
+    predict_labels,
+    select_adaptation_strength,
+    select_hyperparameters,
+)
 from scorers.datasets.llm_rubric import MAIN_QUESTION, QUESTION_IDS, RubricData, load_split  # noqa: E402
 from scorers.ordinal_calibration import PENALTY_GRID, OrdinalCalibrator  # noqa: E402
 
@@ -70,6 +83,9 @@ CANDIDATES: dict[str, tuple[tuple[str, ...], bool]] = {
     "ordinal_adapted": (QUESTION_IDS, True),
     "ordinal_q0_only_adapted": ((MAIN_QUESTION,), True),
 }
+ADAPTATION_SIZES = (0, 25, 50, 100)  # real conversations a team labels
+ADAPTATION_SPLITS = 20
+DISSATISFIED_MAX = 2  # Q0 ≤ 2 is dissatisfied, as the worker's scoring.dissatisfied_max_value
 PER_DIMENSION_QUESTIONS = ("Q0", "Q1", "Q2", "Q3", "Q4", "Q5", "Q6", "Q7")  # Q8 is not ordinal
 CI_METRICS = ("pearson", "spearman", "kendall", "rmse")
 
@@ -141,6 +157,65 @@ def run(synth: RubricData, real: RubricData) -> dict[str, Any]:
     return results
 
 
+def separation(synth: RubricData, real: RubricData) -> dict[str, Any]:
+    """What the worker reports: the default calibrator as `convowatch calibrate train` fits it (CV seed 0),
+    the average judge's P(Q0 ≤ 2) per real conversation, against the humans' Q0 ≤ 2."""
+    params, _ = choose(QUESTION_IDS, synth, SEEDS[0])
+    model = OrdinalCalibrator(**params).fit(synth)
+    labels = real.labels_for(MAIN_QUESTION)
+    x = np.stack([real.features[lab.text_id] for lab in labels])
+    p_dsat = model.predict_proba(x, MAIN_QUESTION).prob_at_most(DISSATISFIED_MAX)
+    humans_dsat = np.array([lab.answer <= DISSATISFIED_MAX for lab in labels])
+    return {
+        "n": len(labels),
+        "n_humans_dissatisfied": int(humans_dsat.sum()),
+        "mean_p_dsat_humans_dissatisfied": float(p_dsat[humans_dsat].mean()),
+        "mean_p_dsat_others": float(p_dsat[~humans_dsat].mean()),
+        "mean_p_dsat": float(p_dsat.mean()),
+        "auroc": statistics.bootstrap_ci(
+            lambda p, h: statistics.auroc(p, h.astype(bool)), p_dsat, humans_dsat, n_samples=table1.BOOTSTRAP_SAMPLES, seed=0
+        ).as_dict(),
+    }
+
+
+def adaptation_curve(synth: RubricData, real: RubricData) -> dict[str, Any]:
+    """Few-shot adaptation: the default adapted to k real conversations, tested on real ones it never saw.
+
+    Each of `ADAPTATION_SPLITS` random orders of the real conversations puts the last
+    ``n − max(k)`` aside as the test set (the same for every k of that split); the first k adapt the
+    model, with the strength chosen by 5-fold CV on those k alone.
+    """
+    params, _ = choose(QUESTION_IDS, synth, SEEDS[0])
+    base = OrdinalCalibrator(**params).fit(synth)
+    ids = sorted({lab.text_id for lab in real.labels_for(MAIN_QUESTION)})
+    runs: dict[int, list[dict[str, float]]] = {k: [] for k in ADAPTATION_SIZES}
+    strengths: dict[int, list[float]] = {k: [] for k in ADAPTATION_SIZES if k}
+    for split in range(ADAPTATION_SPLITS):
+        order = [ids[i] for i in np.random.default_rng(split).permutation(len(ids))]
+        test = real.subset(order[max(ADAPTATION_SIZES) :])
+        for k in ADAPTATION_SIZES:
+            model = base
+            if k:
+                shots = real.subset(order[:k])
+                strength, _ = select_adaptation_strength(base, shots, seed=split)
+                strengths[k].append(strength)
+                model = base.adapt(shots, strength)
+            held = predict_labels(model, test, MAIN_QUESTION)
+            scores = statistics.agreement(held.answers, held.expected_value)
+            scores["smece"] = statistics.smece_multiclass(held.probabilities, held.answers)
+            runs[k].append(scores)
+        log(f"adaptation split {split}: " + ", ".join(f"k={k} r={runs[k][-1]['pearson']:.3f}" for k in ADAPTATION_SIZES))
+    out: dict[str, Any] = {"splits": ADAPTATION_SPLITS, "test_conversations": len(ids) - max(ADAPTATION_SIZES)}
+    for k in ADAPTATION_SIZES:
+        summary = table1.summarise(runs[k])
+        for metric in ("pearson", "spearman", "rmse", "smece"):
+            values = summary[metric + "_per_seed"]
+            summary[metric + "_range95"] = [float(np.quantile(values, 0.025)), float(np.quantile(values, 0.975))]
+        summary["strengths_chosen"] = strengths.get(k, [])
+        out[f"k={k}"] = summary
+    return out
+
+
 def baselines(synth: RubricData, real: RubricData) -> dict[str, Any]:
     """Judge mean, expected LLM answer and constant on real Q0 (and the judge mean per dimension)."""
     labels = real.labels_for(MAIN_QUESTION)
@@ -190,6 +265,23 @@ def print_report(results: dict[str, Any]) -> None:
         f"{'judge mean (baseline)':26} {jm['pearson']:>15.3f} {ci['low']:.3f}–{ci['high']:.3f} {jm['spearman']:>15.3f} {jm['rmse']:>15.3f}"
     )
     print(f"default (lowest synthetic CV RMSE, unadapted): {results['default']}")
+    adaptation = results["adaptation"]
+    print(
+        f"\nadaptation to k real conversations ({adaptation['splits']} random splits, tested on {adaptation['test_conversations']} others)"
+    )
+    for k in ADAPTATION_SIZES:
+        a = adaptation[f"k={k}"]
+        low, high = a["pearson_range95"]
+        print(
+            f"  k={k:<4} Pearson {_cell(a, 'pearson')} (2.5-97.5 %: {low:.3f}-{high:.3f})  Spearman {_cell(a, 'spearman')}  "
+            f"RMSE {_cell(a, 'rmse')}  smECE {_cell(a, 'smece')}"
+        )
+    sep = results["separation"]
+    print(
+        f"worker's P(dsat) (default, average judge): {sep['mean_p_dsat_humans_dissatisfied']:.3f} on the "
+        f"{sep['n_humans_dissatisfied']} conversations humans rate Q0 <= 2, {sep['mean_p_dsat_others']:.3f} on the rest; "
+        f"AUROC {sep['auroc']['estimate']:.3f} ({sep['auroc']['low']:.3f}-{sep['auroc']['high']:.3f})"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     synth, real = load_split(args.data_dir, "synth"), load_split(args.data_dir, "real")
     results = run(synth, real)
     results["baselines"] = baselines(synth, real)
+    results["separation"] = separation(synth, real)
+    results["adaptation"] = adaptation_curve(synth, real)
     results["network"] = network_figures()
     results["run"] = {
         "command": table1.command_line(),

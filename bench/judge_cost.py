@@ -85,7 +85,7 @@ from scorers.judges.openai_http import OpenAIJudge  # noqa: E402
 from scorers.judges.prompt import single_question_prompt  # noqa: E402
 from scorers.questions import Question  # noqa: E402
 from scorers.rubrics import RubricSet, evaluate  # noqa: E402
-from scorers.statistics import bootstrap_ci  # noqa: E402
+from scorers.statistics import auroc, bootstrap_ci  # noqa: E402
 from stream.sampling import SamplingPolicy, horvitz_thompson_mean  # noqa: E402
 
 OUTPUT = ROOT / "bench" / "results" / "judge_cost.json"
@@ -325,16 +325,6 @@ def run_uncached(
 
 
 # ---------------------------------------------------------------------------- figures
-
-
-def auroc(scores: np.ndarray, positive: np.ndarray) -> float:
-    """P(score of a random positive > a random negative), ties counting half."""
-    pos, neg = scores[positive], scores[~positive]
-    if len(pos) == 0 or len(neg) == 0:
-        return math.nan
-    greater = (pos[:, None] > neg[None, :]).mean()
-    ties = (pos[:, None] == neg[None, :]).mean()
-    return float(greater + 0.5 * ties)
 
 
 def ci(metric: Callable[..., float], *arrays: np.ndarray) -> dict[str, float] | None:

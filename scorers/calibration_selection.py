@@ -19,6 +19,7 @@ from scorers import statistics
 from scorers.calibration import CalibrationError, CalibrationNetwork
 from scorers.calibrators import Calibrator
 from scorers.datasets.llm_rubric import Label, RubricData
+from scorers.ordinal_calibration import MIN_ADAPTATION_CONVERSATIONS, OrdinalCalibrator
 
 CV_CRITERIA = {"rmse": False, "nll": False, "pearson": True, "spearman": True}  # name -> higher is better
 
@@ -203,3 +204,29 @@ def select_hyperparameters(
     return HyperparameterSearch(
         best_params={**base.get_params(), **best["params"]}, criterion=criterion, results=results, best_scores=best["scores"]
     )
+
+
+ADAPTATION_STRENGTHS: tuple[float, ...] = (1.0, 10.0, 100.0, 1000.0)
+
+
+def select_adaptation_strength(
+    model: OrdinalCalibrator, data: RubricData, strengths: Sequence[float] = ADAPTATION_STRENGTHS, k: int = 5, seed: int = 0
+) -> tuple[float, dict[float, float]]:
+    """The strength whose adapted copies best predict held-out labels of ``data`` (k folds by conversation,
+    RMSE of the main question), and every strength's RMSE. Only ``data`` is used: a team's own labels."""
+    question = model.main_question
+    folds = conversation_folds([lab.text_id for lab in data.labels_for(question)], k, seed)
+    smallest = min(len(train) for train, _ in folds)
+    if smallest < MIN_ADAPTATION_CONVERSATIONS:
+        raise CalibrationError(
+            f"too few labelled conversations to choose an adaptation strength by {k}-fold CV "
+            f"(a fold trains on {smallest}, adapting needs {MIN_ADAPTATION_CONVERSATIONS}); give the strength instead"
+        )
+    scores = {}
+    for strength in strengths:
+        errors = []
+        for train_ids, test_ids in folds:
+            held = predict_labels(model.adapt(data.subset(train_ids), strength), data.subset(test_ids), question)
+            errors.append(held.expected_value - held.answers)
+        scores[strength] = float(np.sqrt(np.mean(np.concatenate(errors) ** 2)))
+    return min(scores, key=lambda s: scores[s]), scores

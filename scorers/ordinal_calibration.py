@@ -53,6 +53,7 @@ FORMAT_VERSION = 1
 MIN_SD = 1e-6  # a feature constant over the training conversations is centred, not scaled
 MIN_PROBABILITY = 1e-12
 MAX_ITERATIONS = 1000
+MIN_ADAPTATION_CONVERSATIONS = 10  # fewer labelled conversations cannot say anything the prior does not
 
 
 class _LinkModel:
@@ -87,7 +88,11 @@ def _cuts(params: np.ndarray) -> np.ndarray:
 
 
 class _LinkProblem:
-    """The penalised negative log-likelihood of one question's labels and its gradient."""
+    """The penalised negative log-likelihood of one question's labels and its gradient.
+
+    The penalty is ``Σ precision_i · (θ_i − centre_i)²`` over the parameter vector ``θ = [w, b, c_1,
+    log gaps]``: towards 0 when fitting from scratch, towards a fitted model's parameters when adapting it.
+    """
 
     def __init__(
         self,
@@ -96,11 +101,12 @@ class _LinkProblem:
         judge_index: np.ndarray,
         n_judges: int,
         k: int,
-        weight_decay: float,
-        judge_shrinkage: float,
+        precision: np.ndarray,
+        centre: np.ndarray | None = None,
     ) -> None:
         self.z, self.y, self.judge_index, self.n_judges, self.k = z, y, judge_index, n_judges, k
-        self.weight_decay, self.judge_shrinkage = weight_decay, judge_shrinkage
+        self.precision = precision
+        self.centre = np.zeros_like(precision) if centre is None else centre
 
     def split(self, params: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(w, b, cut parameters)``."""
@@ -126,22 +132,16 @@ class _LinkProblem:
         f_lower = np.where(has_lower, expit(cuts[lower] - eta), 0.0)
         p = np.maximum(f_upper - f_lower, MIN_PROBABILITY)
         d_upper, d_lower = f_upper * (1 - f_upper) / p, f_lower * (1 - f_lower) / p
-        value = -np.log(p).sum() + self.weight_decay * w @ w + self.judge_shrinkage * b @ b
+        away = params - self.centre
+        value = -np.log(p).sum() + float(self.precision @ away**2)
         d_eta = d_upper - d_lower
         d_cuts = np.bincount(upper[has_upper], -d_upper[has_upper], k - 1) + np.bincount(
             lower[has_lower], d_lower[has_lower], k - 1
         )
         # c_j = c_1 + Σ_{i≤j} exp(g_i): c_1 moves every cut, g_i the cuts from the i-th on
         d_gaps = np.exp(cut_params[1:]) * np.cumsum(d_cuts[::-1])[::-1][1:]
-        grad = np.concatenate(
-            [
-                self.z.T @ d_eta + 2 * self.weight_decay * w,
-                np.bincount(self.judge_index, d_eta, self.n_judges) + 2 * self.judge_shrinkage * b,
-                [d_cuts.sum()],
-                d_gaps,
-            ]
-        )
-        return value / n, grad / n
+        grad = np.concatenate([self.z.T @ d_eta, np.bincount(self.judge_index, d_eta, self.n_judges), [d_cuts.sum()], d_gaps])
+        return value / n, (grad + 2 * self.precision * away) / n
 
 
 class OrdinalCalibrator:
@@ -178,6 +178,7 @@ class OrdinalCalibrator:
         self._mean = np.zeros(0)
         self._sd = np.ones(0)
         self.training_data_hash_ = ""
+        self.adaptation_: list[dict[str, Any]] = []  # each `adapt` that made this model: strength, labels, data hash
         self.version_ = ""
 
     def get_params(self) -> dict[str, Any]:
@@ -281,16 +282,65 @@ class OrdinalCalibrator:
         self.version_ = self._compute_version()
         return self
 
-    def _fit_one(self, z: np.ndarray, y: np.ndarray, judges: list[str], k: int) -> _LinkModel:
-        names = sorted(set(judges))
-        problem = _LinkProblem(
-            z, y, np.array([names.index(j) for j in judges]), len(names), k, self.weight_decay, self.judge_shrinkage
-        )
-        result = minimize(problem.loss, problem.start(), jac=True, method="L-BFGS-B", options={"maxiter": MAX_ITERATIONS})
+    def _fit_one(
+        self, z: np.ndarray, y: np.ndarray, judges: list[str], k: int, prior: _LinkModel | None = None, strength: float = 0.0
+    ) -> _LinkModel:
+        """Fit from scratch, or, with ``prior``, pulled towards its parameters with precision ``strength``."""
+        names = sorted(set(judges) | (set(prior.offsets) if prior is not None else set()))
+        d, m = z.shape[1], len(names)
+        if prior is None:
+            precision = np.concatenate([np.full(d, self.weight_decay), np.full(m, self.judge_shrinkage), np.zeros(k - 1)])
+            centre = None
+        else:
+            precision = np.concatenate([np.full(d, strength), np.full(m, self.judge_shrinkage), np.full(k - 1, strength)])
+            gaps = np.log(np.diff(prior.cuts))
+            centre = np.concatenate([prior.weights, [prior.offsets.get(n, 0.0) for n in names], prior.cuts[:1], gaps])
+        problem = _LinkProblem(z, y, np.array([names.index(j) for j in judges]), m, k, precision, centre)
+        start = problem.start() if centre is None else centre
+        result = minimize(problem.loss, start, jac=True, method="L-BFGS-B", options={"maxiter": MAX_ITERATIONS})
         if not result.success or not np.all(np.isfinite(result.x)):
             raise CalibrationError(f"the cumulative-link fit did not converge: {result.message}")
         w, b, cut_params = problem.split(result.x)
         return _LinkModel(w, _cuts(cut_params), {name: float(v) for name, v in zip(names, b)})
+
+    def adapt(self, data: RubricData, strength: float) -> OrdinalCalibrator:
+        """A copy refitted on a team's own labels, every parameter pulled towards this model's.
+
+        ``strength`` is the prior's precision per parameter against the labels' summed log-likelihood:
+        with a few labels the copy stays near this model, with many it follows the labels. The feature
+        scale is kept, so the weights keep their meaning. Judges' offsets are shrunk as in `fit`
+        (towards their offset here, or 0 for a new judge). Questions without labels in ``data`` are kept.
+        """
+        self._require_fitted()
+        if strength <= 0:
+            raise CalibrationError(f"the adaptation strength must be > 0, got {strength}")
+        conversations = len({lab.text_id for lab in data.labels if lab.question == self.main_question})
+        if conversations < MIN_ADAPTATION_CONVERSATIONS:
+            raise CalibrationError(
+                f"adapting needs at least {MIN_ADAPTATION_CONVERSATIONS} conversations labelled on "
+                f"{self.main_question}, got {conversations}"
+            )
+        missing = [q for q in self._layout if q not in data.n_options or data.n_options[q] != self._layout[q]]
+        if missing or tuple(data.question_ids) != tuple(self._layout):
+            raise CalibrationError(
+                f"the labels' questions {list(data.question_ids)} are not the calibrator's {list(self._layout)}"
+            )
+        adapted = OrdinalCalibrator.load_metadata(self._metadata())
+        for question, model in self._models.items():
+            labels = data.labels_for(question)
+            if not labels:
+                continue
+            z = self._standardise(self._raw_features(np.stack([data.features[lab.text_id] for lab in labels])))
+            y = np.array([lab.answer for lab in labels])
+            adapted._models[question] = self._fit_one(
+                z, y, [lab.judge for lab in labels], self._layout[question], model, strength
+            )
+        adapted.adaptation_ = [
+            *self.adaptation_,
+            {"strength": strength, "conversations": conversations, "data_hash": data.content_hash()},
+        ]
+        adapted.version_ = adapted._compute_version()
+        return adapted
 
     # -- prediction ----------------------------------------------------------
 
@@ -368,6 +418,7 @@ class OrdinalCalibrator:
             "scale": {"mean": self._mean.tolist(), "sd": self._sd.tolist()},
             "models": {q: m.as_json() for q, m in self._models.items()},
             "training_data_hash": self.training_data_hash_,
+            "adaptations": self.adaptation_,
         }
 
     def _compute_version(self) -> str:
@@ -389,10 +440,23 @@ class OrdinalCalibrator:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
             raise CalibrationFileError(f"{path}: cannot read calibrator: {e}") from e
+        try:
+            model = cls.load_metadata(meta)
+        except CalibrationFileError as e:
+            raise CalibrationFileError(f"{meta_path}: {e}") from e
+        if model.version_ != meta.get("version"):
+            raise CalibrationFileError(
+                f"{meta_path}: version {meta.get('version')!r} does not match its content ({model.version_})"
+            )
+        return model
+
+    @classmethod
+    def load_metadata(cls, meta: Any) -> OrdinalCalibrator:
+        """A calibrator from the plain data `save` writes (without checking its version)."""
         if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
-            raise CalibrationFileError(f"{meta_path}: not a {FORMAT_NAME} file")
+            raise CalibrationFileError(f"not a {FORMAT_NAME} file")
         if meta.get("format_version") != FORMAT_VERSION:
-            raise CalibrationFileError(f"{meta_path}: format_version {meta.get('format_version')!r}, expected {FORMAT_VERSION}")
+            raise CalibrationFileError(f"format_version {meta.get('format_version')!r}, expected {FORMAT_VERSION}")
         try:
             model = cls(**meta["hyperparameters"])
             layout = {str(q): int(k) for q, k in meta["layout"]}
@@ -401,14 +465,12 @@ class OrdinalCalibrator:
             model._sd = np.asarray(meta["scale"]["sd"], dtype=np.float64)
             model._models = {str(q): _LinkModel.from_json(m) for q, m in meta["models"].items()}
             model.training_data_hash_ = str(meta["training_data_hash"])
-            version = meta["version"]
+            model.adaptation_ = [dict(a) for a in meta["adaptations"]]
         except (TypeError, ValueError, KeyError, AttributeError, CalibrationError) as e:
-            raise CalibrationFileError(f"{meta_path}: inconsistent calibrator: {e!r}") from e
+            raise CalibrationFileError(f"inconsistent calibrator: {e!r}") from e
         width = len(model._raw_features(np.zeros((1, sum(layout.values()))))[0])
         shapes = [len(model._mean), len(model._sd), *(len(m.weights) for m in model._models.values())]
         if not model._models or any(n != width for n in shapes):
-            raise CalibrationFileError(f"{meta_path}: scale and weights do not match the {width} features of its layout")
+            raise CalibrationFileError(f"scale and weights do not match the {width} features of its layout")
         model.version_ = model._compute_version()
-        if model.version_ != version:
-            raise CalibrationFileError(f"{meta_path}: version {version!r} does not match its content ({model.version_})")
         return model

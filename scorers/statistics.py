@@ -104,6 +104,17 @@ def agreement(y: ArrayLike, yhat: ArrayLike) -> dict[str, float]:
     }
 
 
+def auroc(scores: ArrayLike, positive: ArrayLike) -> float:
+    """P(score of a random positive > score of a random negative), ties counting half; NaN with one class."""
+    s, flags = np.asarray(scores, dtype=np.float64), np.asarray(positive, dtype=bool)
+    pos, neg = s[flags], s[~flags]
+    if len(pos) == 0 or len(neg) == 0:
+        return math.nan
+    greater = (pos[:, None] > neg[None, :]).mean()
+    ties = (pos[:, None] == neg[None, :]).mean()
+    return float(greater + 0.5 * ties)
+
+
 def smece(forecasts: ArrayLike, outcomes: ArrayLike) -> float:
     """Smooth ECE of binary forecasts in [0, 1] against 0/1 outcomes (``relplot.smECE``)."""
     o, f = _pair(outcomes, forecasts)

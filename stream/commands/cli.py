@@ -442,6 +442,62 @@ def calibrate_train(
     click.echo(f"wrote calibrator {model.version_} to {out}")
 
 
+@calibrate.command("adapt")
+@click.option(
+    "--calibrator",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    required=True,
+    help="Directory written by `calibrate train` (an ordinal calibrator).",
+)
+@_calibration_options
+@click.option(
+    "--strength",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="How strongly the adapted model is held to the calibrator (per parameter, against the labels' "
+    "log-likelihood). Default: chosen by k-fold CV on these labels alone.",
+)
+@click.option("--folds", type=click.IntRange(2, 20), default=5, show_default=True, help="CV folds choosing --strength.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Fold split.")
+@click.option(
+    "--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Directory to write the adapted calibrator to."
+)
+def calibrate_adapt(
+    calibrator: Path,
+    judge_answers: Path,
+    human_labels: Path,
+    optional_questions: str,
+    strength: float | None,
+    folds: int,
+    seed: int,
+    out: Path,
+) -> None:
+    """Adapt a calibrator to a team's own labelled conversations (few-shot).
+
+    Refits every question that has labels, each parameter pulled towards the
+    calibrator's, so a few labels move it a little and many move it far; the
+    human judges in the labels get offsets of their own. Needs at least 10
+    conversations labelled on the main question (13 to choose --strength by
+    CV). docs/calibration.md shows the measured learning curve.
+    """
+    from scorers.calibration_selection import select_adaptation_strength
+    from scorers.calibrators import load_calibrator
+    from scorers.ordinal_calibration import OrdinalCalibrator
+
+    model = load_calibrator(calibrator)
+    if not isinstance(model, OrdinalCalibrator):
+        raise click.UsageError(
+            f"{calibrator} holds a calibration network; only an ordinal calibrator can be adapted (retrain instead)"
+        )
+    data = _load_calibration_data(judge_answers, human_labels, dict(model.n_options_), optional_questions)
+    if strength is None:
+        strength, scores = select_adaptation_strength(model, data, k=folds, seed=seed)
+        click.echo(f"chosen by {folds}-fold CV on these labels: strength {strength:g}; RMSE by strength {scores}", err=True)
+    adapted = model.adapt(data, strength)
+    adapted.save(out)
+    click.echo(f"wrote calibrator {adapted.version_} (adapted from {model.version_}) to {out}")
+
+
 @calibrate.command("evaluate")
 @click.option(
     "--calibrator",

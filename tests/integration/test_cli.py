@@ -11,6 +11,7 @@ import pytest
 from scorers.calibration import CalibrationNetwork
 from scorers.calibrators import load_calibrator
 from scorers.datasets.labelled import load_labelled_jsonl, write_labelled_jsonl
+from scorers.datasets.llm_rubric import load_split
 from scorers.ordinal_calibration import OrdinalCalibrator
 from tests.data_paths import LLM_RUBRIC
 from tests.infra import convowatch
@@ -120,6 +121,40 @@ def test_calibrate_train_the_network_with_cv_grid_reports_its_choice(tmp_path):
     assert "chosen by 2-fold CV: {'h1':" in r.stderr
     chosen = CalibrationNetwork.load(tmp_path / "c")
     assert chosen.h1 in (10, 25, 50) and chosen.h2 in (25, 50)
+
+
+def test_calibrate_adapt_to_a_teams_own_labels(tmp_path, calibrator):
+    lines = REAL_HUMANS.read_text().splitlines()
+    few, many = tmp_path / "few.tsv", tmp_path / "many.tsv"
+    few.write_text("\n".join(lines[:10]) + "\n")  # header + 9 labelled conversations
+    many.write_text("\n".join(lines[:61]) + "\n")
+    args = ("calibrate", "adapt", "--calibrator", calibrator, "--judge-answers", REAL_ANSWERS)
+    r = convowatch(*args, "--human-labels", many, "--out", tmp_path / "adapted")
+    assert r.returncode == 0, r.stderr
+    assert "chosen by 5-fold CV on these labels: strength" in r.stderr
+    adapted = OrdinalCalibrator.load(tmp_path / "adapted")
+    assert adapted.adaptation_[0]["conversations"] == 60 and adapted.version_ in r.stdout
+    base = load_calibrator(calibrator)
+    assert isinstance(base, OrdinalCalibrator) and adapted.judge_offsets() != base.judge_offsets()
+    r = convowatch(*args, "--human-labels", few, "--strength", "10", "--out", tmp_path / "few")
+    assert r.returncode == 2 and "at least 10 conversations" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "few").exists()
+    real = load_split(LLM_RUBRIC, "real")
+    network = CalibrationNetwork(pretrain_epochs=1, finetune_epochs=1).fit(real.subset(real.text_ids[:20]))
+    network.save(tmp_path / "network")
+    r = convowatch(
+        "calibrate",
+        "adapt",
+        "--calibrator",
+        tmp_path / "network",
+        "--judge-answers",
+        REAL_ANSWERS,
+        "--human-labels",
+        many,
+        "--out",
+        tmp_path / "n",
+    )
+    assert r.returncode == 2 and "only an ordinal calibrator can be adapted" in r.stderr
 
 
 def test_calibrate_refuses_bad_input_with_one_clear_line(tmp_path, calibrator):

@@ -11,7 +11,7 @@ from scipy.optimize import check_grad
 from scipy.special import expit
 
 from scorers.calibration import METADATA_FILE, CalibrationError, CalibrationFileError
-from scorers.calibration_selection import cross_validate, select_hyperparameters
+from scorers.calibration_selection import cross_validate, select_adaptation_strength, select_hyperparameters
 from scorers.calibrators import load_calibrator
 from scorers.datasets.llm_rubric import Label, RubricData
 from scorers.judges.base import Answer, Judgement, Provenance
@@ -68,7 +68,8 @@ def model(train: RubricData) -> OrdinalCalibrator:
 def test_the_analytic_gradient_is_the_gradient() -> None:
     rng = np.random.default_rng(0)
     y = rng.integers(1, 5, 300)
-    problem = _LinkProblem(rng.normal(size=(300, 3)), y, rng.integers(0, 4, 300), 4, 4, 0.5, 2.0)
+    precision = np.concatenate([np.full(3, 0.5), np.full(4, 2.0), np.full(3, 0.1)])
+    problem = _LinkProblem(rng.normal(size=(300, 3)), y, rng.integers(0, 4, 300), 4, 4, precision, rng.normal(size=10))
     for _ in range(3):
         point = rng.normal(size=3 + 4 + 3)
         assert check_grad(lambda p: problem.loss(p)[0], lambda p: problem.loss(p)[1], point) < 1e-6
@@ -204,3 +205,53 @@ def test_predictions_from_a_judgement_read_only_its_inputs_and_mix_trusted_judge
         model.predict_judgement(judgement, judges=["stranger"])
     with pytest.raises(CalibrationError, match="lacks answers"):
         model.predict_judgement(Judgement(tid, {}, PROVENANCE))
+
+
+def _relabelled(data: RubricData, shift: int) -> RubricData:
+    """The same conversations and features; every judge now answers ``shift`` options higher (clipped)."""
+    labels = tuple(Label(lab.text_id, lab.question, lab.judge, int(np.clip(lab.answer + shift, 1, 4))) for lab in data.labels)
+    return RubricData(data.question_ids, data.n_options, data.features, labels)
+
+
+def test_adaptation_follows_many_labels_and_stays_near_the_model_with_few(model: OrdinalCalibrator) -> None:
+    target = _relabelled(_simulated(400, 7, prefix="a"), 1)
+    test = _relabelled(_simulated(200, 8, prefix="b"), 1)
+    x = np.stack([test.features[lab.text_id] for lab in test.labels_for("Q0")])
+    y = np.array([lab.answer for lab in test.labels_for("Q0")])
+    judges = [lab.judge for lab in test.labels_for("Q0")]
+
+    def error(m: OrdinalCalibrator) -> float:
+        return float(np.mean((m.predict_proba(x, "Q0", judges).expected_value - y) ** 2))
+
+    many = model.adapt(target, strength=1.0)
+    assert error(many) < error(model) - 0.2  # the shift is learned
+    few = target.subset(target.text_ids[:10])
+    weak, strong = model.adapt(few, strength=1.0), model.adapt(few, strength=1e4)
+    base_cuts = model._models["Q0"].cuts
+    assert np.abs(strong._models["Q0"].cuts - base_cuts).max() < 0.05  # a strong prior barely moves
+    assert np.abs(weak._models["Q0"].cuts - base_cuts).max() > np.abs(strong._models["Q0"].cuts - base_cuts).max()
+    assert many.adaptation_[-1]["conversations"] == 400 and many.version_ != model.version_
+    assert model.adaptation_ == []  # adapting returns a copy
+
+
+def test_adaptation_refuses_too_few_labels_and_other_questions(model: OrdinalCalibrator, train: RubricData) -> None:
+    with pytest.raises(CalibrationError, match="at least 10 conversations"):
+        model.adapt(train.subset(train.text_ids[:9]), strength=1.0)
+    with pytest.raises(CalibrationError, match="> 0"):
+        model.adapt(train, strength=0.0)
+    with pytest.raises(CalibrationError, match="not the calibrator's"):
+        model.adapt(train.restrict_questions(["Q0", "Q1"]), strength=1.0)
+    with pytest.raises(CalibrationError, match="give the strength instead"):
+        select_adaptation_strength(model, train.subset(train.text_ids[:12]))
+
+
+def test_the_adaptation_strength_is_chosen_on_the_teams_labels_alone(model: OrdinalCalibrator) -> None:
+    shifted = _relabelled(_simulated(150, 9, prefix="s"), 1)
+    best, scores = select_adaptation_strength(model, shifted, strengths=(1.0, 1e5))
+    assert best == 1.0 and scores[1.0] < scores[1e5]  # a shift the labels show plainly: follow them
+
+
+def test_an_adapted_calibrator_saves_and_loads_with_its_history(tmp_path, model: OrdinalCalibrator) -> None:
+    adapted = model.adapt(_relabelled(_simulated(60, 11, prefix="h"), 1), strength=10.0)
+    loaded = OrdinalCalibrator.load(adapted.save(tmp_path / "a"))
+    assert loaded.version_ == adapted.version_ and loaded.adaptation_ == adapted.adaptation_

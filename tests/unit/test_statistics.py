@@ -128,3 +128,10 @@ def test_bootstrap_by_group_keeps_groups_together():
     assert seen <= {0.0, 0.5, 1.0}
     with pytest.raises(MetricError, match="groups"):
         statistics.bootstrap_ci(mean, values, groups=groups[:10])
+
+
+def test_auroc_counts_ordered_pairs_and_half_the_ties():
+    assert statistics.auroc([0.9, 0.8, 0.1], [True, True, False]) == 1.0
+    assert statistics.auroc([0.1, 0.9], [True, False]) == 0.0
+    assert statistics.auroc([0.5, 0.5, 0.7, 0.2], [True, False, True, False]) == pytest.approx((1 + 0.5 + 1 + 1) / 4)
+    assert np.isnan(statistics.auroc([0.3, 0.4], [True, True]))
