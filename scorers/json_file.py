@@ -1,9 +1,10 @@
-"""Writing JSON documents (rubric sets, pools, reports) so that a reader never sees half a file."""
+"""JSON documents (rubric sets, pools, behaviour sets, reports): read strictly, written so that a reader never sees half a file."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,3 +18,29 @@ def write_json(path: str | Path, doc: Any) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text + "\n", encoding="utf-8")
     os.replace(tmp, path)
+
+
+def loads_strict(text: str) -> Any:
+    """Parse JSON, refusing what `json.loads` lets through: duplicate keys and NaN/Infinity (ValueError)."""
+    return json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constant)
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    duplicated = sorted({k for k in keys if keys.count(k) > 1})
+    if duplicated:
+        raise ValueError(f"duplicate JSON key(s) {duplicated}")
+    return dict(pairs)
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def json_path(parts: Sequence[str | int]) -> str:
+    """``rubrics[2].scale`` from a validation error's path parts."""
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
+

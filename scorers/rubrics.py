@@ -43,7 +43,7 @@ import numpy as np
 
 from scorers.conversation import Conversation
 from scorers.errors import UserError
-from scorers.json_file import write_json
+from scorers.json_file import json_path, loads_strict, write_json
 from scorers.judges.base import Answer, Judge, Judgement, JudgeReplyError
 from scorers.questions import LIKERT_5, Question, likert_question
 
@@ -542,8 +542,8 @@ class RubricSet:
         path = Path(path)
         try:
             text = path.read_text(encoding="utf-8")
-            doc = json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constant)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RubricSetError) as e:
+            doc = loads_strict(text)
+        except (OSError, UnicodeDecodeError, ValueError) as e:
             raise RubricSetError("", f"cannot read rubric set: {e}", str(path)) from None
         return cls.from_dict(doc, source=str(path))
 
@@ -565,18 +565,6 @@ def _rubric_to_dict(rubric: Rubric) -> dict[str, Any]:
     return out
 
 
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [k for k, _ in pairs]
-    duplicated = sorted({k for k in keys if keys.count(k) > 1})
-    if duplicated:
-        raise RubricSetError("", f"duplicate JSON key(s) {duplicated}")
-    return dict(pairs)
-
-
-def _no_constant(name: str) -> float:
-    raise RubricSetError("", f"{name} is not valid JSON")
-
-
 def schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of rubric-set files."""
     return json.loads(resources.files("scorers").joinpath("rubric_set.schema.json").read_text(encoding="utf-8"))
@@ -587,13 +575,6 @@ def _validator() -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator(schema())
 
 
-def _json_path(parts: Sequence[str | int]) -> str:
-    out = ""
-    for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-    return out
-
-
 def _from_dict(doc: Any) -> RubricSet:
     if isinstance(doc, dict) and doc.get("schema_version") not in (None, SCHEMA_VERSION):
         raise RubricSetError(
@@ -601,7 +582,7 @@ def _from_dict(doc: Any) -> RubricSet:
         )
     error = jsonschema.exceptions.best_match(_validator().iter_errors(doc))
     if error is not None:
-        raise RubricSetError(_json_path(error.absolute_path) or "(top level)", error.message)
+        raise RubricSetError(json_path(error.absolute_path) or "(top level)", error.message)
 
     rubrics = []
     for i, raw in enumerate(doc["rubrics"]):

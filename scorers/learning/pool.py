@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from scorers.errors import UserError
-from scorers.json_file import write_json
+from scorers.json_file import loads_strict, write_json
 from scorers.rubrics import LIKERT_SCALE, RUBRIC_ID_PATTERN, Polarity, Rubric, RubricSet
 
 POOL_SCHEMA_VERSION = 1
@@ -225,23 +225,10 @@ class RubricPool:
         """Read and validate a pool file."""
         path = Path(path)
         try:
-            doc = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constant)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RubricPoolError) as e:
+            doc = loads_strict(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as e:
             raise RubricPoolError("", f"cannot read rubric pool: {e}", str(path)) from None
         return cls.from_dict(doc, source=str(path))
-
-
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    seen: set[str] = set()
-    for k, _ in pairs:
-        if k in seen:
-            raise RubricPoolError("", f"duplicate JSON key {k!r}")
-        seen.add(k)
-    return dict(pairs)
-
-
-def _no_constant(name: str) -> float:
-    raise RubricPoolError("", f"{name} is not valid JSON")
 
 
 def _from_dict(doc: Any) -> RubricPool:
@@ -323,8 +310,8 @@ def load_packaged(name: str) -> RubricPool:
     except (OSError, FileNotFoundError) as e:
         raise RubricPoolError("", f"cannot read packaged pool: {e}", f"scorers/data/{name}") from None
     try:
-        doc = json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constant)
-    except (json.JSONDecodeError, RubricPoolError) as e:
+        doc = loads_strict(text)
+    except ValueError as e:
         raise RubricPoolError("", f"cannot read rubric pool: {e}", f"scorers/data/{name}") from None
     return RubricPool.from_dict(doc, source=f"scorers/data/{name}")
 
