@@ -195,7 +195,7 @@ def test_bad_pool_files_are_refused_naming_file_and_field(tmp_path, doc, message
     "text, message",
     [
         ("{not json", "cannot read rubric pool: Expecting property name"),
-        ('{"schema_version": 1, "schema_version": 1}', "duplicate JSON key(s) ['schema_version']"),
+        ('{"schema_version": 1, "schema_version": 1}', "duplicate JSON key.*schema_version"),
         ('{"schema_version": NaN}', "NaN is not valid JSON"),
     ],
 )
