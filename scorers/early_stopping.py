@@ -39,7 +39,7 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -287,7 +287,5 @@ def merge_judgements(judgements: Sequence[Judgement]) -> Judgement:
     if len(judgements) == 1:
         return first
     answers = {qid: a for j in judgements for qid, a in j.answers.items()}
-    provs = [j.provenance for j in judgements]
-    counts = {f.name: sum(getattr(p, f.name) for p in provs) for f in fields(Provenance) if f.name not in ("judge", "model")}
-    provenance = Provenance(judge=first.provenance.judge, model=first.provenance.model, **counts)
+    provenance = Provenance.total([j.provenance for j in judgements])
     return Judgement(conversation_id=first.conversation_id, answers=answers, provenance=provenance, extra=dict(first.extra))

@@ -43,4 +43,3 @@ def json_path(parts: Sequence[str | int]) -> str:
     for p in parts:
         out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
     return out
-

@@ -3,7 +3,8 @@
 Regression-style agreement (RMSE, Pearson, Spearman, Kendall — the columns of
 LLM-Rubric's Table 1), the RMSE floor a predictor with correlation r cannot
 beat, smooth ECE (Błasiok & Nakkiran 2023, via ``relplot``), and a percentile
-bootstrap for confidence intervals.
+bootstrap for confidence intervals; for rates of binary events (ABC-Eval's
+behaviours per turn) the Wilson interval and the two-proportion z-test.
 
 Calibration of a K-option question is reduced to K binary problems
 (one-vs-rest): for option k the forecast is p̂(y = k) and the outcome is
@@ -202,3 +203,29 @@ def bootstrap_ci(
     tail = (1 - level) / 2
     lo, hi = np.quantile(values, [tail, 1 - tail])
     return ConfidenceInterval(estimate=float(metric(*cols)), low=float(lo), high=float(hi), level=level)
+
+
+def wilson_interval(hits: int, n: int, level: float = DEFAULT_CI_LEVEL) -> ConfidenceInterval:
+    """The rate ``hits / n`` with its Wilson score interval (good at rates near 0 and small n)."""
+    if n <= 0 or not 0 <= hits <= n:
+        raise MetricError(f"need 0 <= hits <= n and n > 0, got hits={hits}, n={n}")
+    if not 0 < level < 1:
+        raise MetricError(f"level must be in (0, 1), got {level}")
+    z = float(stats.norm.ppf(0.5 + level / 2))
+    rate = hits / n
+    centre = (rate + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(rate * (1 - rate) / n + z * z / (4 * n * n))
+    return ConfidenceInterval(estimate=rate, low=max(0.0, centre - half), high=min(1.0, centre + half), level=level)
+
+
+def two_proportion_z(hits_a: int, n_a: int, hits_b: int, n_b: int) -> tuple[float, float]:
+    """z and the one-sided p-value that rate b exceeds rate a (pooled standard error); (0, 1) if no variance."""
+    if n_a <= 0 or n_b <= 0 or not 0 <= hits_a <= n_a or not 0 <= hits_b <= n_b:
+        raise MetricError(f"need 0 <= hits <= n and n > 0, got {hits_a}/{n_a} and {hits_b}/{n_b}")
+    pooled = (hits_a + hits_b) / (n_a + n_b)
+    se = math.sqrt(pooled * (1 - pooled) * (1 / n_a + 1 / n_b))
+    if se == 0:
+        return 0.0, 1.0
+    z = (hits_b / n_b - hits_a / n_a) / se
+    return z, float(stats.norm.sf(z))
+

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Protocol, runtime_checkable
 
 from scorers.conversation import Conversation
@@ -84,6 +84,15 @@ class Provenance:
     completion_tokens: int = 0
     calls: int = 0
     cached_prompt_tokens: int = 0  # part of prompt_tokens the server reports it served from its prompt cache
+
+    @classmethod
+    def total(cls, provenances: Sequence[Provenance]) -> Provenance:
+        """Several calls as one: the first's judge and model, every count (and the latency) summed."""
+        if not provenances:
+            raise ValueError("no provenance to total")
+        first = provenances[0]
+        counts = {f.name: sum(getattr(p, f.name) for p in provenances) for f in fields(cls) if f.name not in ("judge", "model")}
+        return cls(judge=first.judge, model=first.model, **counts)
 
 
 @dataclass(frozen=True)
