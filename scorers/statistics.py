@@ -228,4 +228,3 @@ def two_proportion_z(hits_a: int, n_a: int, hits_b: int, n_b: int) -> tuple[floa
         return 0.0, 1.0
     z = (hits_b / n_b - hits_a / n_a) / se
     return z, float(stats.norm.sf(z))
-
