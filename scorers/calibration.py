@@ -73,6 +73,15 @@ class CalibrationFileError(CalibrationError):
     """A saved calibrator that cannot be loaded: missing, corrupted, or inconsistent with its metadata."""
 
 
+def require_answers(judgement: Judgement, question_ids: Sequence[str]) -> None:
+    """A calibrator reads these questions' answers: refuse a judgement that lacks any of them."""
+    missing = [q for q in question_ids if q not in judgement.answers]
+    if missing:
+        raise CalibrationError(
+            f"judgement for {judgement.conversation_id!r} lacks answers to {missing}; the calibrator needs {tuple(question_ids)}"
+        )
+
+
 # ---------------------------------------------------------------------------
 # predictions
 
@@ -572,11 +581,7 @@ class CalibrationNetwork:
     def features_from_judgement(self, judgement: Judgement) -> np.ndarray:
         """``x`` for one conversation from a judge's `Judgement` (questions in the calibrator's order)."""
         self._require_fitted()
-        missing = [q for q in self.question_ids_ if q not in judgement.answers]
-        if missing:
-            raise CalibrationError(
-                f"judgement for {judgement.conversation_id!r} lacks answers to {missing}; the calibrator needs {self.question_ids_}"
-            )
+        require_answers(judgement, self.question_ids_)
         return np.asarray(judgement.probability_vector(self.question_ids_, self.n_options_), dtype=np.float64)
 
     def predict_judgement(

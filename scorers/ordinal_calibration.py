@@ -37,7 +37,14 @@ from numpy.typing import ArrayLike
 from scipy.optimize import minimize
 from scipy.special import expit
 
-from scorers.calibration import METADATA_FILE, VERSION_HEX_CHARS, CalibrationError, CalibrationFileError, Prediction
+from scorers.calibration import (
+    METADATA_FILE,
+    VERSION_HEX_CHARS,
+    CalibrationError,
+    CalibrationFileError,
+    Prediction,
+    require_answers,
+)
 from scorers.datasets.llm_rubric import RubricData
 from scorers.json_file import write_json
 from scorers.judges.base import Judgement
@@ -375,11 +382,7 @@ class OrdinalCalibrator:
     def features_from_judgement(self, judgement: Judgement) -> np.ndarray:
         """``x`` for one conversation from a judge's `Judgement` (questions the model does not read are zeros)."""
         self._require_fitted()
-        missing = [q for q in self.question_ids_ if q not in judgement.answers]
-        if missing:
-            raise CalibrationError(
-                f"judgement for {judgement.conversation_id!r} lacks answers to {missing}; the calibrator needs {self.question_ids_}"
-            )
+        require_answers(judgement, self.question_ids_)
         inputs = set(self.question_ids_)
         row: list[float] = []
         for question, k in self._layout.items():

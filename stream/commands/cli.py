@@ -332,6 +332,14 @@ def calibrate() -> None:
     predictions of what human judges would answer."""
 
 
+_CALIBRATOR_OPTION = click.option(
+    "--calibrator",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    required=True,
+    help="Directory written by `calibrate train` (or `calibrate adapt`).",
+)
+
+
 @calibrate.command("train")
 @_calibration_options
 @click.option(
@@ -443,12 +451,7 @@ def calibrate_train(
 
 
 @calibrate.command("adapt")
-@click.option(
-    "--calibrator",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    required=True,
-    help="Directory written by `calibrate train` (an ordinal calibrator).",
-)
+@_CALIBRATOR_OPTION
 @_calibration_options
 @click.option(
     "--strength",
@@ -499,12 +502,7 @@ def calibrate_adapt(
 
 
 @calibrate.command("evaluate")
-@click.option(
-    "--calibrator",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    required=True,
-    help="Directory written by `calibrate train`.",
-)
+@_CALIBRATOR_OPTION
 @_calibration_options
 @click.option("--question", default=None, help="Question to evaluate (default: the calibrator's main question).")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
