@@ -21,7 +21,9 @@ parameters instead of thousands:
 
 The fit is maximum penalised likelihood (L-BFGS, analytic gradient): convex,
 deterministic, no seed. One model is fitted per predicted question; only
-ordinal questions can be predicted.
+ordinal questions can be predicted. `OrdinalCalibrator.adapt` refits on a
+team's own labels with the penalty centred on the fitted parameters
+(docs/calibration.md).
 """
 
 from __future__ import annotations
@@ -156,7 +158,14 @@ class OrdinalCalibrator:
 
     ``fit(data)`` learns from a `RubricData`; ``predict_proba(x, question,
     judge)`` returns a `Prediction` like `CalibrationNetwork`'s, so model
-    selection and the benchmarks treat both alike.
+    selection and the benchmarks treat both alike; ``adapt(data, strength)``
+    returns a copy refitted on a team's own labels.
+
+    ``questions`` are predicted (default: the main question only; `convowatch
+    calibrate train` passes every ordinal one), ``input_questions`` are read
+    (default: every question of the data), ``nominal_inputs`` are read as
+    option shares, not expected answers, and cannot be predicted.
+    ``weight_decay`` and ``judge_shrinkage`` are the L2 penalties on w and b.
     """
 
     PARAM_NAMES = ("main_question", "questions", "input_questions", "nominal_inputs", "weight_decay", "judge_shrinkage")
