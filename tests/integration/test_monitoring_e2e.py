@@ -11,11 +11,12 @@ delivers to a webhook receiver started here. Two products share the stream:
 * ``calm``: the same length of ordinary conversations, start to end.
 
 Why the burst is chosen by the scorer's P(dsat) and not by the human labels:
-with this judge and calibrator, the mean P(dsat) of the conversations humans
-rated dissatisfied (mean Q0 <= 2) is 0.283 and of the others 0.281
-(measured with this module's ``dissatisfaction_probabilities``), so a burst
-of human-dissatisfied conversations is invisible to any monitor using this
-judge. The test proves the alerting path, not the judge.
+with this judge and the default calibrator, the mean P(dsat) of the
+conversations humans rated dissatisfied (mean Q0 <= 2) is 0.289 and of the
+others 0.267 (AUROC 0.60, `bench/calibration_transfer.py`; LLM-Rubric's
+network gave 0.283 and 0.281), so a burst of human-dissatisfied conversations
+would barely move this judge's rate. The test proves the alerting path, not
+the judge.
 
 Then every PromQL expression of every dashboard, recording rule, alert rule and
 Grafana-managed rule runs against that Prometheus, and every SQL panel against
@@ -37,7 +38,7 @@ import yaml
 
 from dashboards import catalog, grafana_alerts
 from dashboards.alert_rules import AlertWindows, rules_yaml
-from scorers.calibration import CalibrationNetwork
+from scorers.calibrators import load_calibrator
 from scorers.datasets.llm_rubric import load_real_conversations
 from scorers.judges.recorded import RecordedJudge
 from scorers.questions import load_questions
@@ -64,7 +65,7 @@ TURN_GAP_S = 0.01
 def dissatisfaction_probabilities(calibrator_dir: Path) -> dict[str, float]:
     """The calibrated P(dsat) the worker will compute for each real conversation (same judge, calibrator, cut)."""
     judge = RecordedJudge.from_tsv(RECORDED_REAL_ANSWERS)
-    calibrator = CalibrationNetwork.load(calibrator_dir)
+    calibrator = load_calibrator(calibrator_dir)
     questions = list(load_questions(LLM_RUBRIC_DATA / "questions.json").values())
     cut = ScoringSettings().dissatisfied_max_value
     out = {}
@@ -207,7 +208,7 @@ def test_burst_is_dissatisfied_by_the_scorer_not_by_humans(scoring_artifacts: tu
     calm = statistics.mean(p_dsat[c] for c, (product, _) in stream.starts.items() if product == "spiky" and c not in stream.burst)
     assert burst - calm > 0.05
     by_human = [statistics.mean(p_dsat[c] for c in human if human[c] == flag) for flag in (True, False)]
-    assert abs(by_human[0] - by_human[1]) < 0.01
+    assert 0 < by_human[0] - by_human[1] < 0.05  # the humans' direction, but a gap far smaller than the burst's
 
 
 def test_the_dissatisfaction_spike_fires_reaches_alertmanager_and_resolves(replayed: Replayed) -> None:

@@ -26,7 +26,8 @@ from tests.pipeline import Pipeline
 
 N_REAL = 223
 N_REAL_TURNS = 1813
-N_QUESTIONS = 9  # Q0..Q8: the calibrator's dimensions
+N_QUESTIONS = 9  # Q0..Q8: the questions the judge is asked
+N_DIMENSIONS = 8  # Q0..Q7: the default calibrator predicts the ordinal questions (Q8 is an input only)
 
 
 @pytest.fixture
@@ -157,7 +158,7 @@ def test_replayed_conversations_are_scored_in_clickhouse_and_metrics(pipeline: P
     assert sink.popen.returncode == 0, sink.log_tail()
     assert _store_counts(pipeline) == {"rows": N_REAL, "conversations": N_REAL, "scored": N_REAL}
     [dims] = pipeline.query_store("SELECT count() AS n, uniqExact(question_id) AS q FROM convowatch.dimension_predictions FINAL")
-    assert dims == {"n": N_REAL * N_QUESTIONS, "q": N_QUESTIONS}
+    assert dims == {"n": N_REAL * N_DIMENSIONS, "q": N_DIMENSIONS}
     [turns] = pipeline.query_store("SELECT sum(n_turns) AS n FROM convowatch.conversations FINAL")
     assert turns["n"] == N_REAL_TURNS
     fb = pipeline.query_store("SELECT conversation_id, rating FROM convowatch.feedback FINAL ORDER BY conversation_id")

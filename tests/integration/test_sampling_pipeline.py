@@ -38,12 +38,12 @@ _SUMS = """SELECT
 FROM convowatch.latest_scores"""
 CALIBRATED = "status = 'scored' AND dissatisfaction_probability IS NOT NULL"
 # The demo's rubric set labels every real conversation uncertain (see README), so its label shares are 0 or 1 in
-# both replays; the yes/no share "P(dsat) > 0.42" (about the median of the weak calibrator's 0.37-0.46) is one
-# that varies, so its interval is tested for real.
+# both replays; the yes/no share "P(dsat) > 0.29" (about the median of the default calibrator's 0.13-0.47 on
+# these conversations) is one that varies, so its interval is tested for real.
 RATES = {
     "calibrated P(dsat)": ("ifNull(dissatisfaction_probability, 0)", CALIBRATED),
     "uncertain label share": ("toFloat64(label = 'uncertain')", "status = 'scored'"),
-    "share with P(dsat) > 0.42": ("toFloat64(ifNull(dissatisfaction_probability, 0) > 0.42)", CALIBRATED),
+    "share with P(dsat) > 0.29": ("toFloat64(ifNull(dissatisfaction_probability, 0) > 0.29)", CALIBRATED),
 }
 
 
@@ -132,4 +132,4 @@ def test_a_sampled_replay_estimates_the_full_replays_rates_within_their_interval
             continue
         varying += 1
         assert se > 0 and abs(estimate - truth) <= Z95 * se, (name, estimate, truth, se)
-    assert varying == 2  # the calibrated rate and the P > 0.42 share
+    assert varying == 2  # the calibrated rate and the P > 0.29 share
