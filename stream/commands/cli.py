@@ -328,7 +328,7 @@ def _score_line(scores: dict[str, float]) -> str:
 
 @cli.group()
 def calibrate() -> None:
-    """Calibration network (LLM-Rubric): turn judge answer distributions into calibrated
+    """Calibrators (LLM-Rubric's task): turn judge answer distributions into calibrated
     predictions of what human judges would answer."""
 
 
