@@ -171,12 +171,12 @@ def select_hyperparameters(
     if repeats < 1:
         raise CalibrationError(f"repeats must be >= 1, got {repeats}")
     base = base or CalibrationNetwork()
-    seeded = "seed" in base.get_params()  # a seeded model gets a new seed per repeat; a convex fit has none
+    base_seed = base.get_params().get("seed")  # a seeded model gets a new seed per repeat; a convex fit has none
     candidates = parameter_grid(grid)
     if not candidates:
         raise CalibrationError("empty hyperparameter grid")
     jobs = [
-        (base.clone(**params, **({"seed": base.get_params()["seed"] + r} if seeded else {})), seed + r)
+        (base.clone(**params, **({} if base_seed is None else {"seed": base_seed + r})), seed + r)
         for params in candidates
         for r in range(repeats)
     ]

@@ -287,16 +287,19 @@ class OrdinalCalibrator:
             raise CalibrationError(f"questions {nominal} are not ordinal: a cumulative-link model cannot predict them")
         models = {}
         for question in targets:
-            labels = data.labels_for(question)
-            if not labels:
+            if not data.labels_for(question):
                 raise CalibrationError(f"no labels for {question!r} to fit")
-            z = self._standardise(self._raw_features(np.stack([data.features[lab.text_id] for lab in labels])))
-            y = np.array([lab.answer for lab in labels])
-            models[question] = self._fit_one(z, y, [lab.judge for lab in labels], data.n_options[question])
+            models[question] = self._fit_one(*self._labelled_rows(data, question), data.n_options[question])
         self._models = models
         self.training_data_hash_ = data.content_hash()
         self.version_ = self._compute_version()
         return self
+
+    def _labelled_rows(self, data: RubricData, question: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        """Standardised features, answers and human judges of ``data``'s labels of ``question``."""
+        labels = data.labels_for(question)
+        z = self._standardise(self._raw_features(np.stack([data.features[lab.text_id] for lab in labels])))
+        return z, np.array([lab.answer for lab in labels]), [lab.judge for lab in labels]
 
     def _fit_one(
         self, z: np.ndarray, y: np.ndarray, judges: list[str], k: int, prior: _LinkModel | None = None, strength: float = 0.0
@@ -336,21 +339,15 @@ class OrdinalCalibrator:
                 f"adapting needs at least {MIN_ADAPTATION_CONVERSATIONS} conversations labelled on "
                 f"{self.main_question}, got {conversations}"
             )
-        missing = [q for q in self._layout if q not in data.n_options or data.n_options[q] != self._layout[q]]
-        if missing or tuple(data.question_ids) != tuple(self._layout):
+        if [(q, data.n_options[q]) for q in data.question_ids] != list(self._layout.items()):
             raise CalibrationError(
                 f"the labels' questions {list(data.question_ids)} are not the calibrator's {list(self._layout)}"
             )
         adapted = OrdinalCalibrator.load_metadata(self._metadata())
         for question, model in self._models.items():
-            labels = data.labels_for(question)
-            if not labels:
-                continue
-            z = self._standardise(self._raw_features(np.stack([data.features[lab.text_id] for lab in labels])))
-            y = np.array([lab.answer for lab in labels])
-            adapted._models[question] = self._fit_one(
-                z, y, [lab.judge for lab in labels], self._layout[question], model, strength
-            )
+            if data.labels_for(question):
+                rows = self._labelled_rows(data, question)
+                adapted._models[question] = self._fit_one(*rows, self._layout[question], model, strength)
         adapted.adaptation_ = [
             *self.adaptation_,
             {"strength": strength, "conversations": conversations, "data_hash": data.content_hash()},
