@@ -108,14 +108,6 @@ def fitted(params: dict[str, Any], synth: RubricData, real: RubricData, adapted:
     return model
 
 
-def real_scores(model: OrdinalCalibrator, real: RubricData, question: str) -> tuple[dict[str, float], np.ndarray, np.ndarray]:
-    """Agreement and smECE of ``model``'s predictions of every real label of ``question``."""
-    held = predict_labels(model, real, question)
-    out = statistics.agreement(held.answers, held.expected_value)
-    out["smece"] = statistics.smece_multiclass(held.probabilities, held.answers)
-    return out, held.answers.astype(float), held.expected_value
-
-
 def bootstrap(y: np.ndarray, yhat: np.ndarray) -> dict[str, Any]:
     return {
         m: statistics.bootstrap_ci(getattr(statistics, m), y, yhat, n_samples=table1.BOOTSTRAP_SAMPLES, seed=0).as_dict()
@@ -136,12 +128,13 @@ def run(synth: RubricData, real: RubricData) -> dict[str, Any]:
             params_per_seed.append({k: params[k] for k in GRID})
             cv_rmse.append(cv)
             model = fitted(params, synth, real, adapted)
-            scores, y, yhat = real_scores(model, real, MAIN_QUESTION)
+            held = {q: predict_labels(model, real, q) for q in PER_DIMENSION_QUESTIONS}
+            for q in PER_DIMENSION_QUESTIONS:
+                per_dimension[q].append(held[q].scores())
+            scores = per_dimension[MAIN_QUESTION][-1]
             runs.append(scores)
             if seed == SEEDS[0]:
-                ci = bootstrap(y, yhat)
-            for q in PER_DIMENSION_QUESTIONS:
-                per_dimension[q].append(real_scores(model, real, q)[0])
+                ci = bootstrap(held[MAIN_QUESTION].answers.astype(float), held[MAIN_QUESTION].expected_value)
             log(f"{name} seed {seed}: {params_per_seed[-1]} synthetic CV RMSE {cv:.4f}; real Pearson {scores['pearson']:.3f}")
         results["candidates"][name] = {
             "inputs": list(inputs),
@@ -200,10 +193,7 @@ def adaptation_curve(synth: RubricData, real: RubricData) -> dict[str, Any]:
                 strength, _ = select_adaptation_strength(base, shots, seed=split)
                 strengths[k].append(strength)
                 model = base.adapt(shots, strength)
-            held = predict_labels(model, test, MAIN_QUESTION)
-            scores = statistics.agreement(held.answers, held.expected_value)
-            scores["smece"] = statistics.smece_multiclass(held.probabilities, held.answers)
-            runs[k].append(scores)
+            runs[k].append(predict_labels(model, test, MAIN_QUESTION).scores())
         log(f"adaptation split {split}: " + ", ".join(f"k={k} r={runs[k][-1]['pearson']:.3f}" for k in ADAPTATION_SIZES))
     out: dict[str, Any] = {"splits": ADAPTATION_SPLITS, "test_conversations": len(ids) - max(ADAPTATION_SIZES)}
     for k in ADAPTATION_SIZES:
