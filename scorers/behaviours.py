@@ -33,6 +33,7 @@ from scorers.questions import Question
 
 SCHEMA_VERSION = 1
 DEFAULT_SET = "abc_eval_behaviours.json"
+DEFAULT_SET_NAME = "abc-eval"  # what settings and commands call the shipped set
 YES, NO = "Y", "N"
 STEM = "Does the assistant's last response (the final assistant turn above) show each behaviour below?"
 HIT_PROBABILITY = 0.5  # a turn shows a behaviour when the judge's P(yes) is above this
@@ -139,6 +140,13 @@ def default_behaviour_set() -> BehaviourSet:
     return BehaviourSet.from_dict(loads_strict(text), source=f"scorers/data/{DEFAULT_SET}")
 
 
+def load_behaviour_set(name_or_path: str | Path) -> BehaviourSet:
+    """The shipped set for ``'abc-eval'``, else the behaviour-set file at that path."""
+    if str(name_or_path) == DEFAULT_SET_NAME:
+        return default_behaviour_set()
+    return BehaviourSet.load(name_or_path)
+
+
 def schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of behaviour-set files."""
     return json.loads(resources.files("scorers").joinpath("behaviour_set.schema.json").read_text(encoding="utf-8"))
@@ -157,7 +165,12 @@ class TurnBehaviours:
     probabilities: dict[str, float]
 
     def hits(self) -> dict[str, bool]:
-        return {b: p > HIT_PROBABILITY for b, p in self.probabilities.items()}
+        return {b: shows(p) for b, p in self.probabilities.items()}
+
+
+def shows(probability: float) -> bool:
+    """Whether a turn shows a behaviour the judge gives this P(yes)."""
+    return probability > HIT_PROBABILITY
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,7 @@ FIXED_LABELS = frozenset(
         "cause",
         "decision",
         "label",
+        "behaviour",
         "dimension",
         "judge",
         "kind",
@@ -221,6 +222,26 @@ class ServiceMetrics:
             "convowatch_calibrated_dissatisfaction_probability_squared_sampling_variance",
             "Sum of (1-π)/π² · P(dissatisfied)² over calibrated conversations (sampling-variance term S2).",
             attrs,
+            registry=r,
+        )
+        # ABC-Eval behaviours (scoring.behaviours): a behaviour's rate per assistant turn is hits / turns; the
+        # weighted pair (1/π) is the unbiased rate under sampling, the plain pair gives n for Wilson intervals.
+        self.behaviour_turns = Counter(
+            "convowatch_behaviour_turns", "Assistant turns judged for behaviours (the rates' denominator).", attrs, registry=r
+        )
+        self.behaviour_hits = Counter(
+            "convowatch_behaviour_hits",
+            "Assistant turns that show a behaviour; every behaviour of the set has a series, 0 until it is seen.",
+            ["behaviour", *attrs],
+            registry=r,
+        )
+        self.behaviour_turns_weight = Counter(
+            "convowatch_behaviour_turns_weight", "Sum of 1/π over assistant turns judged for behaviours.", attrs, registry=r
+        )
+        self.behaviour_hits_weight = Counter(
+            "convowatch_behaviour_hits_weight",
+            "Sum of 1/π over assistant turns that show a behaviour; divided by convowatch_behaviour_turns_weight_total.",
+            ["behaviour", *attrs],
             registry=r,
         )
         self.netsat = Histogram("convowatch_netsat", "NetSAT of scored conversations.", attrs, buckets=NETSAT_BUCKETS, registry=r)

@@ -8,6 +8,9 @@
   same topic.
 * `FeedbackRow` — a user's rating of a turn, as the sink stores it.
 
+A score record may also carry `BehaviourHit`s: the judge's answer, per
+assistant turn, to each question of a behaviour set (ABC-Eval; scorers/behaviours.py).
+
 Both are plain data with ``to_json``/``from_json``; times are UTC epoch
 seconds (floats) so the records stay language-neutral. Every record checks
 its values when it is built (`RecordError`), so a bad one fails where it is
@@ -163,6 +166,25 @@ class RubricHit:
 
 
 @dataclass(frozen=True)
+class BehaviourHit:
+    """Whether one assistant turn shows one behaviour: the judge's P(yes) and the decision it gives."""
+
+    turn_index: int  # counts every turn of the conversation from 0
+    behaviour_id: str
+    probability: float
+    hit: bool
+
+    def __post_init__(self) -> None:
+        where = f"behaviour {self.behaviour_id} of turn {self.turn_index!r}"
+        _check(_count(self.turn_index), f"{where}: turn_index is not a count")
+        _check(
+            _finite(self.probability) and 0 <= self.probability <= 1,
+            f"{where}: probability {self.probability!r} is not in [0, 1]",
+        )
+        _check(isinstance(self.hit, bool), f"{where}: hit = {self.hit!r} is not a boolean")
+
+
+@dataclass(frozen=True)
 class ScoreRecord:
     """The outcome of scoring one closed conversation; ``status`` says whether it was scored."""
 
@@ -187,6 +209,8 @@ class ScoreRecord:
     dissatisfaction_probability: float | None = None
     dimensions: tuple[DimensionPrediction, ...] = ()
     rubrics: tuple[RubricHit, ...] = ()
+    behaviour_set_version: str = ""  # '' when no behaviour set is configured
+    behaviours: tuple[BehaviourHit, ...] = ()  # per assistant turn × behaviour
     judge_calls: int = 0
     judge_prompt_tokens: int = 0
     judge_completion_tokens: int = 0
@@ -207,14 +231,15 @@ class ScoreRecord:
                 _check(holds is None or holds(value), f"{f.name} = {value!r} is not {what}")
             if self.status == "scored":
                 _check(self.label in LABELS, f"label {self.label!r} of a scored record is not one of {LABELS}")
-            elif self.label or self.dimensions or self.rubrics:
-                raise RecordError(f"an {self.status} record carries a label, dimensions or rubrics")
+            elif self.label or self.dimensions or self.rubrics or self.behaviours:
+                raise RecordError(f"an {self.status} record carries a label, dimensions, rubrics or behaviours")
             pi = self.inclusion_probability
             _check(0 < pi <= 1, f"inclusion_probability = {pi!r} is not in (0, 1]")
             _time(self.scored_at, "scored_at")
             _check(self.judge_latency_s >= 0, f"judge_latency_s = {self.judge_latency_s!r} is negative")
             _check(all(isinstance(d, DimensionPrediction) for d in self.dimensions), "dimensions are not DimensionPredictions")
             _check(all(isinstance(h, RubricHit) for h in self.rubrics), "rubrics are not RubricHits")
+            _check(all(isinstance(h, BehaviourHit) for h in self.behaviours), "behaviours are not BehaviourHits")
         except RecordError as e:
             raise RecordError(f"score record for conversation {cid!r}: {e}") from None
 
@@ -230,6 +255,10 @@ class ScoreRecord:
             for x in self.dimensions
         ]
         d["rubrics"] = [{"rubric_id": x.rubric_id, "polarity": x.polarity, "score": x.score} for x in self.rubrics]
+        d["behaviours"] = [
+            {"turn_index": x.turn_index, "behaviour_id": x.behaviour_id, "probability": x.probability, "hit": x.hit}
+            for x in self.behaviours
+        ]
         return _dump({"record_version": RECORD_VERSION, **d})
 
     @classmethod
@@ -246,6 +275,9 @@ class ScoreRecord:
                 for x in values.get("dimensions", ())
             )
             values["rubrics"] = tuple(RubricHit(x["rubric_id"], x["polarity"], x["score"]) for x in values.get("rubrics", ()))
+            values["behaviours"] = tuple(
+                BehaviourHit(x["turn_index"], x["behaviour_id"], x["probability"], x["hit"]) for x in values.get("behaviours", ())
+            )
             return cls(**values)
         except RecordError:
             raise

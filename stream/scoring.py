@@ -1,4 +1,4 @@
-"""Scoring closed conversations: judge → rubric set → calibrator → `ScoreRecord`.
+"""Scoring closed conversations: judge → rubric set → calibrator (→ behaviours) → `ScoreRecord`.
 
 `ConversationScorer.score` never raises for a conversation: transient judge
 failures are retried with capped exponential backoff (full jitter) up to
@@ -7,6 +7,9 @@ the reason, so nothing is dropped. Before any of that, the sampling policy
 (``scoring.sampling``, stream/sampling.py) decides whether to judge it at all:
 an unsampled conversation becomes an *unsampled* record (stored and counted,
 not judged). Every record carries its inclusion probability π and the reason.
+With a behaviour set (``scoring.behaviours``, scorers/behaviours.py) the judge
+also answers its yes/no questions about every assistant turn; what they cost is
+counted with the rest of the conversation's judge cost.
 
 A judge budget (``scoring.budget``, stream/budget.py) makes each attempt wait
 while it is spent. The one exception `score` lets out is
@@ -26,16 +29,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from scorers.behaviours import BehaviourScorer, BehaviourSet, ConversationBehaviours, shows
 from scorers.calibration import CalibrationError
 from scorers.calibrators import Calibrator
 from scorers.early_stopping import EarlyStoppedScore, EarlyStoppingScorer, ScoreMoments
-from scorers.judges.base import Judge, JudgeError
+from scorers.judges.base import Judge, JudgeError, Provenance
 from scorers.questions import Question, load_questions
 from scorers.rubrics import RubricSet, RubricSetError
 from stream.budget import BudgetGate, Cost, transcript_chars
 from stream.cost import judge_cost
 from stream.metrics import JUDGED, UNSAMPLED, ServiceMetrics
-from stream.records import ClosedConversation, DimensionPrediction, RubricHit, ScoreRecord
+from stream.records import BehaviourHit, ClosedConversation, DimensionPrediction, RubricHit, ScoreRecord
 from stream.sampling import SamplingDecision, SamplingPolicy
 from stream.settings import PriceSettings, ScoringSettings, SettingsError
 
@@ -83,7 +87,7 @@ def _approximate_stopping_moments(rubric_set: RubricSet, settings: ScoringSettin
 
 
 class ConversationScorer:
-    """Scores `ClosedConversation`s with one judge, rubric set and (optional) calibrator."""
+    """Scores `ClosedConversation`s with one judge, rubric set, (optional) calibrator and (optional) behaviour set."""
 
     def __init__(
         self,
@@ -95,6 +99,7 @@ class ConversationScorer:
         questions: Sequence[Question] | None = None,
         rng: random.Random | None = None,
         price: PriceSettings | None = None,
+        behaviour_set: BehaviourSet | None = None,
     ) -> None:
         self.judge = judge
         self.rubric_set = rubric_set
@@ -114,6 +119,8 @@ class ConversationScorer:
         moments = _approximate_stopping_moments(rubric_set, settings)
         if moments is not None:  # approximate labels depend on the moments and the setting too
             versions += f"|approximate:{settings.max_label_change_probability}:{moments.digest()}"
+        if behaviour_set is not None:
+            versions += f"|behaviours:{behaviour_set.version}"
         self.scorer_version = hashlib.sha256(versions.encode("utf-8")).hexdigest()[:12]
         # The calibrator reads all its questions, so they are asked whatever early stopping decides.
         rubric_ids = {r.id for r in rubric_set.rubrics}
@@ -126,6 +133,8 @@ class ConversationScorer:
             max_change_probability=settings.max_label_change_probability,
             moments=moments,
         )
+        self.behaviour_set_version = behaviour_set.version if behaviour_set is not None else ""
+        self._behaviour_scorer = BehaviourScorer(behaviour_set) if behaviour_set is not None else None
         self._rng = rng or random.Random()
         self.price = price
         self.budget = BudgetGate.from_settings(settings.budget, metrics)  # None: no limit set
@@ -141,7 +150,23 @@ class ConversationScorer:
         except JudgeError as e:
             self.metrics.judge_errors.labels(self.judge_name, type(e).__name__).inc()
             raise
-        p = scored.judgement.provenance
+        self._count_judge_cost(scored.judgement.provenance, started)
+        self.metrics.rubric_questions.labels("asked").inc(len(scored.rubric_scores))
+        self.metrics.rubric_questions.labels("skipped").inc(len(scored.unasked))
+        return scored
+
+    def _judge_behaviours(self, scorer: BehaviourScorer, closed: ClosedConversation) -> ConversationBehaviours:
+        """Ask the behaviour set's questions about every assistant turn and count the cost in the metrics."""
+        started = time.perf_counter()
+        try:
+            behaviours = scorer.score(self.judge, closed.to_conversation())
+        except JudgeError as e:
+            self.metrics.judge_errors.labels(self.judge_name, type(e).__name__).inc()
+            raise
+        self._count_judge_cost(behaviours.provenance, started)
+        return behaviours
+
+    def _count_judge_cost(self, p: Provenance, started: float) -> None:
         self.metrics.judge_latency.labels(self.judge_name).observe(p.latency_s or time.perf_counter() - started)
         self.metrics.judge_calls.labels(self.judge_name).inc(p.calls)
         self.metrics.judge_tokens.labels(self.judge_name, "prompt").inc(p.prompt_tokens)
@@ -150,14 +175,21 @@ class ConversationScorer:
         if self.price is not None:
             cost = judge_cost(self.price, p.prompt_tokens, p.cached_prompt_tokens, p.completion_tokens)
             self.metrics.judge_cost.labels(self.judge_name, self.price.currency).inc(cost)
-        self.metrics.rubric_questions.labels("asked").inc(len(scored.rubric_scores))
-        self.metrics.rubric_questions.labels("skipped").inc(len(scored.unasked))
-        return scored
 
     def score_once(self, closed: ClosedConversation, attempts: int = 1) -> ScoreRecord:
         """Judge and score one conversation; raises `JudgeError`/`CalibrationError` on failure."""
         rubric_score = self._judge_rubrics(closed)
         judgement = rubric_score.judgement
+        p = judgement.provenance
+        behaviours: tuple[BehaviourHit, ...] = ()
+        if self._behaviour_scorer is not None:
+            judged = self._judge_behaviours(self._behaviour_scorer, closed)
+            p = Provenance.total([p, judged.provenance])
+            behaviours = tuple(
+                BehaviourHit(turn.turn_index, behaviour, probability, shows(probability))
+                for turn in judged.turns
+                for behaviour, probability in turn.probabilities.items()
+            )
         polarity = {r.id: r.polarity.value for r in self.rubric_set.rubrics}
         dimensions: list[DimensionPrediction] = []
         main_probs: tuple[float, ...]
@@ -174,7 +206,6 @@ class ConversationScorer:
             main_probs = tuple(float(p) for p in main.probabilities[0])
             main_ev = float(main.expected_value[0])
             p_dsat = float(main.prob_at_most(self.settings.dissatisfied_max_value)[0])
-        p = judgement.provenance
         return self._record(
             closed,
             "scored",
@@ -191,6 +222,7 @@ class ConversationScorer:
             dissatisfaction_probability=p_dsat,
             dimensions=tuple(dimensions),
             rubrics=tuple(RubricHit(rid, polarity[rid], float(s)) for rid, s in rubric_score.rubric_scores.items()),
+            behaviours=behaviours,
             judge_calls=p.calls,
             judge_prompt_tokens=p.prompt_tokens,
             judge_completion_tokens=p.completion_tokens,
@@ -217,6 +249,7 @@ class ConversationScorer:
             judge=self.judge_name,
             rubric_set_version=self.rubric_set.version,
             calibrator_version=self.calibrator_version,
+            behaviour_set_version=self.behaviour_set_version,
             scored_at=time.time(),
             attempts=attempts,
             **outcome,
@@ -316,3 +349,14 @@ class ConversationScorer:
             m.calibrated_dissatisfaction_squared_sampling_variance.labels(*attrs).inc(sampling_variance * p * p)
         for d in record.dimensions:
             self.metrics.dimension.labels(d.question_id, *attrs).observe(d.expected_value)
+        self._observe_behaviours(record, attrs, weight)
+
+    def _observe_behaviours(self, record: ScoreRecord, attrs: tuple[str, ...], weight: float) -> None:
+        """Count judged assistant turns and each behaviour's hits (0 included, so every rate has a series)."""
+        m = self.metrics
+        turns = {b.turn_index for b in record.behaviours}
+        m.behaviour_turns.labels(*attrs).inc(len(turns))
+        m.behaviour_turns_weight.labels(*attrs).inc(weight * len(turns))
+        for b in record.behaviours:
+            m.behaviour_hits.labels(b.behaviour_id, *attrs).inc(int(b.hit))
+            m.behaviour_hits_weight.labels(b.behaviour_id, *attrs).inc(weight * b.hit)

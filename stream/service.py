@@ -6,6 +6,7 @@ import logging
 import signal
 import threading
 
+from scorers.behaviours import load_behaviour_set
 from scorers.calibrators import load_calibrator
 from scorers.rubrics import RubricSet
 from stream.judge_factory import judge_from_settings
@@ -18,15 +19,19 @@ log = logging.getLogger(__name__)
 
 
 def build_scorer(settings: Settings, metrics: ServiceMetrics) -> ConversationScorer:
-    """Judge, rubric set and calibrator from settings; a missing file is a `SettingsError`."""
+    """Judge, rubric set, calibrator and behaviour set from settings; a missing file is a `SettingsError`."""
     if settings.rubric_set is None:
         raise SettingsError(
             "no rubric set: set rubric_set (CONVOWATCH_RUBRIC_SET) to a file from `convowatch rubrics fit` or `convowatch learn`"
         )
     rubric_set = RubricSet.load(settings.rubric_set)
     calibrator = load_calibrator(settings.calibrator) if settings.calibrator is not None else None
+    behaviours = settings.scoring.behaviours
+    behaviour_set = load_behaviour_set(behaviours) if behaviours is not None else None
     judge = judge_from_settings(settings.judge, settings.cache_dir)
-    return ConversationScorer(judge, rubric_set, calibrator, settings.scoring, metrics, price=settings.judge.price)
+    return ConversationScorer(
+        judge, rubric_set, calibrator, settings.scoring, metrics, price=settings.judge.price, behaviour_set=behaviour_set
+    )
 
 
 def new_metrics(settings: Settings) -> ServiceMetrics:

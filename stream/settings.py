@@ -200,6 +200,12 @@ class ScoringSettings(BaseModel):
         description="Approximate early stopping (needs rubrics_per_round and the score moments `rubrics fit` records): "
         "also stop once the chance that the unasked rubrics would change a label is at most this; 0 = exact only.",
     )
+    behaviours: str | None = Field(
+        default=None,
+        description="ABC-Eval behaviours judged on every assistant turn of a scored conversation: 'abc-eval' (the 16 "
+        "shipped with convowatch) or a behaviour-set file; None = off. Costs one judge call per assistant turn and "
+        "behaviour at judge.questions_per_call = 1 (docs/behaviours.md).",
+    )
     sampling: SamplingSettings = Field(default_factory=SamplingSettings)
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Generic, TypeVar
 
-from stream.records import DimensionPrediction, FeedbackRow, RubricHit, ScoreRecord
+from stream.records import BehaviourHit, DimensionPrediction, FeedbackRow, RubricHit, ScoreRecord
 
 T = TypeVar("T")
 
@@ -108,6 +108,7 @@ _CLOSED_AT = _conversation("closed_at", TIMESTAMP)
 _SCORED_AT = _field("scored_at", TIMESTAMP)
 _N_TURNS = Column[ScoreRecord]("n_turns", "UInt32", lambda r: len(r.conversation.turns))
 _ATTRIBUTES = _conversation("attributes", "Map(String, String)")
+_INCLUSION_PROBABILITY = _field("inclusion_probability", "Float64")
 
 CONVERSATIONS = Table[ScoreRecord](
     "conversations",
@@ -159,8 +160,9 @@ SCORES = Table[ScoreRecord](
         _field("judge_completion_tokens", "UInt64"),
         _field("judge_cached_prompt_tokens", "UInt64"),
         _field("judge_latency_s", "Float64"),
-        _field("inclusion_probability", "Float64"),
+        _INCLUSION_PROBABILITY,
         _field("sampling_reason", LOW_CARDINALITY),
+        _field("behaviour_set_version", LOW_CARDINALITY),
         Column("extra", "String", lambda r: json.dumps(r.extra, sort_keys=True, ensure_ascii=False)),
     ),
     server_columns=("stored_at", "version"),
@@ -192,6 +194,20 @@ RUBRICS = Table[Scored[RubricHit]](
     ),
 )
 
+BEHAVIOURS = Table[Scored[BehaviourHit]](
+    "behaviour_turns",
+    (
+        _of_record(_ID),
+        _of_record(_SCORER_VERSION),
+        _of_part("turn_index", "UInt32"),
+        _of_part("behaviour_id", LOW_CARDINALITY),
+        _of_part("probability", "Float64"),
+        _of_part("hit", "Bool"),
+        _of_record(_INCLUSION_PROBABILITY),
+        *_PER_PART_TAIL,
+    ),
+)
+
 FEEDBACK = Table[FeedbackRow](
     "feedback",
     (
@@ -207,15 +223,16 @@ FEEDBACK = Table[FeedbackRow](
     ),
 )
 
-TABLES: tuple[Table[Any], ...] = (CONVERSATIONS, SCORES, DIMENSIONS, RUBRICS, FEEDBACK)
+TABLES: tuple[Table[Any], ...] = (CONVERSATIONS, SCORES, DIMENSIONS, RUBRICS, BEHAVIOURS, FEEDBACK)
 
 
 def score_rows(records: Sequence[ScoreRecord]) -> Iterator[tuple[Table[Any], list[list[Any]]]]:
-    """Each score table with the rows ``records`` write to it (dimension and rubric rows only for their parts)."""
+    """Each score table with the rows ``records`` write to it (dimension, rubric and behaviour rows only for their parts)."""
     yield CONVERSATIONS, [CONVERSATIONS.row(r) for r in records]
     yield SCORES, [SCORES.row(r) for r in records]
     yield DIMENSIONS, [DIMENSIONS.row((r, d)) for r in records for d in r.dimensions]
     yield RUBRICS, [RUBRICS.row((r, h)) for r in records for h in r.rubrics]
+    yield BEHAVIOURS, [BEHAVIOURS.row((r, b)) for r in records for b in r.behaviours]
 
 
 # --- migrations: the history that creates these tables ------------------------------------------
@@ -336,6 +353,27 @@ MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
             f"""ALTER TABLE {{db}}.conversation_scores
                 ADD COLUMN IF NOT EXISTS inclusion_probability Float64 DEFAULT 1 AFTER judge_latency_s,
                 ADD COLUMN IF NOT EXISTS sampling_reason {_LC} AFTER inclusion_probability""",
+            "CREATE OR REPLACE VIEW " + _LATEST_SCORES_VIEW,
+        ),
+    ),
+    (
+        "0004_behaviours",
+        (
+            f"""ALTER TABLE {{db}}.conversation_scores
+                ADD COLUMN IF NOT EXISTS behaviour_set_version {_LC} AFTER sampling_reason""",
+            f"""CREATE TABLE IF NOT EXISTS {{db}}.behaviour_turns (
+                conversation_id String,
+                scorer_version {_LC},
+                turn_index UInt32,
+                behaviour_id {_LC},
+                probability Float64,
+                hit Bool,
+                inclusion_probability Float64,
+                product {_LC},
+                model_version {_LC},
+                closed_at {_TS},
+                scored_at {_TS}
+            ) ENGINE = ReplacingMergeTree(scored_at) ORDER BY (conversation_id, scorer_version, turn_index, behaviour_id)""",
             "CREATE OR REPLACE VIEW " + _LATEST_SCORES_VIEW,
         ),
     ),

@@ -13,7 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from stream.records import ClosedConversation, DimensionPrediction, FeedbackRow, RubricHit, ScoreRecord, TurnRecord
+from stream.records import (
+    BehaviourHit,
+    ClosedConversation,
+    DimensionPrediction,
+    FeedbackRow,
+    RubricHit,
+    ScoreRecord,
+    TurnRecord,
+)
 from stream.report.summary import summarize
 from stream.store import ClickHouseStore, StoreError
 from stream.tables import MIGRATIONS
@@ -23,6 +31,7 @@ from tests.chdb_fixture import chdb_dsn, chdb_store, store_factory  # noqa: F401
 REPO = Path(__file__).resolve().parents[2]
 T0 = 1_707_480_000.0  # 2024-02-09 12:00 UTC
 TABLES = [
+    "behaviour_turns",
     "conversation_scores",
     "conversations",
     "dimension_predictions",
@@ -64,6 +73,7 @@ def scored(
     scored_at: float = T0 + 100,
     rubrics: tuple[RubricHit, ...] = (),
     dimensions: tuple[DimensionPrediction, ...] = (),
+    behaviours: tuple[BehaviourHit, ...] = (),
 ) -> ScoreRecord:
     return ScoreRecord(
         conversation=closed(cid, attributes),
@@ -83,6 +93,7 @@ def scored(
         dissatisfaction_probability=p_dsat,
         rubrics=rubrics,
         dimensions=dimensions,
+        behaviours=behaviours,
     )
 
 
@@ -105,7 +116,7 @@ def unscored(
 def final_counts(store: ClickHouseStore) -> dict[str, int]:
     return {
         t: store.query(f"SELECT count() AS n FROM {t} FINAL")[0]["n"]
-        for t in ("conversations", "conversation_scores", "dimension_predictions", "rubric_scores")
+        for t in ("conversations", "conversation_scores", "dimension_predictions", "rubric_scores", "behaviour_turns")
     }
 
 
@@ -201,14 +212,14 @@ def test_a_database_before_sampling_is_upgraded_and_its_rows_count_with_weight_o
         "writing old rows",
     )
     monkeypatch.setattr(store_module, "MIGRATIONS", MIGRATIONS)
-    assert store.migrate() == ["0003_sampling"]
+    assert store.migrate() == ["0003_sampling", "0004_behaviours"]
     rows = store.query(
-        "SELECT conversation_id, status, inclusion_probability, sampling_reason FROM latest_scores ORDER BY conversation_id"
+        "SELECT conversation_id, status, inclusion_probability, sampling_reason, behaviour_set_version "
+        "FROM latest_scores ORDER BY conversation_id"
     )
-    assert rows == [
-        {"conversation_id": "old-dsat", "status": "scored", "inclusion_probability": 1.0, "sampling_reason": ""},
-        {"conversation_id": "old-sat", "status": "scored", "inclusion_probability": 1.0, "sampling_reason": ""},
-    ]
+    old = {"status": "scored", "inclusion_probability": 1.0, "sampling_reason": "", "behaviour_set_version": ""}
+    assert rows == [{"conversation_id": "old-dsat", **old}, {"conversation_id": "old-sat", **old}]
+    assert store.query("SELECT count() AS n FROM behaviour_turns") == [{"n": 0}]
     [v] = summarize(store, group_by="product").variants
     assert (v.n, v.n_scored, v.dsat_rate, v.calibrated_dissatisfaction) == (2, 2, 0.5, pytest.approx(0.5))
 
@@ -259,6 +270,8 @@ def test_write_and_read_back_every_field(store_factory) -> None:
         dissatisfaction_probability=0.625,
         dimensions=(DimensionPrediction("Q1", (0.5, 0.5), 1.5), DimensionPrediction("Q2", (0.0, 0.25, 0.75), 2.75)),
         rubrics=(RubricHit("s-fix", "sat", 7.5), RubricHit("d-generic", "dsat", -5.0)),
+        behaviour_set_version="bs-1",
+        behaviours=(BehaviourHit(2, "ignore", 0.75, True), BehaviourHit(2, "redundant", 0.125, False)),
         judge_calls=9,
         judge_prompt_tokens=1234,
         judge_completion_tokens=56,
@@ -273,6 +286,7 @@ def test_write_and_read_back_every_field(store_factory) -> None:
         "conversation_scores": 1,
         "dimension_predictions": 2,
         "rubric_scores": 2,
+        "behaviour_turns": 2,
     }
 
     [c] = store.query("SELECT * FROM conversations FINAL")
@@ -328,6 +342,7 @@ def test_write_and_read_back_every_field(store_factory) -> None:
         "judge_latency_s": 4.25,
         "inclusion_probability": 0.25,
         "sampling_reason": "rate",
+        "behaviour_set_version": "bs-1",
         "extra": '{"note": "x"}',
     }
     dims = store.query("SELECT * FROM dimension_predictions FINAL ORDER BY question_id")
@@ -342,6 +357,13 @@ def test_write_and_read_back_every_field(store_factory) -> None:
         {**common, "rubric_id": "d-generic", "polarity": "dsat", "score": -5.0, **times},
         {**common, "rubric_id": "s-fix", "polarity": "sat", "score": 7.5, **times},
     ]
+    behaviours = store.query("SELECT * FROM behaviour_turns FINAL ORDER BY behaviour_id")
+    turn = {"conversation_id": "conv-1", "scorer_version": "sv-3", "turn_index": 2}
+    tail = {"inclusion_probability": 0.25, "product": "chat", "model_version": "m-7", **times}
+    assert behaviours == [
+        {**turn, "behaviour_id": "ignore", "probability": 0.75, "hit": True, **tail},
+        {**turn, "behaviour_id": "redundant", "probability": 0.125, "hit": False, **tail},
+    ]
 
 
 def test_unscored_record_has_null_scores_and_a_conversation_row(store_factory) -> None:
@@ -351,6 +373,7 @@ def test_unscored_record_has_null_scores_and_a_conversation_row(store_factory) -
         "conversation_scores": 1,
         "dimension_predictions": 0,
         "rubric_scores": 0,
+        "behaviour_turns": 0,
     }
     [row] = store.query(
         "SELECT status, unscored_reason, netsat, label, main_expected_value, dissatisfaction_probability, product FROM conversation_scores FINAL"
@@ -372,7 +395,9 @@ def test_duplicate_delivery_leaves_counts_unchanged(store_factory) -> None:
     store = store_factory()
     dims = tuple(DimensionPrediction(f"Q{i}", (0.5, 0.5), 1.5) for i in range(3))
     hits = (RubricHit("s1", "sat", 5.0), RubricHit("d1", "dsat", -2.5))
-    batch = [scored(f"c{i}", "sat", 3.0, 0.2, 3.0, rubrics=hits, dimensions=dims) for i in range(5)] + [unscored("u")]
+    turns = (BehaviourHit(1, "ignore", 0.8, True), BehaviourHit(1, "redundant", 0.1, False))
+    batch = [scored(f"c{i}", "sat", 3.0, 0.2, 3.0, rubrics=hits, dimensions=dims, behaviours=turns) for i in range(5)]
+    batch += [unscored("u")]
     store.write_scores(batch)
     once = final_counts(store)
     summary_once = summarize(store)
@@ -382,7 +407,7 @@ def test_duplicate_delivery_leaves_counts_unchanged(store_factory) -> None:
     assert (
         final_counts(store)
         == once
-        == {"conversations": 6, "conversation_scores": 6, "dimension_predictions": 15, "rubric_scores": 10}
+        == {"conversations": 6, "conversation_scores": 6, "dimension_predictions": 15, "rubric_scores": 10, "behaviour_turns": 10}
     )
     assert store.count_conversations() == 6  # ... reads see each conversation once
     assert summarize(store) == summary_once
@@ -544,7 +569,13 @@ def test_write_scores_is_one_insert_per_table(store_factory) -> None:
     hits = tuple(RubricHit(f"r{i}", "sat" if i < 4 else "dsat", 5.0 if i < 4 else -5.0) for i in range(8))
     records = [scored(f"c{i:04d}", "sat", 1.0, 0.3, 3.0, dimensions=dims, rubrics=hits) for i in range(2000)]
     written = store.write_scores(records)
-    assert written == {"conversations": 2000, "conversation_scores": 2000, "dimension_predictions": 18000, "rubric_scores": 16000}
+    assert written == {
+        "conversations": 2000,
+        "conversation_scores": 2000,
+        "dimension_predictions": 18000,
+        "rubric_scores": 16000,
+        "behaviour_turns": 0,
+    }
     # every INSERT gets the next block number: one insert per table leaves max_block_number = 1
     blocks = store.query(
         "SELECT table, max(max_block_number) AS b FROM system.parts WHERE database = currentDatabase() AND active "
@@ -677,8 +708,20 @@ def test_every_documented_query_runs_on_the_real_schema(store_factory) -> None:
     store = store_factory()
     for batch in _summary_fixture():
         store.write_scores(batch)
+    turns = tuple(BehaviourHit(i, "ignore", 0.9 if i == 1 else 0.2, i == 1) for i in (1, 3, 5))
     store.write_scores(
-        [scored("only-v2", "sat", 2.0, 0.1, 3.0, scorer_version="v2", dimensions=(DimensionPrediction("Q1", (0.5, 0.5), 1.5),))]
+        [
+            scored(
+                "only-v2",
+                "sat",
+                2.0,
+                0.1,
+                3.0,
+                scorer_version="v2",
+                dimensions=(DimensionPrediction("Q1", (0.5, 0.5), 1.5),),
+                behaviours=turns,
+            )
+        ]
     )
     store.write_feedback([FeedbackRow("b", 1, "thumbs_down", "useless", T0 + 5, {}, T0 + 6)])
     blocks = _doc_sql_blocks()
@@ -698,5 +741,8 @@ def test_every_documented_query_runs_on_the_real_schema(store_factory) -> None:
             "label": "dsat",
             "dissatisfaction_probability": 0.8,
         }
+    ]
+    assert by_first_line["SELECT b.behaviour_id,"] == [
+        {"behaviour_id": "ignore", "rate": pytest.approx(1 / 3), "hits": 1, "turns": 3}
     ]
     assert by_first_line["SELECT c.conversation_id, c.closed_at"] == [{"conversation_id": "only-v2", "closed_at": utc(T0 + 60)}]

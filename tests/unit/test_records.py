@@ -7,7 +7,16 @@ from dataclasses import replace
 
 import pytest
 
-from stream.records import ClosedConversation, DimensionPrediction, FeedbackRow, RecordError, RubricHit, ScoreRecord, TurnRecord
+from stream.records import (
+    BehaviourHit,
+    ClosedConversation,
+    DimensionPrediction,
+    FeedbackRow,
+    RecordError,
+    RubricHit,
+    ScoreRecord,
+    TurnRecord,
+)
 
 T0 = 1_707_480_000.0
 
@@ -39,6 +48,8 @@ def scored(**changes) -> ScoreRecord:
         dissatisfaction_probability=0.2,
         dimensions=(DimensionPrediction("Q1", (0.5, 0.5), 1.5),),
         rubrics=(RubricHit("r1", "sat", 5.0),),
+        behaviour_set_version="bs1",
+        behaviours=(BehaviourHit(1, "ignore", 0.75, True), BehaviourHit(1, "redundant", 0.0, False)),
     )
     return replace(record, **changes)
 
@@ -48,12 +59,24 @@ def test_a_good_record_round_trips() -> None:
     assert ScoreRecord.from_json(record.to_json()) == record
 
 
+def test_a_record_written_before_behaviours_reads_with_none() -> None:
+    d = json.loads(scored().to_json())
+    del d["behaviours"], d["behaviour_set_version"]
+    old = ScoreRecord.from_json(json.dumps(d).encode())
+    assert (old.behaviours, old.behaviour_set_version) == ((), "")
+
+
 @pytest.mark.parametrize(
     "changes, message",
     [
         ({"status": "done"}, r"conversation 'c1': status 'done' is not one of"),
         ({"label": "great"}, r"conversation 'c1': label 'great' of a scored record is not one of"),
-        ({"status": "unscored"}, r"an unscored record carries a label, dimensions or rubrics"),
+        ({"status": "unscored"}, r"an unscored record carries a label, dimensions, rubrics or behaviours"),
+        (
+            {"status": "unsampled", "label": "", "dimensions": (), "rubrics": ()},
+            r"an unsampled record carries a label, dimensions, rubrics or behaviours",
+        ),
+        ({"behaviours": ({"turn_index": 1},)}, r"behaviours are not BehaviourHits"),
         ({"netsat": float("nan")}, r"netsat = nan is not a finite number or null"),
         ({"dissatisfaction_probability": float("inf")}, r"dissatisfaction_probability = inf is not a finite number or null"),
         ({"scored_at": float("inf")}, r"scored_at = inf is not a finite number"),
@@ -80,6 +103,9 @@ def test_a_score_record_with_a_bad_value_cannot_be_built(changes: dict, message:
         (lambda: DimensionPrediction("Q1", (0.5, 0.5), float("nan")), r"Q1: expected_value = nan is not finite"),
         (lambda: RubricHit("r1", "neutral", 1.0), r"rubric r1: polarity 'neutral' is not one of"),
         (lambda: RubricHit("r1", "dsat", float("-inf")), r"rubric r1: score = -inf is not finite"),
+        (lambda: BehaviourHit(1, "ignore", 1.5, True), r"behaviour ignore of turn 1: probability 1.5 is not in \[0, 1\]"),
+        (lambda: BehaviourHit(-1, "ignore", 0.5, True), r"behaviour ignore of turn -1: turn_index is not a count"),
+        (lambda: BehaviourHit(1, "ignore", 0.5, 1), r"behaviour ignore of turn 1: hit = 1 is not a boolean"),
         (lambda: TurnRecord(-1, "user", "x", T0), r"turn index -1 is not a non-negative integer"),
         (lambda: TurnRecord(0, "bot", "x", T0), r"turn 0: role 'bot' is not one of"),
         (lambda: TurnRecord(0, "user", "x", float("nan")), r"turn 0 timestamp = nan is not an epoch time"),

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from scorers.behaviours import BehaviourSet, default_behaviour_set
 from scorers.calibration import CalibrationNetwork
 from scorers.conversation import Conversation
 from scorers.datasets.llm_rubric import (
@@ -27,7 +28,7 @@ from scorers.datasets.llm_rubric import (
     satisfaction_labels,
 )
 from scorers.early_stopping import MOMENTS_KEY, ScoreMoments
-from scorers.judges.base import Judgement, JudgeUnavailable
+from scorers.judges.base import Answer, Judgement, JudgeUnavailable, Provenance
 from scorers.judges.recorded import RecordedJudge
 from scorers.ordinal_calibration import OrdinalCalibrator
 from scorers.questions import Question
@@ -459,3 +460,82 @@ def test_approximate_early_stopping_needs_rounds_and_moments_and_versions_its_sc
     stopped = [r for r in records if "label_change_probability" in r.extra]
     assert stopped and all(0 < r.extra["label_change_probability"] <= 0.05 and r.rubrics_unasked for r in stopped)
     assert sum(len(r.rubrics) for r in records) < sum(len(r.rubrics) for r in (score(exact, c) for c in conversations.values()))
+
+
+# --- behaviours ------------------------------------------------------------------------
+
+
+class BehaviourAnsweringJudge:
+    """The recorded judge for the rubric and calibrator questions; for behaviour questions a rule on the text:
+    a turn "asks back" when it contains a question mark. A stand-in with known answers for the plumbing (the
+    recorded GPT-3.5 answers have no behaviour questions); what a real judge detects is measured in the bench."""
+
+    def __init__(self, judge: RecordedJudge) -> None:
+        self.inner = judge
+        self.name = judge.name
+        self.model = judge.model
+        self.behaviour_calls = 0
+
+    def judge(self, conversation: Conversation, questions: Sequence[Question]) -> Judgement:
+        if not questions[0].id.startswith("behaviour."):
+            return self.inner.judge(conversation, questions)
+        self.behaviour_calls += 1
+        asks_back = "?" in conversation.turns[-1].text
+        answers = {
+            q.id: Answer(q.id, (0.8, 0.2) if q.id == "behaviour.follow_up" and asks_back else (0.1, 0.9)) for q in questions
+        }
+        return Judgement(conversation.id, answers, Provenance(self.name, self.model, prompt_tokens=50, calls=1))
+
+
+def test_behaviours_are_judged_per_assistant_turn_stored_and_counted(judge, rubric_set, conversation) -> None:
+    behaviour_set = BehaviourSet.from_dict(
+        {
+            "schema_version": 1,
+            "name": "two",
+            "behaviours": [
+                {"id": "follow_up", "label": "Follow-up", "definition": "Asks the user a question back."},
+                {"id": "antisocial", "label": "Antisocial", "definition": "Insulting, hateful or grossly vulgar."},
+            ],
+        }
+    )
+    metrics = ServiceMetrics()
+    answering = BehaviourAnsweringJudge(judge)
+    plain = ConversationScorer(judge, rubric_set, None, fast_retries(questions=None), ServiceMetrics())
+    scorer = ConversationScorer(answering, rubric_set, None, fast_retries(questions=None), metrics, behaviour_set=behaviour_set)
+    record = score(scorer, conversation)
+
+    assistant = [t for t in conversation.turns if t.role == "assistant"]
+    assert len(assistant) >= 2 and answering.behaviour_calls == len(assistant)
+    assert record.behaviour_set_version == behaviour_set.version and plain.score_once(conversation).behaviour_set_version == ""
+    assert scorer.scorer_version != plain.scorer_version  # behaviour rows belong to the version that asked them
+    assert [(b.turn_index, b.behaviour_id) for b in record.behaviours] == [
+        (t.index, b) for t in assistant for b in ("follow_up", "antisocial")
+    ]
+    follow_ups = [b.hit for b in record.behaviours if b.behaviour_id == "follow_up"]
+    assert follow_ups == ["?" in t.text for t in assistant]
+    assert not any(b.hit for b in record.behaviours if b.behaviour_id == "antisocial")
+    assert record.judge_calls == len(assistant) and record.judge_prompt_tokens == 50 * len(assistant)
+    assert record.netsat == plain.score_once(conversation).netsat  # the rubric score is unchanged
+    assert ScoreRecord.from_json(record.to_json()) == record
+
+    attrs = {"product": "llm-rubric-demo", "model_version": conversation.attributes["model_version"]}
+    assert sample(metrics, "convowatch_behaviour_turns_total", **attrs) == len(assistant)
+    assert sample(metrics, "convowatch_behaviour_hits_total", behaviour="follow_up", **attrs) == sum(follow_ups)
+    assert sample(metrics, "convowatch_behaviour_hits_total", behaviour="antisocial", **attrs) == 0  # the series exists
+    assert sample(metrics, "convowatch_judge_calls_total", judge=scorer.judge_name) == len(assistant)
+
+
+def test_behaviour_counts_are_weighted_by_the_inclusion_probability(judge, rubric_set, conversation) -> None:
+    metrics = ServiceMetrics()
+    settings = fast_retries(questions=None, sampling={"default_rate": 0.5, "salt": "take-it"})
+    scorer = ConversationScorer(
+        BehaviourAnsweringJudge(judge), rubric_set, None, settings, metrics, behaviour_set=default_behaviour_set()
+    )
+    record = score(scorer, conversation)
+    assert record.status == "scored" and record.inclusion_probability == 0.5  # the salt was chosen to keep it
+    attrs = {"product": "llm-rubric-demo", "model_version": conversation.attributes["model_version"]}
+    turns = sample(metrics, "convowatch_behaviour_turns_total", **attrs)
+    assert turns == len({b.turn_index for b in record.behaviours}) > 0
+    assert sample(metrics, "convowatch_behaviour_turns_weight_total", **attrs) == pytest.approx(2 * turns)
+    hits = sample(metrics, "convowatch_behaviour_hits_total", behaviour="follow_up", **attrs)
+    assert sample(metrics, "convowatch_behaviour_hits_weight_total", behaviour="follow_up", **attrs) == pytest.approx(2 * hits)

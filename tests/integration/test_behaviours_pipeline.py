@@ -1,0 +1,103 @@
+"""ABC-Eval behaviours in the real pipeline: tansu broker, worker and sink processes, chDB, and a real judge
+(llama-cpp-python's server on Gemma 3 270M, session fixture ``llama_server``).
+
+Gemma 270M is far too weak for its yes/no answers to mean anything; this checks that every assistant turn's
+behaviours are asked, carried on the scores topic, stored one row per turn × behaviour and counted in the
+metrics, with the calls they cost. What a judge detects is measured in the benchmark, not here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from scorers.behaviours import BehaviourSet
+from stream.contract import TurnEvent
+from tests.integration.test_pipeline import _few_conversations, _wait_scores, _wait_sink_caught_up, pipeline  # noqa: F401
+from tests.pipeline import Pipeline
+from tests.servers import LlamaServer
+
+BEHAVIOURS = {
+    "schema_version": 1,
+    "name": "two",
+    "behaviours": [
+        {"id": "ignore", "label": "Ignore", "definition": "The response does not respond to what the user just said."},
+        {"id": "redundant", "label": "Redundant", "definition": "The response repeats earlier information without need."},
+    ],
+}
+
+
+@pytest.mark.slow
+def test_behaviours_of_every_assistant_turn_are_judged_stored_and_counted(
+    pipeline: Pipeline, llama_server: LlamaServer, tmp_path: Path
+) -> None:
+    behaviours_file = tmp_path / "behaviours.json"
+    behaviours_file.write_text(json.dumps(BEHAVIOURS), encoding="utf-8")
+    pipeline.extra_env.update(
+        {
+            "CONVOWATCH_JUDGE__BACKEND": "openai",
+            "CONVOWATCH_JUDGE__BASE_URL": llama_server.url,
+            "CONVOWATCH_JUDGE__MODEL": llama_server.model,
+            "CONVOWATCH_JUDGE__API_KEY": str(llama_server.api_key),
+            "CONVOWATCH_JUDGE__TIMEOUT_S": "300",  # a loaded 2-core host; this is not a timed test
+            # One call per conversation for its questions and one per assistant turn for its behaviours, each reply held
+            # to one option key per question by a grammar (Gemma 270M unconstrained often answers none of the options).
+            "CONVOWATCH_JUDGE__QUESTIONS_PER_CALL": "20",
+            "CONVOWATCH_JUDGE__ANSWER_FORMAT": "sequence",
+            "CONVOWATCH_SCORING__BEHAVIOURS": str(behaviours_file),
+        }
+    )
+    worker = pipeline.start_worker()
+    sink = pipeline.start_sink()
+    pipeline.wait_assigned([worker])
+    items, ids = _few_conversations(2)
+    assistant_turns = {
+        cid: sorted(
+            {
+                e.turn_index
+                for e in (i.event for i in items)
+                if isinstance(e, TurnEvent) and e.conversation_id == cid and e.role == "assistant"
+            }
+        )
+        for cid in ids
+    }
+    pipeline.produce((i.key, i.raw) for i in items)
+
+    records = {cid: rs[-1] for cid, rs in _wait_scores(pipeline, ids, timeout=900).items()}
+    version = BehaviourSet.from_dict(BEHAVIOURS).version
+    for cid, record in records.items():
+        assert record.status == "scored", record.unscored_reason
+        assert record.behaviour_set_version == version
+        assert [(b.turn_index, b.behaviour_id) for b in record.behaviours] == [
+            (t, b) for t in assistant_turns[cid] for b in ("ignore", "redundant")
+        ]
+        assert all(0 <= b.probability <= 1 and b.hit == (b.probability > 0.5) for b in record.behaviours)
+        # one call for the rubric and calibrator questions, then one per assistant turn (fallbacks would add calls)
+        assert record.judge_calls >= 1 + len(assistant_turns[cid])
+
+    n_turns = sum(len(t) for t in assistant_turns.values())
+    assert worker.metric_sum("convowatch_behaviour_turns_total") == n_turns
+    hits = sum(b.hit for r in records.values() for b in r.behaviours if b.behaviour_id == "ignore")
+    assert worker.metric_sum("convowatch_behaviour_hits_total", behaviour="ignore") == hits
+
+    _wait_sink_caught_up(pipeline)
+    sink.terminate()
+    rows = pipeline.query_store(
+        "SELECT conversation_id, turn_index, behaviour_id, probability, hit FROM convowatch.behaviour_turns FINAL "
+        "ORDER BY conversation_id, turn_index, behaviour_id"
+    )
+    assert rows == [
+        {
+            "conversation_id": cid,
+            "turn_index": b.turn_index,
+            "behaviour_id": b.behaviour_id,
+            "probability": b.probability,
+            "hit": b.hit,
+        }
+        for cid in sorted(records)
+        for b in sorted(records[cid].behaviours, key=lambda b: (b.turn_index, b.behaviour_id))
+    ]
+    [score] = pipeline.query_store("SELECT DISTINCT behaviour_set_version AS v FROM convowatch.conversation_scores FINAL")
+    assert score == {"v": version}
