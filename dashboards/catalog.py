@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dashboards import operations, overview, quality, rubrics_dashboard
+from dashboards import behaviours_dashboard, operations, overview, quality, rubrics_dashboard
 from dashboards.datasources import KIND_BY_UID, Kind
 from scorers.errors import UserError
 
@@ -26,6 +26,7 @@ BUILDERS: tuple[Callable[[], dict[str, Any]], ...] = (
     overview.dashboard,
     quality.dashboard,
     rubrics_dashboard.dashboard,
+    behaviours_dashboard.dashboard,
     operations.dashboard,
 )
 

@@ -50,6 +50,11 @@ CALIBRATED_DSAT_SQUARED_WEIGHTED = "convowatch_calibrated_dissatisfaction_probab
 CALIBRATED_SAMPLING_VARIANCE = "convowatch_calibrated_sampling_variance_total"
 CALIBRATED_DSAT_SAMPLING_VARIANCE = "convowatch_calibrated_dissatisfaction_probability_sampling_variance_total"
 CALIBRATED_DSAT_SQUARED_SAMPLING_VARIANCE = "convowatch_calibrated_dissatisfaction_probability_squared_sampling_variance_total"
+# ABC-Eval behaviours per assistant turn (scoring.behaviours).
+BEHAVIOUR_HITS = "convowatch_behaviour_hits_total"
+BEHAVIOUR_TURNS = "convowatch_behaviour_turns_total"
+BEHAVIOUR_HITS_WEIGHT = "convowatch_behaviour_hits_weight_total"
+BEHAVIOUR_TURNS_WEIGHT = "convowatch_behaviour_turns_weight_total"
 
 
 def _by(by: str) -> str:
@@ -75,6 +80,12 @@ def calibrated_dsat_rate(window: str, matchers: str = "", by: str = "", offset: 
     """Calibrated dissatisfaction rate: the 1/π-weighted mean calibrated P(dsat) of the conversations scored in ``window``
     (``offset`` earlier)."""
     return f"{rate(CALIBRATED_DSAT_WEIGHTED, window, matchers, by, offset)} / {rate(CALIBRATED_WEIGHT, window, matchers, by, offset)}"
+
+
+def behaviour_rate(window: str, matchers: str = "", offset: str = "") -> str:
+    """Each behaviour's share of the assistant turns judged in ``window`` (1/π-weighted), by ``behaviour``."""
+    hits = rate(BEHAVIOUR_HITS_WEIGHT, window, matchers, "behaviour", offset)
+    return f"{hits} / ignoring(behaviour) group_left {rate(BEHAVIOUR_TURNS_WEIGHT, window, matchers, '', offset)}"
 
 
 def calibrated_conversations(window: str, matchers: str = "", by: str = "", offset: str = "") -> str:

@@ -16,6 +16,7 @@ import json
 import re
 import socket
 import subprocess
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,9 @@ from dashboards.datasources import CLICKHOUSE_UID, PROMETHEUS_UID
 from dashboards.push import DEFAULT_FOLDER, PushError, PushTargetError, folder_uid, push
 from scorers.datasets.llm_rubric import REAL_CONVERSATIONS_FILE, load_real_conversations
 from scorers.rubrics import DSAT_HIT_RATING as HIT_RATING
+from scorers.statistics import wilson_interval
 from stream.metrics import ServiceMetrics, metric_names
-from stream.records import ClosedConversation, DimensionPrediction, RubricHit, ScoreRecord, TurnRecord
+from stream.records import BehaviourHit, ClosedConversation, DimensionPrediction, RubricHit, ScoreRecord, TurnRecord
 from tests.chdb_fixture import chdb_dsn, chdb_store, store_factory  # noqa: F401
 from tests.data_paths import LLM_RUBRIC
 from tests.grafana_macros import ALL, expand_promql, expand_sql
@@ -38,7 +40,7 @@ from tests.servers import LOCALHOST, Received, Reply, ScriptedServer
 from tests.unit.test_service_metrics import every_series
 
 ROOT = Path(__file__).resolve().parents[2]
-UIDS = {"convowatch-overview", "convowatch-quality", "convowatch-rubrics", "convowatch-operations"}
+UIDS = {"convowatch-overview", "convowatch-quality", "convowatch-rubrics", "convowatch-behaviours", "convowatch-operations"}
 T0 = 1_707_480_000.0  # 2024-02-09 12:00 UTC
 START = datetime.fromtimestamp(T0 - 3600, tz=UTC)
 END = datetime.fromtimestamp(T0 + 3600, tz=UTC)
@@ -95,7 +97,8 @@ def test_queries_cover_every_target_and_query_variable() -> None:
     variables = sum(v["type"] == "query" for m in catalog.dashboards().values() for v in m["templating"]["list"])
     assert len(queries) == targets + variables
     assert {q.kind for q in queries if q.dashboard == "convowatch-rubrics"} == {"clickhouse"}
-    assert {q.kind for q in queries if q.dashboard != "convowatch-rubrics"} == {"prometheus"}
+    assert {q.kind for q in queries if q.dashboard == "convowatch-behaviours"} == {"clickhouse", "prometheus"}
+    assert {q.kind for q in queries if q.dashboard not in ("convowatch-rubrics", "convowatch-behaviours")} == {"prometheus"}
     assert all(q.expr.strip() for q in queries)
 
 
@@ -215,6 +218,8 @@ def record(
     closed_at: float = T0 + 60,
     scored_at: float = T0 + 100,
     scorer_version: str = "v1",
+    behaviours: tuple[BehaviourHit, ...] = (),
+    inclusion_probability: float = 1.0,
 ) -> ScoreRecord:
     conversation = ClosedConversation(
         conversation_id=cid,
@@ -243,7 +248,13 @@ def record(
         dissatisfaction_probability=p_dsat,
         dimensions=(DimensionPrediction("Q1", (0.1, 0.2, 0.3, 0.4), 3.0), DimensionPrediction("Q2", (0.4, 0.3, 0.2, 0.1), 2.0)),
         rubrics=tuple(RubricHit(rid, "dsat" if rid.startswith("D") else "sat", score) for rid, score in rubrics.items()),
+        behaviours=behaviours,
+        inclusion_probability=inclusion_probability,
     )
+
+
+def shows(turn: int, behaviour: str, hit: bool) -> BehaviourHit:
+    return BehaviourHit(turn, behaviour, 0.9 if hit else 0.1, hit)
 
 
 @pytest.fixture
@@ -253,16 +264,48 @@ def scored_store(store_factory):
     store = store_factory()
     store.write_scores(
         [
-            record(c0, t0, "chat", "dsat", -12.0, 0.9, {"D1": -8.0, "D2": -6.0, "D3": -2.0, "S1": 3.0}),
+            record(
+                c0,
+                t0,
+                "chat",
+                "dsat",
+                -12.0,
+                0.9,
+                {"D1": -8.0, "D2": -6.0, "D3": -2.0, "S1": 3.0},
+                behaviours=tuple(shows(t, b, t == 1 and b == "ignore") for t in (1, 3) for b in ("ignore", "redundant")),
+            ),
             record(c1, t1, "chat", "uncertain", -3.0, 0.6, {"D1": -7.0, "D2": -1.0, "S1": 5.0}),
-            record(c2, t2, "search", "sat", 8.0, 0.2, {"D1": -1.0, "D2": -0.5, "S1": 9.5}),
+            # judged with π = 0.5: its turn stands for two
+            record(
+                c2,
+                t2,
+                "search",
+                "sat",
+                8.0,
+                0.2,
+                {"D1": -1.0, "D2": -0.5, "S1": 9.5},
+                behaviours=(shows(1, "ignore", True), shows(1, "redundant", True)),
+                inclusion_probability=0.5,
+            ),
             record(c3, t3, "search", "sat", 9.0, 0.1, {"D1": -HIT_RATING, "S1": 9.0}),  # exactly at the hit threshold
-            # outside the dashboard range: its hit must not count
-            record(c5, t5, "chat", "dsat", -15.0, 0.95, {"D2": -9.0}, closed_at=T0 - 86_400, scored_at=T0 - 86_000),
+            # outside the dashboard range: its hits must not count
+            record(
+                c5,
+                t5,
+                "chat",
+                "dsat",
+                -15.0,
+                0.95,
+                {"D2": -9.0},
+                closed_at=T0 - 86_400,
+                scored_at=T0 - 86_000,
+                behaviours=(shows(1, "ignore", True),),
+            ),
         ]
     )
-    # an older score of c2 by another scorer version, with a hit: latest_scores ignores it
-    store.write_scores([record(c2, t2, "search", "dsat", -9.0, 0.8, {"D2": -9.0}, scored_at=T0 + 10, scorer_version="v0")])
+    # an older score of c2 by another scorer version, with hits: latest_scores ignores it
+    old = record(c2, t2, "search", "dsat", -9.0, 0.8, {"D2": -9.0}, scored_at=T0 + 10, scorer_version="v0")
+    store.write_scores([replace(old, behaviours=(shows(1, "ignore", True), shows(3, "ignore", True)))])
     store.write_scores(
         [
             ScoreRecord(
@@ -282,9 +325,9 @@ def scored_store(store_factory):
 
 
 def run(store, panel: str, variables: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    (q,) = [q for q in catalog.queries() if q.kind == "clickhouse" and q.panel == panel]
+    (expr,) = {q.expr for q in catalog.queries() if q.kind == "clickhouse" and q.panel == panel}  # variables repeat
     values = {"product": ALL, "model_version": ALL, "conversation_id": "", **(variables or {})}
-    return store.query(expand_sql(q.expr, start=START, end=END, variables=values, interval_s=600))
+    return store.query(expand_sql(expr, start=START, end=END, variables=values, interval_s=600))
 
 
 def test_every_sql_query_runs_on_chdb(scored_store) -> None:
@@ -330,6 +373,30 @@ def test_worst_conversations_come_first_with_their_hits(scored_store) -> None:
     assert rows[2]["dsat_hits"] == ""  # c2's hit belongs to its older score
     assert rows[3]["dsat_hits"] == f"D1 -{HIT_RATING:g}"
     assert rows[0]["p_dissatisfied"] == 0.9 and rows[0]["label"] == "dsat" and rows[0]["product"] == "chat"
+
+
+def test_behaviour_rates_are_weighted_with_wilson_intervals_of_the_judged_turns(scored_store) -> None:
+    store, _, _ = scored_store
+    rows = run(store, "Behaviour rates with 95 % Wilson intervals")
+    # ignore: c0's turn 1 (π = 1) and c2's turn 1 (π = 0.5) of c0's two turns and c2's one → (1 + 2) / (1 + 1 + 2)
+    assert [(r["behaviour"], r["rate"], r["hits"], r["turns"]) for r in rows] == [
+        ("ignore", 0.75, 2, 3),
+        ("redundant", 0.5, 1, 3),
+    ]
+    for row in rows:
+        interval = wilson_interval(row["hits"], row["turns"])
+        assert (row["wilson_lower"], row["wilson_upper"]) == (
+            pytest.approx(interval.low, abs=1e-4),
+            pytest.approx(interval.high, abs=1e-4),
+        )
+    assert [
+        (r["behaviour"], r["rate"]) for r in run(store, "Behaviour rates with 95 % Wilson intervals", {"product": ["chat"]})
+    ] == [
+        ("ignore", 0.5),
+        ("redundant", 0.0),
+    ]
+    over_time = run(store, "Behaviour rate over time")
+    assert {(r["behaviour"], r["rate"]) for r in over_time} == {("ignore", 0.75), ("redundant", 0.5)}  # one interval
 
 
 def test_drill_down_shows_the_selected_conversation(scored_store) -> None:
@@ -383,7 +450,7 @@ def test_build_and_check_commands(tmp_path: Path) -> None:
 def test_committed_directory_passes_check_via_the_cli() -> None:
     r = convowatch("dashboards", "check")
     assert r.returncode == 0, r.stderr
-    assert "4 dashboards" in r.stdout
+    assert "5 dashboards" in r.stdout
 
 
 # --- push: real network faults --------------------------------------------------------------------
@@ -553,7 +620,7 @@ def test_push_command_uses_the_token_from_the_environment() -> None:
         ok = convowatch("dashboards", "push", "--url", grafana.url, env={"CONVOWATCH_GRAFANA_TOKEN": "good-token"})
         bad = convowatch("dashboards", "push", "--url", grafana.url, env={"CONVOWATCH_GRAFANA_TOKEN": "leaked-if-printed"})
     assert ok.returncode == 0, ok.stderr
-    assert ok.stdout.count("pushed convowatch-") == 4
+    assert ok.stdout.count("pushed convowatch-") == len(UIDS)
     assert bad.returncode == 2
     assert bad.stderr.startswith("convowatch: error: Grafana at") and "401" in bad.stderr
     assert "leaked-if-printed" not in bad.stdout + bad.stderr
