@@ -31,6 +31,7 @@ from scorers.errors import UserError
 from scorers.questions import load_questions
 from scorers.rubrics import is_dsat_hit
 from stream.records import RubricHit
+from stream.report.behaviours import BehaviourRate, load_behaviour_rates
 from stream.report.cost import JudgeCost, load_judge_costs
 from stream.sampling import hajek_sampling_variance
 from stream.settings import PriceSettings
@@ -443,6 +444,7 @@ class ReportData:
     scorers: tuple[ScorerRow, ...] = ()
     dimension_names: Mapping[str, str] = field(default_factory=dict)
     judge_costs: tuple[JudgeCost, ...] = ()
+    behaviour_rates: tuple[BehaviourRate, ...] = ()
     price: PriceSettings | None = None  # judge.price: the cost columns of the judge cost table
 
     @property
@@ -562,7 +564,8 @@ def load_report(
     return ReportData(
         first_closed=first, last_closed=last, bucket_s=bucket_s, groups=groups, dimension_series=series,
         dimensions=dimensions, histogram=histogram, worst=_worst(store, scope, worst), scorers=scorers,
-        judge_costs=load_judge_costs(store, SCOPED_SCORES, scope), **base,
+        judge_costs=load_judge_costs(store, SCOPED_SCORES, scope),
+        behaviour_rates=load_behaviour_rates(store, SCOPED_SCORES, scope), **base,
     )  # fmt: skip
 
 
