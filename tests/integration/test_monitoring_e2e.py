@@ -248,6 +248,8 @@ MAY_BE_EMPTY = {
     "convowatch_judge_budget": "this replay sets no judge budget (scoring.budget): no limit, no wait",
     "convowatch_judge_cost_total": "this replay sets no price table (judge.price)",
     "convowatch_partition_refetches_total": "a refetch repairs a passed-over record or a stalled partition: none needed here",
+    "convowatch_behaviour_": "this replay judges no behaviours (scoring.behaviours is off: the recorded judge has no behaviour "
+    "answers; tests/integration/test_behaviours_pipeline.py runs them with a real judge)",
 }
 
 
@@ -323,8 +325,11 @@ def test_every_sql_panel_runs_on_the_sinks_clickhouse(replayed: Replayed) -> Non
             sql = grafana_macros.expand_sql(q.expr, start=start, end=end, variables=variables)
             results[f"{q.panel} / {q.ref_id}"] = replayed.pipeline.query_store(sql)
     assert len(results) >= 8
-    # the scoring-core rubric set (LLM-Rubric's Q1-Q8) has no DSAT rubric: nothing else may be empty
+    # the scoring-core rubric set (LLM-Rubric's Q1-Q8) has no DSAT rubric, and this replay judges no behaviours
+    # (MAY_BE_EMPTY): nothing else may be empty
     assert sorted(name for name, rows in results.items() if not rows) == [
+        "Behaviour rate over time / A",
+        "Behaviour rates with 95 % Wilson intervals / A",
         "DSAT rubric hits over time / A",
         "Most-firing DSAT rubrics / A",
     ]

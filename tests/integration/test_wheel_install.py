@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from dashboards import catalog
+
 REPO = Path(__file__).resolve().parents[2]
 INSTALL_TIMEOUT_S = 1500
 
@@ -80,4 +82,4 @@ def test_package_data_ships_in_the_wheel(installed: Path, tmp_path: Path) -> Non
         "print(len(list((d / 'json').glob('*.json'))), len(list((d / 'alerts').glob('*.yml'))))"
     )
     dashboards, rules = _run([str(installed / "bin" / "python"), "-c", code], cwd=tmp_path).stdout.split()
-    assert int(dashboards) == 4 and int(rules) == 1
+    assert int(dashboards) == len(catalog.dashboards()) == 5 and int(rules) == 1
