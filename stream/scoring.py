@@ -144,30 +144,27 @@ class ConversationScorer:
 
     def _judge_rubrics(self, closed: ClosedConversation) -> EarlyStoppedScore:
         """Ask the judge (in rounds when early stopping is on) and count the cost in the metrics."""
-        started = time.perf_counter()
         try:
             scored = self._rubric_scorer.score(closed.to_conversation())
         except JudgeError as e:
             self.metrics.judge_errors.labels(self.judge_name, type(e).__name__).inc()
             raise
-        self._count_judge_cost(scored.judgement.provenance, started)
+        self._count_judge_cost(scored.judgement.provenance)
         self.metrics.rubric_questions.labels("asked").inc(len(scored.rubric_scores))
         self.metrics.rubric_questions.labels("skipped").inc(len(scored.unasked))
         return scored
 
     def _judge_behaviours(self, scorer: BehaviourScorer, closed: ClosedConversation) -> ConversationBehaviours:
         """Ask the behaviour set's questions about every assistant turn and count the cost in the metrics."""
-        started = time.perf_counter()
         try:
             behaviours = scorer.score(self.judge, closed.to_conversation())
         except JudgeError as e:
             self.metrics.judge_errors.labels(self.judge_name, type(e).__name__).inc()
             raise
-        self._count_judge_cost(behaviours.provenance, started)
+        self._count_judge_cost(behaviours.provenance)
         return behaviours
 
-    def _count_judge_cost(self, p: Provenance, started: float) -> None:
-        self.metrics.judge_latency.labels(self.judge_name).observe(p.latency_s or time.perf_counter() - started)
+    def _count_judge_cost(self, p: Provenance) -> None:
         self.metrics.judge_calls.labels(self.judge_name).inc(p.calls)
         self.metrics.judge_tokens.labels(self.judge_name, "prompt").inc(p.prompt_tokens)
         self.metrics.judge_tokens.labels(self.judge_name, "completion").inc(p.completion_tokens)
@@ -178,6 +175,7 @@ class ConversationScorer:
 
     def score_once(self, closed: ClosedConversation, attempts: int = 1) -> ScoreRecord:
         """Judge and score one conversation; raises `JudgeError`/`CalibrationError` on failure."""
+        started = time.perf_counter()
         rubric_score = self._judge_rubrics(closed)
         judgement = rubric_score.judgement
         p = judgement.provenance
@@ -190,6 +188,8 @@ class ConversationScorer:
                 for turn in judged.turns
                 for behaviour, probability in turn.probabilities.items()
             )
+        # One observation per conversation, its rubric and behaviour calls together.
+        self.metrics.judge_latency.labels(self.judge_name).observe(p.latency_s or time.perf_counter() - started)
         polarity = {r.id: r.polarity.value for r in self.rubric_set.rubrics}
         dimensions: list[DimensionPrediction] = []
         main_probs: tuple[float, ...]

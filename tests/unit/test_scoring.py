@@ -523,6 +523,7 @@ def test_behaviours_are_judged_per_assistant_turn_stored_and_counted(judge, rubr
     assert sample(metrics, "convowatch_behaviour_hits_total", behaviour="follow_up", **attrs) == sum(follow_ups)
     assert sample(metrics, "convowatch_behaviour_hits_total", behaviour="antisocial", **attrs) == 0  # the series exists
     assert sample(metrics, "convowatch_judge_calls_total", judge=scorer.judge_name) == len(assistant)
+    assert sample(metrics, "convowatch_judge_latency_seconds_count", judge=scorer.judge_name) == 1  # one per conversation
 
 
 def test_behaviour_counts_are_weighted_by_the_inclusion_probability(judge, rubric_set, conversation) -> None:
