@@ -23,6 +23,7 @@ from dashboards import datasources, promql
 from dashboards import panels as p
 from dashboards.clickhouse import Target
 from dashboards.rubrics_dashboard import MODEL_VERSIONS_SQL, PRODUCTS_SQL, attribute_filter
+from scorers.behaviours import WEIGHTED_RATE_SQL, behaviour_rows_sql
 
 UID = "convowatch-behaviours"
 TITLE = "convowatch / Behaviours"
@@ -38,16 +39,12 @@ def wilson_sql(hits: str, n: str, z: float = Z_95) -> tuple[str, str]:
     return f"({centre} - {half}) / {scale}", f"({centre} + {half}) / {scale}"
 
 
-_CURRENT_BEHAVIOUR_ROWS = """behaviour_turns AS b FINAL
-INNER JOIN latest_scores AS s
-    ON b.conversation_id = s.conversation_id AND b.scorer_version = s.scorer_version AND b.scored_at = s.scored_at"""
-
-_WEIGHTED_RATE = "sum(b.hit / b.inclusion_probability) / sum(1 / b.inclusion_probability)"
+_CURRENT_BEHAVIOUR_ROWS = behaviour_rows_sql("latest_scores")
 _LOWER, _UPPER = wilson_sql("countIf(b.hit)", "count()")
 
 RATES_SQL = f"""SELECT
     b.behaviour_id AS behaviour,
-    round({_WEIGHTED_RATE}, 4) AS rate,
+    round({WEIGHTED_RATE_SQL}, 4) AS rate,
     round({_LOWER}, 4) AS wilson_lower,
     round({_UPPER}, 4) AS wilson_upper,
     countIf(b.hit) AS hits,
@@ -58,7 +55,7 @@ WHERE $__timeFilter(b.closed_at)
 GROUP BY behaviour
 ORDER BY rate DESC, behaviour"""
 
-RATE_OVER_TIME_SQL = f"""SELECT $__timeInterval(b.closed_at) AS time, b.behaviour_id AS behaviour, {_WEIGHTED_RATE} AS rate
+RATE_OVER_TIME_SQL = f"""SELECT $__timeInterval(b.closed_at) AS time, b.behaviour_id AS behaviour, {WEIGHTED_RATE_SQL} AS rate
 FROM {_CURRENT_BEHAVIOUR_ROWS}
 WHERE $__timeFilter(b.closed_at)
   AND {attribute_filter("b")}

@@ -173,6 +173,18 @@ def shows(probability: float) -> bool:
     return probability > HIT_PROBABILITY
 
 
+# For the report's and the dashboards' queries of the store's ``behaviour_turns`` rows (aliased ``b``): each
+# behaviour's share of hits, every row weighted by 1/π so that sampling does not bias it.
+WEIGHTED_RATE_SQL = "sum(b.hit / b.inclusion_probability) / sum(1 / b.inclusion_probability)"
+
+
+def behaviour_rows_sql(scores: str) -> str:
+    """``behaviour_turns`` rows (as ``b``) of exactly the scores in ``scores`` (a table, view or subquery, as ``s``)."""
+    return f"""behaviour_turns AS b FINAL
+INNER JOIN {scores} AS s
+    ON b.conversation_id = s.conversation_id AND b.scorer_version = s.scorer_version AND b.scored_at = s.scored_at"""
+
+
 @dataclass(frozen=True)
 class ConversationBehaviours:
     """Every assistant turn's behaviours, and what judging them cost."""

@@ -32,6 +32,7 @@ from typing import Any
 from scorers.behaviours import BehaviourScorer, BehaviourSet, ConversationBehaviours, shows
 from scorers.calibration import CalibrationError
 from scorers.calibrators import Calibrator
+from scorers.conversation import Conversation
 from scorers.early_stopping import EarlyStoppedScore, EarlyStoppingScorer, ScoreMoments
 from scorers.judges.base import Judge, JudgeError, Provenance
 from scorers.questions import Question, load_questions
@@ -142,25 +143,17 @@ class ConversationScorer:
 
     # -- one attempt ----------------------------------------------------------
 
-    def _judge_rubrics(self, closed: ClosedConversation) -> EarlyStoppedScore:
+    def _judge_rubrics(self, conversation: Conversation) -> EarlyStoppedScore:
         """Ask the judge (in rounds when early stopping is on) and count the cost in the metrics."""
-        try:
-            scored = self._rubric_scorer.score(closed.to_conversation())
-        except JudgeError as e:
-            self.metrics.judge_errors.labels(self.judge_name, type(e).__name__).inc()
-            raise
+        scored = self._rubric_scorer.score(conversation)
         self._count_judge_cost(scored.judgement.provenance)
         self.metrics.rubric_questions.labels("asked").inc(len(scored.rubric_scores))
         self.metrics.rubric_questions.labels("skipped").inc(len(scored.unasked))
         return scored
 
-    def _judge_behaviours(self, scorer: BehaviourScorer, closed: ClosedConversation) -> ConversationBehaviours:
+    def _judge_behaviours(self, scorer: BehaviourScorer, conversation: Conversation) -> ConversationBehaviours:
         """Ask the behaviour set's questions about every assistant turn and count the cost in the metrics."""
-        try:
-            behaviours = scorer.score(self.judge, closed.to_conversation())
-        except JudgeError as e:
-            self.metrics.judge_errors.labels(self.judge_name, type(e).__name__).inc()
-            raise
+        behaviours = scorer.score(self.judge, conversation)
         self._count_judge_cost(behaviours.provenance)
         return behaviours
 
@@ -176,12 +169,19 @@ class ConversationScorer:
     def score_once(self, closed: ClosedConversation, attempts: int = 1) -> ScoreRecord:
         """Judge and score one conversation; raises `JudgeError`/`CalibrationError` on failure."""
         started = time.perf_counter()
-        rubric_score = self._judge_rubrics(closed)
+        conversation = closed.to_conversation()
+        judged: ConversationBehaviours | None = None
+        try:
+            rubric_score = self._judge_rubrics(conversation)
+            if self._behaviour_scorer is not None:
+                judged = self._judge_behaviours(self._behaviour_scorer, conversation)
+        except JudgeError as e:
+            self.metrics.judge_errors.labels(self.judge_name, type(e).__name__).inc()
+            raise
         judgement = rubric_score.judgement
         p = judgement.provenance
         behaviours: tuple[BehaviourHit, ...] = ()
-        if self._behaviour_scorer is not None:
-            judged = self._judge_behaviours(self._behaviour_scorer, closed)
+        if judged is not None:
             p = Provenance.total([p, judged.provenance])
             behaviours = tuple(
                 BehaviourHit(turn.turn_index, behaviour, probability, shows(probability))

@@ -15,16 +15,17 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
+from scorers.behaviours import WEIGHTED_RATE_SQL, behaviour_rows_sql
 from scorers.statistics import ConfidenceInterval, wilson_interval
 from stream.store import ClickHouseStore
 
-_RATES_SQL = """SELECT b.behaviour_id AS behaviour,
-       sum(b.hit / b.inclusion_probability) / sum(1 / b.inclusion_probability) AS rate,
+
+def _rates_sql(scores: str) -> str:
+    return f"""SELECT b.behaviour_id AS behaviour,
+       {WEIGHTED_RATE_SQL} AS rate,
        countIf(b.hit) AS hits,
        count() AS turns
-FROM behaviour_turns AS b FINAL
-INNER JOIN {scoped} AS s
-    ON b.conversation_id = s.conversation_id AND b.scorer_version = s.scorer_version AND b.scored_at = s.scored_at
+FROM {behaviour_rows_sql(scores)}
 GROUP BY behaviour
 ORDER BY rate DESC, behaviour"""
 
@@ -45,7 +46,7 @@ class BehaviourRate:
 
 def load_behaviour_rates(store: ClickHouseStore, scoped_scores_sql: str, scope: Mapping[str, Any]) -> tuple[BehaviourRate, ...]:
     """Per behaviour, the rate over the assistant turns of the conversations in ``scoped_scores_sql`` (a subquery)."""
-    rows = store.query(_RATES_SQL.format(scoped=scoped_scores_sql), scope)
+    rows = store.query(_rates_sql(scoped_scores_sql), scope)
     return tuple(BehaviourRate(r["behaviour"], float(r["rate"]), int(r["hits"]), int(r["turns"])) for r in rows)
 
 
