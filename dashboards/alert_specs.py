@@ -33,10 +33,12 @@ JUDGE_ERRORS = "ConvowatchJudgeErrors"
 PIPELINE_STALLED = "ConvowatchPipelineStalled"
 DEAD_LETTER_SURGE = "ConvowatchDeadLetterSurge"
 JUDGE_BUDGET_EXHAUSTED = "ConvowatchJudgeBudgetExhausted"
+BEHAVIOUR_RISE = "ConvowatchBehaviourRise"
 ALERT_NAMES = (
     DSAT_SPIKE,
     DSAT_ABOVE_YESTERDAY,
     UNCERTAIN_SURGE,
+    BEHAVIOUR_RISE,
     JUDGE_ERRORS,
     PIPELINE_STALLED,
     DEAD_LETTER_SURGE,
@@ -98,6 +100,19 @@ def series(w: AlertWindows) -> dict[str, Series]:
             f"convowatch:uncertain_share_sampling_variance:increase{short}",
         ),
         "scored_short": Series(q.scored_conversations(short, by=by), f"convowatch:conversations_scored_weight:increase{short}"),
+        # Behaviours: the baseline ends where the short window starts, so the two are independent samples.
+        "behaviour_short": Series(
+            f"{q.behaviour_rate(short, by=by)} and on (behaviour) ({q.error_behaviours()})",
+            f"convowatch:error_behaviour_rate:ratio_rate{short}",
+        ),
+        "behaviour_var_short": Series(q.behaviour_variance(short, by=by), f"convowatch:behaviour_rate_variance:increase{short}"),
+        "behaviour_turns_short": Series(q.behaviour_turns(short, by=by), f"convowatch:behaviour_turns_weight:increase{short}"),
+        "behaviour_base": Series(
+            q.behaviour_rate(base, by=by, offset=short), f"convowatch:behaviour_rate:ratio_rate{base}_offset{short}"
+        ),
+        "behaviour_var_base": Series(
+            q.behaviour_variance(base, by=by, offset=short), f"convowatch:behaviour_rate_variance:increase{base}_offset{short}"
+        ),
         "judge_error_ratio": Series(
             f"({judge_errors} or {judge_ok} * 0) / (({judge_errors} or {judge_ok} * 0) + ({judge_ok} or {judge_errors} * 0))",
             f"convowatch:judge_errors:ratio_rate{short}",
@@ -212,6 +227,11 @@ def _share_threshold(base: str, n: str, sampling_var: str, w: AlertWindows) -> s
     return f"{base} + clamp_min({w.z:g} * sqrt({base} * (1 - {base}) / {n} + {sampling_var}), {w.uncertain_min_lift:g})"
 
 
+def _two_sample_threshold(base: str, var: str, var_base: str, min_lift: float, w: AlertWindows) -> str:
+    """base + max(min_lift, z * sqrt(var + var_base)): a two-sample z-test of two independent windows."""
+    return f"{base} + clamp_min({w.z:g} * sqrt({var} + {var_base}), {min_lift:g})"
+
+
 def alert_specs(w: AlertWindows, s: Lookup) -> list[AlertSpec]:
     """Every convowatch alert for windows ``w``, its queries written with lookup ``s``."""
     attrs = q.ATTRIBUTES
@@ -273,6 +293,25 @@ def alert_specs(w: AlertWindows, s: Lookup) -> list[AlertSpec]:
             f"Share of scored conversations labelled uncertain over the last {w.short}: {{P:{pct}}} of {{N:{count}}}, "
             f"against {{B:{pct}}} over {w.baseline} (threshold: baseline + max({_points(w.uncertain_min_lift)}, "
             f"{w.z:g} standard errors), for {w.for_}). The judge may have stopped separating conversations.",
+        ),
+        AlertSpec(
+            BEHAVIOUR_RISE,
+            "ticket",
+            ("behaviour", *attrs),
+            {
+                "P": s("behaviour_short"),
+                "T": _two_sample_threshold(
+                    s("behaviour_base"), s("behaviour_var_short"), s("behaviour_var_base"), w.behaviour_min_lift, w
+                ),
+                "N": s("behaviour_turns_short"),
+                "B": s("behaviour_base"),
+            },
+            (Clause("P", ">", "T"), Clause("N", ">=", str(w.behaviour_min_turns))),
+            "Behaviour {{ $labels.behaviour }} rising on {{ $labels.product }} {{ $labels.model_version }}",
+            f"Share of assistant turns showing {{{{ $labels.behaviour }}}} over the last {w.short}: {{P:{pct}}} of "
+            f"{{N:{count}}} turns, significantly above the {w.baseline} before it: {{B:{pct}}} (threshold: that + "
+            f"max({_points(w.behaviour_min_lift)}, {w.z:g} standard errors of the difference, conversations as clusters), "
+            f"for {w.for_}).",
         ),
         AlertSpec(
             JUDGE_ERRORS,

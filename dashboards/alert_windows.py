@@ -73,6 +73,12 @@ class AlertWindows:
     uncertain_min_conversations: int = 50
     """Scored conversations needed in the short window before the uncertain surge can fire."""
 
+    # --- behaviour rise (ABC-Eval behaviours per assistant turn) ----------------------------------
+    behaviour_min_turns: int = 200
+    """Assistant turns judged in the short window (Σ 1/π) before a behaviour's rise can fire."""
+    behaviour_min_lift: float = 0.05
+    """Smallest absolute rise of a behaviour's rate per turn (5 points) that can fire, however tight the error."""
+
     # --- operations ----------------------------------------------------------------------------
     judge_error_ratio: float = 0.10
     """Judge errors: share of judge attempts that failed in the short window."""
@@ -121,7 +127,7 @@ class AlertWindows:
     def _check_ranges(self) -> None:
         if self.z <= 0:
             raise AlertWindowsError(f"AlertWindows.z: {self.z!r} must be > 0 (standard errors above the baseline)")
-        for name in ("min_lift", "uncertain_min_lift"):
+        for name in ("min_lift", "uncertain_min_lift", "behaviour_min_lift"):
             if not 0 <= getattr(self, name) < 1:
                 raise AlertWindowsError(
                     f"AlertWindows.{name}: {getattr(self, name)!r} must be in [0, 1) (a difference of two shares)"

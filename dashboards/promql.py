@@ -55,6 +55,10 @@ BEHAVIOUR_HITS = "convowatch_behaviour_hits_total"
 BEHAVIOUR_TURNS = "convowatch_behaviour_turns_total"
 BEHAVIOUR_HITS_WEIGHT = "convowatch_behaviour_hits_weight_total"
 BEHAVIOUR_TURNS_WEIGHT = "convowatch_behaviour_turns_weight_total"
+BEHAVIOUR_TURNS_SQUARED_VARIANCE = "convowatch_behaviour_turns_squared_variance_total"
+BEHAVIOUR_HITS_TURNS_VARIANCE = "convowatch_behaviour_hits_turns_variance_total"
+BEHAVIOUR_HITS_SQUARED_VARIANCE = "convowatch_behaviour_hits_squared_variance_total"
+BEHAVIOUR_ERROR = "convowatch_behaviour_error"
 
 
 def _by(by: str) -> str:
@@ -82,10 +86,43 @@ def calibrated_dsat_rate(window: str, matchers: str = "", by: str = "", offset: 
     return f"{rate(CALIBRATED_DSAT_WEIGHTED, window, matchers, by, offset)} / {rate(CALIBRATED_WEIGHT, window, matchers, by, offset)}"
 
 
-def behaviour_rate(window: str, matchers: str = "", offset: str = "") -> str:
-    """Each behaviour's share of the assistant turns judged in ``window`` (1/π-weighted), by ``behaviour``."""
-    hits = rate(BEHAVIOUR_HITS_WEIGHT, window, matchers, "behaviour", offset)
-    return f"{hits} / ignoring(behaviour) group_left {rate(BEHAVIOUR_TURNS_WEIGHT, window, matchers, '', offset)}"
+def _and_behaviour(by: str) -> str:
+    return f"behaviour, {by}" if by else "behaviour"
+
+
+def behaviour_rate(window: str, matchers: str = "", by: str = "", offset: str = "") -> str:
+    """Each behaviour's share of the assistant turns judged in ``window`` (1/π-weighted), by ``behaviour`` (and ``by``)."""
+    hits = rate(BEHAVIOUR_HITS_WEIGHT, window, matchers, _and_behaviour(by), offset)
+    return f"{hits} / ignoring(behaviour) group_left {rate(BEHAVIOUR_TURNS_WEIGHT, window, matchers, by, offset)}"
+
+
+def behaviour_variance(window: str, matchers: str = "", by: str = "", offset: str = "") -> str:
+    """Variance of ``behaviour_rate`` R = H / T over ``window``: (S_hh - 2R·S_ht + R²·S_tt) / T², the linearised
+    variance of a ratio over conversations (h hits and t turns each, weight 1/π). It treats a conversation's turns
+    as one cluster, which they are (a model that ignores one user tends to ignore them all), and includes sampling."""
+
+    def inc(metric: str, group: str) -> str:
+        return increase(metric, window, matchers, group, offset)
+
+    r = f"({behaviour_rate(window, matchers, by, offset)})"
+    per_behaviour = _and_behaviour(by)
+    spread = (
+        f"{inc(BEHAVIOUR_HITS_SQUARED_VARIANCE, per_behaviour)} - 2 * {r} * {inc(BEHAVIOUR_HITS_TURNS_VARIANCE, per_behaviour)}"
+        f" + {r} ^ 2 * ignoring(behaviour) group_left {inc(BEHAVIOUR_TURNS_SQUARED_VARIANCE, by)}"
+    )
+    # `^` binds tighter than `/`; parentheses right after group_left would be read as its label list.
+    return f"clamp_min({spread}, 0) / ignoring(behaviour) group_left {inc(BEHAVIOUR_TURNS_WEIGHT, by)} ^ 2"
+
+
+def behaviour_turns(window: str, matchers: str = "", by: str = "") -> str:
+    """Σ 1/π over the assistant turns judged in ``window``, with a ``behaviour`` label per behaviour (so it joins the rates)."""
+    labelled = f"0 * {increase(BEHAVIOUR_HITS_WEIGHT, window, matchers, _and_behaviour(by))}"
+    return f"{labelled} + ignoring(behaviour) group_left {increase(BEHAVIOUR_TURNS_WEIGHT, window, matchers, by)}"
+
+
+def error_behaviours() -> str:
+    """One series per behaviour the configured sets mark as an error (``convowatch_behaviour_error`` is 1)."""
+    return f"max by (behaviour) ({BEHAVIOUR_ERROR}) == 1"
 
 
 def calibrated_conversations(window: str, matchers: str = "", by: str = "", offset: str = "") -> str:

@@ -51,6 +51,9 @@ class Behaviour:
     id: str
     label: str
     definition: str
+    error: bool = True
+    """A mistake of the assistant (ABC-Eval's errors): a significant rise of its rate alerts. False for behaviours
+    that are neither good nor bad in themselves (follow-up, topic switch, ...)."""
 
     def question(self) -> Question:
         """The yes/no question a judge answers about the last assistant turn of a transcript."""
@@ -82,7 +85,8 @@ class BehaviourSet:
 
     @property
     def version(self) -> str:
-        """Hash of the behaviours' ids, labels and definitions: changes whenever what is asked changes."""
+        """Hash of the behaviours' ids, labels and definitions: changes whenever what is asked changes (``error`` is
+        not asked, so it leaves the version alone)."""
         content = [[b.id, b.label, b.definition] for b in self.behaviours]
         return hashlib.sha256(json.dumps(content, ensure_ascii=False).encode()).hexdigest()[:VERSION_HEX_CHARS]
 
@@ -95,7 +99,10 @@ class BehaviourSet:
             "name": self.name,
             "description": self.description,
             "version": self.version,
-            "behaviours": [{"id": b.id, "label": b.label, "definition": b.definition} for b in self.behaviours],
+            "behaviours": [
+                {"id": b.id, "label": b.label, "definition": b.definition, **({} if b.error else {"error": False})}
+                for b in self.behaviours
+            ],
         }
 
     def save(self, path: str | Path) -> None:
@@ -112,7 +119,9 @@ class BehaviourSet:
             behaviour_set = cls(
                 name=doc["name"],
                 description=doc.get("description", ""),
-                behaviours=tuple(Behaviour(b["id"], b["label"], b["definition"]) for b in doc["behaviours"]),
+                behaviours=tuple(
+                    Behaviour(b["id"], b["label"], b["definition"], b.get("error", True)) for b in doc["behaviours"]
+                ),
             )
         except BehaviourSetError as e:
             raise BehaviourSetError(f"{where}{e}") from None

@@ -218,6 +218,24 @@ def wilson_interval(hits: int, n: int, level: float = DEFAULT_CI_LEVEL) -> Confi
     return ConfidenceInterval(estimate=rate, low=max(0.0, centre - half), high=min(1.0, centre + half), level=level)
 
 
+def clustered_rate(hits: ArrayLike, turns: ArrayLike, weights: ArrayLike | None = None) -> tuple[float, float]:
+    """A per-turn rate over conversations and its variance, counting each conversation as one draw.
+
+    ``hits[i]`` and ``turns[i]`` are conversation i's hits and turns, ``weights[i]`` its 1/π (1 without
+    sampling). The rate is R = Σ w·h / Σ w·t and its linearised variance Σ w²·(h - R·t)² / (Σ w·t)²: what the
+    behaviour-rise alert computes from the ``convowatch_behaviour_*_variance_total`` counters. Unlike the binomial
+    p(1-p)/n it stays honest when a conversation's turns show a behaviour together."""
+    h, t = np.asarray(hits, dtype=float), np.asarray(turns, dtype=float)
+    w = np.ones_like(t) if weights is None else np.asarray(weights, dtype=float)
+    if h.shape != t.shape or w.shape != t.shape or h.ndim != 1:
+        raise MetricError(f"hits, turns and weights must be 1-d and of one length, got {h.shape}, {t.shape}, {w.shape}")
+    total = float(np.sum(w * t))
+    if total <= 0 or np.any(h < 0) or np.any(h > t) or np.any(w <= 0):
+        raise MetricError("need 0 <= hits <= turns, weights > 0 and at least one turn")
+    r = float(np.sum(w * h)) / total
+    return r, float(np.sum((w * (h - r * t)) ** 2)) / total**2
+
+
 def two_proportion_z(hits_a: int, n_a: int, hits_b: int, n_b: int) -> tuple[float, float]:
     """z and the one-sided p-value that rate b exceeds rate a (pooled standard error); (0, 1) if no variance."""
     if n_a <= 0 or n_b <= 0 or not 0 <= hits_a <= n_a or not 0 <= hits_b <= n_b:

@@ -244,6 +244,33 @@ class ServiceMetrics:
             ["behaviour", *attrs],
             registry=r,
         )
+        # Σ h²/π², Σ h·t/π², Σ t²/π² over conversations (h hits, t turns in one conversation): the variance of a rate
+        # R = Σ h/π / Σ t/π is (S_hh - 2R·S_ht + R²·S_tt) / (Σ t/π)², which treats a conversation's turns as one
+        # cluster (they are not independent) and includes the sampling error (docs/behaviours.md).
+        self.behaviour_turns_squared_variance = Counter(
+            "convowatch_behaviour_turns_squared_variance",
+            "Sum over conversations of (assistant turns judged / π)² (variance term S_tt).",
+            attrs,
+            registry=r,
+        )
+        self.behaviour_hits_turns_variance = Counter(
+            "convowatch_behaviour_hits_turns_variance",
+            "Sum over conversations of hits · turns / π² (variance term S_ht).",
+            ["behaviour", *attrs],
+            registry=r,
+        )
+        self.behaviour_hits_squared_variance = Counter(
+            "convowatch_behaviour_hits_squared_variance",
+            "Sum over conversations of (hits / π)² (variance term S_hh).",
+            ["behaviour", *attrs],
+            registry=r,
+        )
+        self.behaviour_error = Gauge(
+            "convowatch_behaviour_error",
+            "1 for a behaviour the set marks an error (a significant rise of its rate alerts), 0 otherwise.",
+            ["behaviour"],
+            registry=r,
+        )
         self.netsat = Histogram("convowatch_netsat", "NetSAT of scored conversations.", attrs, buckets=NETSAT_BUCKETS, registry=r)
         self.dimension = Histogram(
             "convowatch_dimension_expected_value",

@@ -24,6 +24,7 @@ import hashlib
 import logging
 import random
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -136,6 +137,8 @@ class ConversationScorer:
         )
         self.behaviour_set_version = behaviour_set.version if behaviour_set is not None else ""
         self._behaviour_scorer = BehaviourScorer(behaviour_set) if behaviour_set is not None else None
+        for behaviour in behaviour_set.behaviours if behaviour_set is not None else ():
+            metrics.behaviour_error.labels(behaviour.id).set(int(behaviour.error))
         self._rng = rng or random.Random()
         self.price = price
         self.budget = BudgetGate.from_settings(settings.budget, metrics)  # None: no limit set
@@ -354,9 +357,14 @@ class ConversationScorer:
     def _observe_behaviours(self, record: ScoreRecord, attrs: tuple[str, ...], weight: float) -> None:
         """Count judged assistant turns and each behaviour's hits (0 included, so every rate has a series)."""
         m = self.metrics
-        turns = {b.turn_index for b in record.behaviours}
-        m.behaviour_turns.labels(*attrs).inc(len(turns))
-        m.behaviour_turns_weight.labels(*attrs).inc(weight * len(turns))
-        for b in record.behaviours:
-            m.behaviour_hits.labels(b.behaviour_id, *attrs).inc(int(b.hit))
-            m.behaviour_hits_weight.labels(b.behaviour_id, *attrs).inc(weight * b.hit)
+        turns = len({b.turn_index for b in record.behaviours})
+        hits = Counter(b.behaviour_id for b in record.behaviours if b.hit)
+        m.behaviour_turns.labels(*attrs).inc(turns)
+        m.behaviour_turns_weight.labels(*attrs).inc(weight * turns)
+        m.behaviour_turns_squared_variance.labels(*attrs).inc((weight * turns) ** 2)
+        for behaviour in dict.fromkeys(b.behaviour_id for b in record.behaviours):
+            h = hits[behaviour]
+            m.behaviour_hits.labels(behaviour, *attrs).inc(h)
+            m.behaviour_hits_weight.labels(behaviour, *attrs).inc(weight * h)
+            m.behaviour_hits_turns_variance.labels(behaviour, *attrs).inc(weight * weight * h * turns)
+            m.behaviour_hits_squared_variance.labels(behaviour, *attrs).inc((weight * h) ** 2)

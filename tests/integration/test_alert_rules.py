@@ -282,6 +282,12 @@ def _fed_exporter() -> set[str]:
     m.judge_latency.labels("recorded").observe(0.2)
     m.judge_errors.labels("recorded", "JudgeUnavailable").inc()
     m.judge_budget_wait.labels("tokens_per_day").inc(1)
+    m.behaviour_turns_weight.labels(*attrs).inc(4)
+    m.behaviour_turns_squared_variance.labels(*attrs).inc(16)
+    m.behaviour_hits_weight.labels("ignore", *attrs).inc(1)
+    m.behaviour_hits_turns_variance.labels("ignore", *attrs).inc(4)
+    m.behaviour_hits_squared_variance.labels("ignore", *attrs).inc(1)
+    m.behaviour_error.labels("ignore").set(1)
     return set(metric_names(m))
 
 
@@ -298,10 +304,12 @@ def test_label_values_in_the_rules_are_ones_the_service_emits() -> None:
     assert set(re.findall(r'label="(\w+)"', text)) == {"uncertain"} <= set(typing.get_args(Label))
     assert set(re.findall(r'decision="(\w+)"', text)) == {UNSAMPLED}
     by = set(re.findall(r"by \(([^)]*)\)", text))
-    assert by == {"product, model_version", "judge", "limit"}
+    assert by == {"product, model_version", "judge", "limit", "behaviour", "behaviour, product, model_version"}
     m = ServiceMetrics()
     assert "judge" in m.judge_errors._labelnames and "judge" in m.judge_latency._labelnames
     assert {"product", "model_version"} <= set(m.calibrated_conversations._labelnames)
+    assert {"behaviour", "product", "model_version"} <= set(m.behaviour_hits_squared_variance._labelnames)
+    assert m.behaviour_error._labelnames == ("behaviour",)
 
 
 # --- AlertWindows -------------------------------------------------------------------------------
@@ -325,6 +333,8 @@ def test_label_values_in_the_rules_are_ones_the_service_emits() -> None:
         ({"z": 0}, r"AlertWindows\.z: 0 must be > 0"),
         ({"z": math.nan}, r"AlertWindows\.z: nan must be a finite number"),
         ({"min_lift": 1.0}, r"AlertWindows\.min_lift: 1\.0 must be in \[0, 1\)"),
+        ({"behaviour_min_lift": -0.1}, r"AlertWindows\.behaviour_min_lift: -0\.1 must be in \[0, 1\)"),
+        ({"behaviour_min_turns": 0}, r"AlertWindows\.behaviour_min_turns: 0 must be a whole number >= 1"),
         ({"dead_letter_ratio": 0}, r"AlertWindows\.dead_letter_ratio: 0 must be in \(0, 1\)"),
         ({"judge_error_ratio": "0.1"}, r"AlertWindows\.judge_error_ratio: '0\.1' must be a finite number"),
     ],

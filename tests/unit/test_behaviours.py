@@ -40,6 +40,24 @@ def test_save_and_load_round_trip(tmp_path) -> None:
     assert BehaviourSet.load(tmp_path / "b.json") == behaviours
 
 
+def test_error_behaviours_are_abc_evals_errors_and_leave_the_version_alone() -> None:
+    behaviours = default_behaviour_set()
+    assert {b.id for b in behaviours.behaviours if not b.error} == {
+        "preference_info",
+        "life_info",
+        "empathetic",
+        "fact_usage",
+        "follow_up",
+        "topic_switch",
+    }
+    doc = _doc()
+    assert BehaviourSet.from_dict(doc).behaviours[0].error  # omitted: an error
+    flipped = _doc()
+    flipped["behaviours"][0]["error"] = False
+    assert not BehaviourSet.from_dict(flipped).behaviours[0].error
+    assert BehaviourSet.from_dict(flipped).version == BehaviourSet.from_dict(doc).version
+
+
 def _doc() -> dict:
     return {
         "schema_version": 1,
@@ -53,6 +71,7 @@ def _doc() -> dict:
     [
         (lambda d: d.update(colour="blue"), r"\(top level\): Additional properties are not allowed \('colour'"),
         (lambda d: d["behaviours"][0].update(weight=2), r"behaviours\[0\]: Additional properties are not allowed \('weight'"),
+        (lambda d: d["behaviours"][0].update(error="yes"), r"behaviours\[0\]\.error: 'yes' is not of type 'boolean'"),
         (lambda d: d["behaviours"].append(dict(d["behaviours"][0])), r"duplicate ids \['ignore'\]"),
         (lambda d: d["behaviours"][0].update(id="Not an id"), r"behaviours\[0\]\.id: 'Not an id' does not match"),
         (lambda d: d.update(behaviours=[]), r"behaviours: \[\] should be non-empty"),

@@ -540,3 +540,16 @@ def test_behaviour_counts_are_weighted_by_the_inclusion_probability(judge, rubri
     assert sample(metrics, "convowatch_behaviour_turns_weight_total", **attrs) == pytest.approx(2 * turns)
     hits = sample(metrics, "convowatch_behaviour_hits_total", behaviour="follow_up", **attrs)
     assert sample(metrics, "convowatch_behaviour_hits_weight_total", behaviour="follow_up", **attrs) == pytest.approx(2 * hits)
+    # The variance sums of one conversation (a cluster): (t/π)², h·t/π², (h/π)² with weight 1/π = 2.
+    assert hits > 0
+    assert sample(metrics, "convowatch_behaviour_turns_squared_variance_total", **attrs) == pytest.approx((2 * turns) ** 2)
+    assert sample(metrics, "convowatch_behaviour_hits_turns_variance_total", behaviour="follow_up", **attrs) == pytest.approx(
+        4 * hits * turns
+    )
+    assert sample(metrics, "convowatch_behaviour_hits_squared_variance_total", behaviour="follow_up", **attrs) == pytest.approx(
+        (2 * hits) ** 2
+    )
+    assert sample(metrics, "convowatch_behaviour_hits_squared_variance_total", behaviour="antisocial", **attrs) == 0
+    # Which behaviours a rise alerts on: the set's errors.
+    assert sample(metrics, "convowatch_behaviour_error", behaviour="ignore") == 1
+    assert sample(metrics, "convowatch_behaviour_error", behaviour="follow_up") == 0

@@ -135,3 +135,38 @@ def test_auroc_counts_ordered_pairs_and_half_the_ties():
     assert statistics.auroc([0.1, 0.9], [True, False]) == 0.0
     assert statistics.auroc([0.5, 0.5, 0.7, 0.2], [True, False, True, False]) == pytest.approx((1 + 0.5 + 1 + 1) / 4)
     assert np.isnan(statistics.auroc([0.3, 0.4], [True, True]))
+
+
+def test_clustered_rate_matches_the_binomial_for_one_turn_conversations_and_widens_for_clusters():
+    rng = np.random.default_rng(0)
+    hits = rng.random(2000) < 0.1
+    r, var = statistics.clustered_rate(hits, np.ones(2000))
+    assert r == hits.mean() and var == pytest.approx(r * (1 - r) / 2000)
+    # Ten turns, all hits or none: the same rate, ten times the binomial variance (a design effect of 10).
+    r10, var10 = statistics.clustered_rate(10 * hits, np.full(2000, 10))
+    assert r10 == r and var10 == pytest.approx(10 * r * (1 - r) / 20000)
+    # Weights 1/π: the Hájek rate, and a conversation standing for ten adds its error ten-fold squared.
+    assert statistics.clustered_rate([1, 0], [1, 1], [3, 1])[0] == 0.75
+    with pytest.raises(MetricError, match="hits <= turns"):
+        statistics.clustered_rate([2], [1])
+
+
+def test_a_two_window_z_test_with_clustered_variance_keeps_its_false_alarm_rate():
+    """No change between two windows, behaviours clustered by conversation (each conversation has its own
+    propensity): the clustered z-test alarms at about its nominal 5 %, the binomial one far more often."""
+    rng = np.random.default_rng(1)
+    z_crit, runs = stats.norm.ppf(0.95), 2000
+    alarms = {"clustered": 0, "binomial": 0}
+    for _ in range(runs):
+        windows = []
+        for n in (100, 600):  # conversations in the short window and in the baseline before it
+            turns = rng.integers(2, 12, n)
+            propensity = rng.beta(0.5, 4.5, n)  # mean 0.1, most conversations near 0, a few near 1
+            windows.append((rng.binomial(turns, propensity), turns))
+        (r, v), (rb, vb) = (statistics.clustered_rate(h, t) for h, t in windows)
+        alarms["clustered"] += (r - rb) / math.sqrt(v + vb) > z_crit
+        n, nb = (float(t.sum()) for _, t in windows)
+        alarms["binomial"] += (r - rb) / math.sqrt(r * (1 - r) / n + rb * (1 - rb) / nb) > z_crit
+    clustered, binomial = alarms["clustered"] / runs, alarms["binomial"] / runs
+    assert 0.03 < clustered < 0.075, clustered
+    assert binomial > 2 * clustered, (binomial, clustered)

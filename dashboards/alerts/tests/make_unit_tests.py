@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 OUT = Path(__file__).with_name("convowatch.rules.test.yml")
 SHORT, BASE, DAY, FOR, STALL = 10, 360, 1440, 10, 15  # minutes
@@ -33,6 +33,7 @@ BUDGET_WAIT_SHARE = 0.5
 
 Increments = list[float]  # increments[i - 1] = increase during minute i (value 0 at minute 0)
 Alert = dict[str, Any]
+Key = TypeVar("Key")  # what names a series in a scenario: a product, a judge, (product, behaviour)
 
 
 # --- promtool notation and YAML text -------------------------------------------------------------
@@ -203,7 +204,7 @@ def above_yesterday(name: str, t: int) -> tuple[bool, dict[str, float]]:
     return p > threshold and n >= MIN_CONVERSATIONS and ny >= MIN_CONVERSATIONS, {"P": p, "N": n, "B": py, "Y": ny}
 
 
-def _fires(condition: Callable[[str, int], tuple[bool, dict[str, float]]], name: str, t: int) -> bool:
+def _fires(condition: Callable[[Key, int], tuple[bool, dict[str, float]]], name: Key, t: int) -> bool:
     """Whether ``condition`` holds for ``name`` at minute ``t``; bound with partial for states and state_at in loops."""
     return condition(name, t)[0]
 
@@ -525,6 +526,124 @@ def quiet_judge_tests() -> str:
     return "".join(out)
 
 
+# --- behaviour rise ------------------------------------------------------------------------------
+
+M4 = 420
+BEHAVIOUR_BURST = 381  # the burst runs from this minute to M4
+BEHAVIOUR_LIFT, BEHAVIOUR_MIN_TURNS = 0.05, 200
+TURNS = 5  # assistant turns per conversation
+# (product, behaviour) -> (hits of each conversation closing in a calm minute, in a burst minute, inclusion probability)
+BEHAVIOURS: dict[tuple[str, str], tuple[list[int], list[int], float]] = {
+    ("shop", "ignore"): ([1] + [0] * 9, [2, 2, 2, 1, 1, 1, 0, 0, 0, 0], 1.0),
+    ("shop", "follow_up"): ([1] + [0] * 9, [2, 2, 2, 1, 1, 1, 0, 0, 0, 0], 1.0),
+    ("shop", "redundant"): ([1] + [0] * 9, [1] + [0] * 9, 1.0),
+    ("small", "ignore"): ([0, 0], [2, 1], 1.0),
+    ("spread", "ignore"): ([1] * 5 + [0] * 5, [2, 2, 2, 1, 1, 1, 1, 0, 0, 0], 1.0),
+    ("clustered", "ignore"): ([TURNS] + [0] * 9, [TURNS, TURNS] + [0] * 8, 1.0),
+    ("sampled", "ignore"): ([1] * 5 + [0] * 5, [2, 2, 2, 1, 1, 1, 1, 0, 0, 0], 0.1),
+}
+ERROR_BEHAVIOURS = {"ignore": 1, "redundant": 1, "follow_up": 0}  # convowatch_behaviour_error
+
+
+def behaviour_counters(product: str, behaviour: str) -> dict[str, Increments]:
+    """Per-minute increments of the behaviour counters for conversations closing with the given hits (a share pi of
+    them judged, weight 1/pi each): turns and hits weighted by 1/pi, and the variance sums t^2, h*t, h^2 over the
+    judged conversations times 1/pi^2 (in expectation: the sums over all conversations over pi)."""
+    calm, burst, pi = BEHAVIOURS[(product, behaviour)]
+    minutes = [burst if i >= BEHAVIOUR_BURST else calm for i in range(1, M4 + 1)]
+    return {
+        "turns": [TURNS * len(hits) for hits in minutes],
+        "hits": [sum(hits) for hits in minutes],
+        "tt": [TURNS * TURNS * len(hits) / pi for hits in minutes],
+        "ht": [TURNS * sum(hits) / pi for hits in minutes],
+        "hh": [sum(h * h for h in hits) / pi for hits in minutes],
+    }
+
+
+def _rate_and_variance(c: dict[str, Increments], t: int, width: int, offset: int = 0) -> tuple[float, float, float]:
+    turns = window(c["turns"], t, width, offset)
+    r = window(c["hits"], t, width, offset) / turns
+    tt, ht, hh = (window(c[k], t, width, offset) for k in ("tt", "ht", "hh"))
+    return r, max(hh - 2 * r * ht + r * r * tt, 0) / turns**2, turns
+
+
+def behaviour_rise(key: tuple[str, str], t: int) -> tuple[bool, dict[str, float]]:
+    c = behaviour_counters(*key)
+    p, var, n = _rate_and_variance(c, t, SHORT)
+    pb, var_base, _ = _rate_and_variance(c, t, BASE, offset=SHORT)
+    threshold = pb + max(BEHAVIOUR_LIFT, Z * math.sqrt(var + var_base))
+    return ERROR_BEHAVIOURS[key[1]] == 1 and p > threshold and n >= BEHAVIOUR_MIN_TURNS, {"P": p, "N": n, "B": pb}
+
+
+def _behaviour_alert(key: tuple[str, str], t: int) -> Alert:
+    (product, behaviour), v = key, behaviour_rise(key, t)[1]
+    return {
+        "labels": {"severity": "ticket", "behaviour": behaviour, "product": product, "model_version": "v1"},
+        "summary": f"Behaviour {behaviour} rising on {product} v1",
+        "description": f"Share of assistant turns showing {behaviour} over the last 10m: {pct(v['P'])} of {count(v['N'])} "
+        f"turns, significantly above the 6h before it: {pct(v['B'])} (threshold: that + max(5 points, 3 standard errors "
+        "of the difference, conversations as clusters), for 10m).",
+        "runbook_url": "docs/runbooks.md#convowatchbehaviourrise",
+    }
+
+
+def behaviour_tests() -> str:
+    out = [
+        header(
+            "behaviour rise: a behaviour's rate per assistant turn against the 6h before the short window",
+            [
+                f"Conversations of {TURNS} assistant turns; per minute, the hits of each conversation (calm, then burst from",
+                f"minute {BEHAVIOUR_BURST}); rates are hits / turns:",
+                "  shop/ignore      10/min, 2 % -> 18 %                                   -> fires",
+                "  shop/follow_up   the same rise, but follow_up is not an error behaviour -> nothing",
+                "  shop/redundant   2 % throughout                                         -> nothing",
+                "  small/ignore      2/min, 0 % -> 30 %: 100 turns in 10m < 200           -> nothing (low volume)",
+                "  spread/ignore    10/min, 10 % -> 20 %, hits spread over conversations   -> fires",
+                "  clustered/ignore 10/min, 10 % -> 20 %, every turn of 1 then 2 conversations a minute: the turns of a",
+                "                   conversation are one cluster, so 20 % is within 3 standard errors -> nothing",
+                "  sampled/ignore   spread's conversations, 10 % judged (weight 10): sampling error -> nothing",
+            ],
+        )
+    ]
+    metrics = {
+        "turns": "convowatch_behaviour_turns_weight_total",
+        "tt": "convowatch_behaviour_turns_squared_variance_total",
+        "hits": "convowatch_behaviour_hits_weight_total",
+        "ht": "convowatch_behaviour_hits_turns_variance_total",
+        "hh": "convowatch_behaviour_hits_squared_variance_total",
+    }
+    for behaviour, error in ERROR_BEHAVIOURS.items():
+        out.append(
+            f"      - series: 'convowatch_behaviour_error{{behaviour=\"{behaviour}\"}}'\n        values: '{error}+0x{M4}'\n"
+        )
+    turns_written = set()
+    for product, behaviour in BEHAVIOURS:
+        c = behaviour_counters(product, behaviour)
+        for key, metric in metrics.items():
+            if key in ("turns", "tt"):  # one series per product: every behaviour is judged on the same turns
+                if product in turns_written:
+                    continue
+                out.append(series(metric, c[key], product=product, model_version="v1"))
+            else:
+                out.append(series(metric, c[key], behaviour=behaviour, product=product, model_version="v1"))
+        turns_written.add(product)
+
+    out.append("    alert_rule_test:\n")
+    for t, expected, comment in (
+        (BEHAVIOUR_BURST - 1, [], "before the burst"),
+        (390, [], "shop and spread are above their thresholds since minutes 384 and 386: pending"),
+        (M4, [("shop", "ignore"), ("spread", "ignore")], "shop and spread fire; the rest do not (see above)"),
+    ):
+        firing = [k for k in BEHAVIOURS if state_at(partial(_fires, behaviour_rise, k), t, SHORT + BASE) == "firing"]
+        assert firing == expected, (t, firing)
+        out.append(alert_test(t, "ConvowatchBehaviourRise", [_behaviour_alert(k, t) for k in firing], comment))
+    assert state_at(partial(_fires, behaviour_rise, ("spread", "ignore")), 390, SHORT + BASE) == "pending"
+    # follow_up rose exactly as shop/ignore did; clustered rose 10 points, as spread did, and only its clusters keep it quiet
+    assert behaviour_rise(("shop", "follow_up"), M4)[1] == behaviour_rise(("shop", "ignore"), M4)[1]
+    assert math.isclose(behaviour_rise(("clustered", "ignore"), M4)[1]["P"], behaviour_rise(("spread", "ignore"), M4)[1]["P"])
+    return "".join(out)
+
+
 # --- pipeline stalled and dead letters ----------------------------------------------------------
 
 
@@ -782,6 +901,7 @@ def text() -> str:
         + dissatisfaction_tests()
         + uncertain_and_judge_tests()
         + quiet_judge_tests()
+        + behaviour_tests()
         + stall_tests()
         + dead_letter_tests()
         + budget_tests()
