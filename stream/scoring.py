@@ -135,10 +135,13 @@ class ConversationScorer:
             max_change_probability=settings.max_label_change_probability,
             moments=moments,
         )
-        self.behaviour_set_version = behaviour_set.version if behaviour_set is not None else ""
-        self._behaviour_scorer = BehaviourScorer(behaviour_set) if behaviour_set is not None else None
-        for behaviour in behaviour_set.behaviours if behaviour_set is not None else ():
-            metrics.behaviour_error.labels(behaviour.id).set(int(behaviour.error))
+        self.behaviour_set_version = ""
+        self._behaviour_scorer: BehaviourScorer | None = None
+        if behaviour_set is not None:
+            self.behaviour_set_version = behaviour_set.version
+            self._behaviour_scorer = BehaviourScorer(behaviour_set)
+            for behaviour in behaviour_set.behaviours:
+                metrics.behaviour_error.labels(behaviour.id).set(int(behaviour.error))
         self._rng = rng or random.Random()
         self.price = price
         self.budget = BudgetGate.from_settings(settings.budget, metrics)  # None: no limit set
