@@ -52,6 +52,7 @@ from scorers.datasets.llm_rubric import (  # noqa: E402
     satisfaction_labels,
 )
 from scorers.early_stopping import MOMENTS_KEY, EarlyStoppingScorer, ScoreMoments  # noqa: E402
+from scorers.judges.base import Judge  # noqa: E402
 from scorers.judges.recorded import RecordedJudge  # noqa: E402
 from scorers.rubrics import RubricSet  # noqa: E402
 from scorers.statistics import bootstrap_ci  # noqa: E402
@@ -82,7 +83,7 @@ def run_seed(
     fitted: RubricSet,
     conversations: list[Conversation],
     human: np.ndarray,
-    judge: RecordedJudge,
+    judge: Judge,
     round_size: int,
     max_changes: list[float],
 ) -> dict:

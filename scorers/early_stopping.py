@@ -25,9 +25,11 @@ only known to lie in ``[netsat_lower, netsat_upper]``.
 
 The approximate mode (``max_change_probability`` > 0, with `ScoreMoments`)
 also stops when the labels are merely *likely* settled: it models the rubrics
-not yet asked as jointly Gaussian given the answered ones (their mean and
-covariance over labelled conversations, from `rubrics fit`), predicts the
-final NetSAT as its conditional mean, and stops once the probability that the
+not yet asked as jointly Gaussian with the answered ones (their mean and
+covariance over n labelled conversations, from `rubrics fit`), predicts the
+final NetSAT by the regression of the rest on the answered scores, with a
+Student-t whose width includes the uncertainty of moments fitted on n
+conversations, and stops once the probability that the
 final NetSAT falls in another label's region is at most the setting. Its labels
 are then not guaranteed; its agreement with asking all is measured by
 ``bench/early_stopping.py`` (docs/judge-cost.md).
@@ -43,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from scipy import stats
 
 from scorers.conversation import Conversation
 from scorers.judges.base import Judge, Judgement, Provenance
@@ -80,15 +83,18 @@ COVARIANCE_RIDGE = 1e-3
 
 @dataclass(frozen=True)
 class ScoreMoments:
-    """Mean and covariance of a rubric set's signed rubric scores over labelled conversations.
+    """Mean and covariance of a rubric set's signed rubric scores over ``n`` labelled conversations.
 
-    The approximate mode's model of the rubrics not yet asked: given the answered ones, their sum
-    is Gaussian with the conditional mean and variance (`remaining_sum`).
+    The approximate mode's model of the rubrics not yet asked: the regression of their sum on the
+    answered ones, with the prediction's uncertainty (`remaining_sum`). The moments are estimates
+    from ``n`` conversations, so the prediction is Student-t, not the plug-in Gaussian, which is
+    over-confident when ``n`` is not far above the number of answered rubrics.
     """
 
     rubric_ids: tuple[str, ...]
     mean: tuple[float, ...]
     covariance: tuple[tuple[float, ...], ...]
+    n: int
 
     def __post_init__(self) -> None:
         k = len(self.rubric_ids)
@@ -97,6 +103,8 @@ class ScoreMoments:
             raise ValueError(f"score moments need one mean and a {k}x{k} covariance for {k} distinct rubric ids")
         if not (np.isfinite(self.mean).all() and np.isfinite(cov).all() and np.allclose(cov, cov.T)):
             raise ValueError("score moments must be finite and the covariance symmetric")
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 2:
+            raise ValueError(f"score moments need the number of conversations they were fitted on (>= 2), got {self.n!r}")
 
     @classmethod
     def fit(cls, rubric_ids: Sequence[str], scores: np.ndarray) -> ScoreMoments:
@@ -106,28 +114,48 @@ class ScoreMoments:
             raise ValueError(f"need scores of at least 2 conversations × {len(rubric_ids)} rubrics, got {scores.shape}")
         cov = np.cov(scores, rowvar=False).reshape(len(rubric_ids), len(rubric_ids))
         cov += np.eye(len(rubric_ids)) * COVARIANCE_RIDGE * max(float(np.mean(np.diag(cov))), 1e-6)
-        return cls(tuple(rubric_ids), tuple(map(float, scores.mean(axis=0))), tuple(tuple(map(float, row)) for row in cov))
+        means = tuple(map(float, scores.mean(axis=0)))
+        return cls(tuple(rubric_ids), means, tuple(tuple(map(float, row)) for row in cov), int(scores.shape[0]))
 
-    def remaining_sum(self, answered: Mapping[str, float], remaining: Sequence[str]) -> tuple[float, float]:
-        """Conditional mean and variance of the sum of the ``remaining`` rubrics' scores given the ``answered`` ones."""
+    def remaining_sum(self, answered: Mapping[str, float], remaining: Sequence[str]) -> tuple[float, float, int]:
+        """Prediction of the sum of the ``remaining`` rubrics' scores given the ``answered`` ones: (mean, squared
+        scale, degrees of freedom) of a Student-t.
+
+        This is the prediction interval of the least-squares regression of the remaining sum on the answered
+        scores over the ``n`` fitted conversations: conditional mean, residual variance on n − a − 1 degrees of
+        freedom, widened by the uncertainty of the fitted coefficients. With a + 1 ≥ n the regression cannot
+        be estimated: the scale is infinite (never stop on it).
+        """
         index = {rid: i for i, rid in enumerate(self.rubric_ids)}
         a = [index[rid] for rid in answered]
         r = [index[rid] for rid in remaining]
+        dof = self.n - len(a) - 1
+        if dof < 1:
+            return math.nan, math.inf, 0
         mean, cov = np.asarray(self.mean), np.asarray(self.covariance)
         ones = np.ones(len(r))
-        m, v = ones @ mean[r], ones @ cov[np.ix_(r, r)] @ ones
+        m, v, leverage = ones @ mean[r], ones @ cov[np.ix_(r, r)] @ ones, 0.0
         if a:
-            gain = ones @ cov[np.ix_(r, a)] @ np.linalg.pinv(cov[np.ix_(a, a)])
-            m += gain @ (np.array([answered[rid] for rid in answered]) - mean[a])
+            inverse = np.linalg.pinv(cov[np.ix_(a, a)])
+            gain = ones @ cov[np.ix_(r, a)] @ inverse
+            d = np.array([answered[rid] for rid in answered]) - mean[a]
+            m += gain @ d
             v -= gain @ cov[np.ix_(a, r)] @ ones
-        return float(m), max(float(v), 0.0)
+            leverage = float(d @ inverse @ d) / (self.n - 1)
+        residual = max(float(v), 0.0) * (self.n - 1) / dof
+        return float(m), residual * (1 + 1 / self.n + leverage), dof
 
     def digest(self) -> str:
         """A short hash of the moments, for scorer versions."""
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rubric_ids": list(self.rubric_ids), "mean": list(self.mean), "covariance": [list(r) for r in self.covariance]}
+        return {
+            "rubric_ids": list(self.rubric_ids),
+            "mean": list(self.mean),
+            "covariance": [list(r) for r in self.covariance],
+            "n": self.n,
+        }
 
     @classmethod
     def of_rubric_set(cls, rubric_set: RubricSet) -> ScoreMoments | None:
@@ -136,9 +164,14 @@ class ScoreMoments:
         if doc is None:
             return None
         try:
-            moments = cls(tuple(doc["rubric_ids"]), tuple(doc["mean"]), tuple(tuple(row) for row in doc["covariance"]))
+            rows = tuple(tuple(row) for row in doc["covariance"])
+            moments = cls(tuple(doc["rubric_ids"]), tuple(doc["mean"]), rows, doc.get("n"))
         except (KeyError, TypeError, ValueError) as e:
-            raise RubricSetError(f"metadata.{MOMENTS_KEY}", f"is not a mean and covariance of rubric scores: {e}") from None
+            raise RubricSetError(
+                f"metadata.{MOMENTS_KEY}",
+                f"is not a mean and covariance of rubric scores with their number of conversations ({e}); "
+                "moments written before the number was recorded must be refitted with `convowatch rubrics fit`",
+            ) from None
         missing = sorted({r.id for r in rubric_set.rubrics} - set(moments.rubric_ids))
         if missing:
             raise RubricSetError(f"metadata.{MOMENTS_KEY}", f"has no moments for rubrics {missing}")
@@ -157,15 +190,19 @@ class ScoreMoments:
         return moments
 
 
-def change_probability(windows: ConfidenceWindows, mean: float, variance: float) -> float:
-    """P(a Gaussian NetSAT ~ N(mean, variance) gets other labels than ``mean`` does): mass outside mean's region."""
+def change_probability(windows: ConfidenceWindows, mean: float, variance: float, dof: int | None = None) -> float:
+    """P(a NetSAT with this centre and squared scale gets other labels than ``mean`` does): mass outside mean's
+    region, under a Gaussian, or a Student-t with ``dof`` degrees of freedom."""
+    if not math.isfinite(variance):
+        return 1.0
     edges = sorted(e for e in (windows.threshold, windows.dsat_upper, windows.sat_lower) if e is not None)
     low = max((e for e in edges if e <= mean), default=-math.inf)
     high = min((e for e in edges if e > mean), default=math.inf)
     if variance <= 0:
         return 0.0 if low < mean else 1.0
     sd = math.sqrt(variance)
-    inside = _normal_cdf((high - mean) / sd) - _normal_cdf((low - mean) / sd)
+    cdf = _normal_cdf if dof is None else stats.t(dof).cdf
+    inside = float(cdf((high - mean) / sd) - cdf((low - mean) / sd))
     return max(0.0, 1.0 - inside)
 
 
@@ -258,9 +295,11 @@ class EarlyStoppingScorer:
                 predicted, p_change = (low + high) / 2, 0.0
                 break
             if self.max_change_probability > 0 and self.moments is not None:
-                mean, variance = self.moments.remaining_sum(scores, [r.id for r in rubrics[asked:]])
+                mean, variance, dof = self.moments.remaining_sum(scores, [r.id for r in rubrics[asked:]])
+                if dof < 1:  # more rubrics answered than the moments can regress on: ask on
+                    continue
                 predicted = min(max(sum(scores.values()) + mean, low), high)
-                p_change = change_probability(windows, predicted, variance)
+                p_change = change_probability(windows, predicted, variance, dof)
                 if p_change <= self.max_change_probability:
                     break
         complete = asked == len(rubrics)

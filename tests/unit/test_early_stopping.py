@@ -7,6 +7,7 @@ hypothesis generates (a recorded judge is a judge for whatever it recorded).
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -190,13 +191,57 @@ def test_bad_round_size_is_refused(fitted_q1_q8: RubricSet) -> None:
 # ---------------------------------------------------------------- approximate mode
 
 
-def test_the_remaining_sum_is_the_conditional_gaussian() -> None:
-    """Two rubrics with correlation 0.8: knowing the first moves the second's mean and shrinks its variance."""
-    moments = ScoreMoments(("a", "b"), (5.0, 5.0), ((4.0, 3.2), (3.2, 4.0)))
-    assert moments.remaining_sum({}, ["a", "b"]) == pytest.approx((10.0, 4 + 4 + 2 * 3.2))
-    mean, variance = moments.remaining_sum({"a": 7.0}, ["b"])
-    assert mean == pytest.approx(5 + 0.8 * 2) and variance == pytest.approx(4 * (1 - 0.8**2))
-    assert moments.remaining_sum({"a": 7.0, "b": 1.0}, []) == (0.0, 0.0)
+def test_the_remaining_sum_is_the_regression_prediction() -> None:
+    """Two rubrics with correlation 0.8 over 11 conversations: knowing the first moves the second's mean and shrinks
+    its residual variance, which is then widened for fitting on 11 conversations (regression prediction interval)."""
+    moments = ScoreMoments(("a", "b"), (5.0, 5.0), ((4.0, 3.2), (3.2, 4.0)), n=11)
+    mean, scale2, dof = moments.remaining_sum({}, ["a", "b"])
+    assert (mean, dof) == (10.0, 10) and scale2 == pytest.approx((4 + 4 + 2 * 3.2) * (1 + 1 / 11))
+    mean, scale2, dof = moments.remaining_sum({"a": 7.0}, ["b"])
+    residual = 4 * (1 - 0.8**2) * 10 / 9  # on n - 2 degrees of freedom
+    assert dof == 9 and mean == pytest.approx(5 + 0.8 * 2)
+    assert scale2 == pytest.approx(residual * (1 + 1 / 11 + 2.0**2 / 4.0 / 10))
+    assert moments.remaining_sum({"a": 7.0, "b": 1.0}, [])[:2] == (0.0, 0.0)
+    # Fitted on 2 conversations, nothing can be regressed on an answer: an infinite scale, never a stop.
+    few = ScoreMoments(("a", "b"), (5.0, 5.0), ((4.0, 3.2), (3.2, 4.0)), n=2)
+    assert few.remaining_sum({"a": 7.0}, ["b"])[1:] == (math.inf, 0)
+    assert change_probability(ConfidenceWindows(0.0, -5.0, 5.0), 2.5, math.inf, 0) == 1.0
+
+
+def test_approximate_stopping_on_moments_from_few_conversations_keeps_its_promise() -> None:
+    """Known truth: 20 correlated rubric scores, moments fitted on 16 conversations (fewer than rubrics, as a set
+    fitted on a small labelled file), 10 rubrics answered. Among the conversations where the change probability is at
+    most 5 %, asking all changes the label in at most 5 % of them. The plug-in Gaussian (the moments taken as exact)
+    breaks the promise: in this setting it changes about 9 %."""
+    rng = np.random.default_rng(0)
+    k, answered, n_fit, p = 20, 10, 16, 0.05
+    truth = 0.5 * np.eye(k) + 0.5  # every pair correlated 0.5
+    windows = ConfidenceWindows(threshold=0.0, dsat_upper=-4.0, sat_lower=4.0)
+    ids = [f"r{i}" for i in range(k)]
+    changed = {"t": 0, "plug-in": 0}
+    stopped = {"t": 0, "plug-in": 0}
+    a, r = slice(0, answered), slice(answered, k)
+    for _ in range(150):
+        moments = ScoreMoments.fit(ids, rng.multivariate_normal(np.zeros(k), truth, size=n_fit))
+        cov = np.asarray(moments.covariance)
+        gain = cov[r, a].sum(axis=0) @ np.linalg.pinv(cov[a, a])
+        plug_in = cov[r, r].sum() - gain @ cov[a, r].sum(axis=1)  # the conditional variance, moments taken as exact
+        for x in rng.multivariate_normal(np.zeros(k), truth, size=20):
+            mean, scale2, dof = moments.remaining_sum(dict(zip(ids[:answered], x[:answered])), ids[answered:])
+            predicted, final = x[:answered].sum() + mean, x.sum()
+            same = windows.label(predicted) == windows.label(final) and windows.binary_label(predicted) == windows.binary_label(
+                final
+            )
+            for model, risk in (
+                ("t", change_probability(windows, predicted, scale2, dof)),
+                ("plug-in", change_probability(windows, predicted, plug_in)),
+            ):
+                if risk <= p:
+                    stopped[model] += 1
+                    changed[model] += not same
+    assert stopped["t"] > 500, stopped  # the mode does stop
+    assert changed["t"] / stopped["t"] <= p, (changed, stopped)
+    assert changed["plug-in"] / stopped["plug-in"] > 1.5 * p, (changed, stopped)
 
 
 def test_fitted_moments_match_a_sample() -> None:
@@ -237,6 +282,9 @@ def test_moments_are_read_from_the_rubric_set_and_must_cover_its_rubrics(fitted_
         ScoreMoments.of_rubric_set(replace(fitted_q1_q8, metadata={MOMENTS_KEY: partial.to_dict()}))
     with pytest.raises(RubricSetError, match="is not a mean and covariance"):
         ScoreMoments.of_rubric_set(replace(fitted_q1_q8, metadata={MOMENTS_KEY: {"mean": [1]}}))
+    without_n = {k: v for k, v in moments.to_dict().items() if k != "n"}  # written before the count was recorded
+    with pytest.raises(RubricSetError, match="must be refitted with `convowatch rubrics fit`"):
+        ScoreMoments.of_rubric_set(replace(fitted_q1_q8, metadata={MOMENTS_KEY: without_n}))
 
 
 def test_approximate_mode_on_real_conversations_asks_less_and_reports_its_risk() -> None:
