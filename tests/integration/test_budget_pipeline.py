@@ -68,10 +68,19 @@ def _wait_all_scored(pipeline: Pipeline, ids: set[str], *workers: Process) -> No
             if tp.topic == pipeline.topic("closed")
         }
         admin.close()
+        # Which worker owns the missing partitions and what it last did (assignment, recovery, refetches) is in its log.
+        logs = "\n".join(f"--- {w.name}: assignment, recovery and delivery lines ---\n" + _delivery_lines(w) for w in workers)
         raise AssertionError(
             f"missing {sorted(ids - set(_records(pipeline)))}; (exhausted, waited s, scored) per worker: "
-            f"{state}; closed topic (partition, offset, key): {sorted(closed_topic)}; committed: {committed}"
+            f"{state}; closed topic (partition, offset, key): {sorted(closed_topic)}; committed: {committed}\n{logs}"
         ) from None
+
+
+def _delivery_lines(worker: Process, limit: int = 80) -> str:
+    """The worker log's lines about assignment, recovery, refetches and budget waits (the last ``limit``)."""
+    words = ("assign", "ecover", "Joined group", "fetching again", "left uncommitted", "budget", "No event", "rebalanc")
+    lines = [line for line in worker.log.read_text(errors="replace").splitlines() if any(w in line for w in words)]
+    return "\n".join(lines[-limit:])
 
 
 def _committed(pipeline: Pipeline, admin: KafkaAdminClient) -> dict[int, int]:
