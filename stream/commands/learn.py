@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import click
 
@@ -157,8 +157,29 @@ def _generated_pool(
     "--data",
     "data_path",
     type=_FILE,
-    required=True,
-    help="Labelled conversations (JSONL: conversation_id, label positive/negative, turns).",
+    default=None,
+    help="Labelled conversations (JSONL: conversation_id, label positive/negative, turns). Or --from-store.",
+)
+@click.option(
+    "--from-store",
+    is_flag=True,
+    help="Learn from the stored conversations users rated (thumbs up/down) instead of --data; needs --since.",
+)
+@click.option("--since", default=None, help="With --from-store: conversations closed since (30m, 6h, 7d, 2w or ISO 8601).")
+@click.option("--until", default=None, help="With --from-store: ... and before (same forms; default: now).")
+@click.option(
+    "--where",
+    "where_items",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="With --from-store: only conversations with this attribute value (repeatable), e.g. product=help-bot.",
+)
+@click.option(
+    "--on-conflict",
+    type=click.Choice(["exclude", "negative"]),
+    default="exclude",
+    show_default=True,
+    help="With --from-store: a conversation rated both up and down is left out (and counted), or negative.",
 )
 @click.option(
     "--domain",
@@ -239,7 +260,12 @@ def _generated_pool(
 @click.pass_obj
 def learn(
     obj: Any,
-    data_path: Path,
+    data_path: Path | None,
+    from_store: bool,
+    since: str | None,
+    until: str | None,
+    where_items: tuple[str, ...],
+    on_conflict: str,
     domain_path: Path,
     out: Path,
     pool_kind: str,
@@ -267,9 +293,10 @@ def learn(
     4. threshold θ and confidence windows at --precision on the same data.
 
     \b
-    The output loads with `convowatch run` (settings rubric_set). Example:
+    The output loads with `convowatch run` (settings rubric_set). Examples:
       convowatch data uss --file MWOZ.txt --labelled-out train.jsonl --n-per-class 20 --split-out-test test.jsonl
       convowatch learn --data train.jsonl --domain domain.md --out rubricset.json --report-dir report/
+      convowatch learn --from-store --since 30d --where product=help-bot --domain domain.md --out rubricset.json
     """
     settings: Settings = obj.settings
     judge = BudgetedJudge.wrap(judge_from_settings(settings.judge, settings.cache_dir), settings.scoring.budget)  # errors first
@@ -280,8 +307,8 @@ def learn(
     learner = RubricLearner(
         n_sat=n_sat, n_dsat=n_dsat, precision=precision, alphas=alpha_grid, folds=folds, seed=seed, method=method
     )
-    labelled = load_labelled_jsonl(data_path)
-    learner.check_data(labelled, where=str(data_path))  # no judge or generator call before the data are known usable
+    labelled, source = _training_data(settings, data_path, from_store, since, until, where_items, on_conflict)
+    learner.check_data(labelled, where=source["where"])  # no judge or generator call before the data are known usable
     domain = _read_domain(domain_path)
     if candidates_path is not None and (pool_file is not None or pool_kind != "seed"):
         raise click.UsageError("--candidates replaces the pool: do not combine it with --pool or --pool-file")
@@ -320,7 +347,7 @@ def learn(
     rubric_set = learner.rubric_set_
     extra = {
         "domain_sha256": hashlib.sha256(domain.strip().encode("utf-8")).hexdigest()[:16],
-        "training_file": data_path.name,
+        **source["metadata"],
         "pool_kind": "candidates" if candidates_path is not None else pool_kind,
     }
     rubric_set = RubricSet(rubric_set.rubrics, rubric_set.windows, {**rubric_set.metadata, **extra})
@@ -346,6 +373,48 @@ def learn(
         f"judge: {r.judge_calls} calls in {r.judge_requests} requests, {r.prompt_tokens} prompt + {r.completion_tokens} "
         f"completion tokens; {r.cache_hits} answers from the cache, {r.cache_misses} asked; {report.wall_s:.1f}s"
     )
+
+
+def _training_data(
+    settings: Settings,
+    data_path: Path | None,
+    from_store: bool,
+    since: str | None,
+    until: str | None,
+    where_items: tuple[str, ...],
+    on_conflict: str,
+) -> tuple[list[LabelledConversation], dict[str, Any]]:
+    """The labelled conversations of --data or --from-store, and how to name and record their source."""
+    store_options = since is not None or until is not None or where_items
+    if (data_path is None) == (not from_store):
+        raise click.UsageError("give either --data FILE or --from-store (with --since)")
+    if data_path is not None:
+        if store_options:
+            raise click.UsageError("--since, --until and --where select stored conversations: use them with --from-store")
+        return load_labelled_jsonl(data_path), {"where": str(data_path), "metadata": {"training_file": data_path.name}}
+    if since is None:
+        raise click.UsageError("--from-store needs --since (e.g. --since 30d)")
+    where: dict[str, str] = {}
+    for item in where_items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--where")
+        where[key] = value
+    from stream.feedback_labels import FeedbackLabelRules, OnConflict, labelled_from_store
+    from stream.report.data import resolve_window
+    from stream.store import ClickHouseStore
+
+    window = resolve_window(since, until)
+    with ClickHouseStore.open(settings.store) as store:
+        found = labelled_from_store(store, window.since, window.until, where, FeedbackLabelRules(cast(OnConflict, on_conflict)))
+    span = f"closed {window.since.isoformat()} .. {window.until.isoformat()}" + "".join(f", {k}={v}" for k, v in where.items())
+    _say(
+        f"from the store: {len(found.conversations)} rated conversations {span} "
+        f"({sum(c.positive for c in found.conversations)} positive; {found.conflicts} rated both up and down, excluded)"
+    )
+    if not found.conversations:
+        raise click.ClickException(f"no rated conversations in the store {span}: nothing to learn from")
+    return found.conversations, {"where": f"the store ({span})", "metadata": {"training_data": found.metadata()}}
 
 
 def _edge(value: float | None) -> str:

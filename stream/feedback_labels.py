@@ -1,0 +1,122 @@
+"""Labels from user feedback: the stored conversations users rated, as labelled conversations.
+
+Chat products collect thumbs up/down for free (``feedback`` events, stored in
+the ``feedback`` table). `labelled_from_store` turns them into the labelled
+conversations `convowatch learn` learns from, read from ClickHouse with a time
+window (by ``closed_at``, like the report) and attribute filters:
+
+* each rated turn counts with its latest rating (a user who changed their mind
+  counts once, as they left it);
+* a conversation with a thumbs-down and no thumbs-up is negative, one with a
+  thumbs-up and no thumbs-down positive;
+* one with both is a *conflict*: excluded and counted (``on_conflict=exclude``,
+  the default), or negative (``on_conflict=negative``: any thumbs-down makes a
+  conversation negative).
+
+The result carries the query, its parameters and a hash of the data it
+returned, for the metadata of whatever is learned from it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from scorers.conversation import Conversation, Turn, as_role
+from scorers.datasets.labelled import LabelledConversation
+from stream.contract import NEGATIVE_RATINGS, RATINGS
+from stream.store import ClickHouseStore
+
+OnConflict = Literal["exclude", "negative"]
+POSITIVE_RATINGS: frozenset[str] = frozenset(RATINGS) - NEGATIVE_RATINGS
+
+# Conversations closed in the window whose attributes match, joined with each rated turn's latest rating.
+# User input only travels as parameters; the attribute filter is one `attributes[{kN}] = {vN}` per filter.
+LABELLED_CONVERSATIONS_SQL = """
+SELECT c.conversation_id AS conversation_id, c.turns AS turns, c.attributes AS attributes, f.ratings AS ratings
+FROM (
+    SELECT conversation_id, turns, attributes FROM {db}.conversations FINAL
+    WHERE closed_at >= {{since:DateTime64(6, 'UTC')}} AND closed_at < {{until:DateTime64(6, 'UTC')}}{filters}
+) AS c
+INNER JOIN (
+    SELECT conversation_id, groupArray(rating) AS ratings FROM (
+        SELECT conversation_id, turn_index, argMax(rating, timestamp) AS rating
+        FROM {db}.feedback FINAL GROUP BY conversation_id, turn_index
+    ) GROUP BY conversation_id
+) AS f ON c.conversation_id = f.conversation_id
+ORDER BY conversation_id"""
+
+
+@dataclass(frozen=True)
+class FeedbackLabelRules:
+    """How a conversation's turn ratings become one label."""
+
+    on_conflict: OnConflict = "exclude"
+
+    def label(self, ratings: Sequence[str]) -> Literal["positive", "negative", "conflict"]:
+        """The label of a conversation whose rated turns have these (latest) ratings; "conflict" is excluded."""
+        negative = any(r in NEGATIVE_RATINGS for r in ratings)
+        positive = any(r in POSITIVE_RATINGS for r in ratings)
+        if negative and positive:
+            return "negative" if self.on_conflict == "negative" else "conflict"
+        return "negative" if negative else "positive"
+
+
+@dataclass(frozen=True)
+class StoreLabels:
+    """Labelled conversations read from the store, what was left out, and where they came from."""
+
+    conversations: list[LabelledConversation]
+    conflicts: int  # rated both up and down, excluded by the rules
+    query: str
+    parameters: dict[str, str]
+    data_sha256: str
+
+    def metadata(self) -> dict[str, Any]:
+        """For the metadata of a rubric set or calibrator learned from these labels."""
+        return {
+            "source": "store",
+            "query": " ".join(self.query.split()),
+            "query_parameters": self.parameters,
+            "data_sha256": self.data_sha256,
+            "conversations": len(self.conversations),
+            "positive": sum(1 for c in self.conversations if c.positive),
+            "conflicts_excluded": self.conflicts,
+        }
+
+
+def labelled_from_store(
+    store: ClickHouseStore,
+    since: datetime,
+    until: datetime,
+    where: Mapping[str, str] | None = None,
+    rules: FeedbackLabelRules | None = None,
+) -> StoreLabels:
+    """The rated conversations closed in ``[since, until)`` whose attributes equal ``where``, labelled by ``rules``."""
+    rules = rules or FeedbackLabelRules()
+    filters = "".join(f" AND attributes[{{k{i}:String}}] = {{v{i}:String}}" for i in range(len(where or {})))
+    sql = LABELLED_CONVERSATIONS_SQL.format(db=store.database, filters=filters)
+    parameters: dict[str, Any] = {"since": since, "until": until}
+    for i, (key, value) in enumerate((where or {}).items()):
+        parameters[f"k{i}"], parameters[f"v{i}"] = key, value
+    rows = store.query(sql, parameters)
+    digest = hashlib.sha256()
+    conversations, conflicts = [], 0
+    for row in rows:
+        turns = sorted(row["turns"], key=lambda t: t["index"])
+        texts = [[t["role"], t["text"]] for t in turns]
+        digest.update(json.dumps([row["conversation_id"], texts, sorted(row["ratings"])]).encode())
+        label = rules.label(row["ratings"])
+        if label == "conflict":
+            conflicts += 1
+            continue
+        conversation = Conversation(
+            row["conversation_id"], tuple(Turn(role=as_role(role), text=text) for role, text in texts), dict(row["attributes"])
+        )
+        conversations.append(LabelledConversation(conversation, label == "positive"))
+    shown = {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in parameters.items()}
+    return StoreLabels(conversations, conflicts, sql, shown, digest.hexdigest())
