@@ -97,6 +97,17 @@ SAMPLING_RATE = 0.1
 BOOTSTRAP_SAMPLES = 2000
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), so that seconds from different hosts are told apart."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def log(message: str) -> None:
     print(f"[{dt.datetime.now():%H:%M:%S}] {message}", file=sys.stderr, flush=True)
 
@@ -523,7 +534,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "benchmark": "judge_cost",
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
         "judge": {"model": uss.QWEN_ALIAS, "server": "llama-cpp-python", "threads": args.threads},
         "sets": {k: {"version": s.version, "rubrics": len(s.rubrics)} for k, s in sets.items()},
         "conversations": {"n": len(items), "positive": int(y.sum()), "ids": [i.conversation.id for i in items]},
