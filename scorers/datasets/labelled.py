@@ -15,7 +15,7 @@ line number; nothing is silently skipped.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,17 +36,14 @@ class LabelledConversation:
     positive: bool
 
 
-def _parse_line(obj: Any, where: str) -> LabelledConversation:
+def parse_conversation(obj: Any, where: str) -> Conversation:
+    """A line's ``conversation_id``, ``turns`` and ``attributes`` as a `Conversation` (shared by the labelled-file
+    formats)."""
     if not isinstance(obj, dict):
         raise LabelledDataError(f"{where}: expected a JSON object")
-    cid = obj.get("conversation_id")
-    if not isinstance(cid, str) or not cid:
+    conversation_id = obj.get("conversation_id")
+    if not isinstance(conversation_id, str) or not conversation_id:
         raise LabelledDataError(f"{where}: conversation_id must be a non-empty string")
-    label = obj.get("label")
-    if isinstance(label, bool) or label in ("positive", "negative") or (isinstance(label, int) and label in (0, 1)):
-        positive = _LABELS[label]
-    else:
-        raise LabelledDataError(f"{where}: label must be 'positive' or 'negative' (or true/false, 1/0), got {label!r}")
     raw_turns = obj.get("turns", [])
     if not isinstance(raw_turns, list):
         raise LabelledDataError(f"{where}: turns must be a list")
@@ -61,26 +58,41 @@ def _parse_line(obj: Any, where: str) -> LabelledConversation:
             turns.append(Turn(role=as_role(t.get("role")), text=t["text"]))
         except ConversationError as e:
             raise LabelledDataError(f"{where}: turns[{i}]: {e}") from e
-    return LabelledConversation(Conversation(cid, tuple(turns), attributes), positive)
+    return Conversation(conversation_id, tuple(turns), attributes)
 
 
-def load_labelled_jsonl(path: str | Path) -> list[LabelledConversation]:
-    """Read and validate a labelled-conversations JSONL file (see module docstring)."""
+def _parse_line(obj: Any, where: str) -> LabelledConversation:
+    conversation = parse_conversation(obj, where)
+    label = obj.get("label")
+    if isinstance(label, bool) or label in ("positive", "negative") or (isinstance(label, int) and label in (0, 1)):
+        positive = _LABELS[label]
+    else:
+        raise LabelledDataError(f"{where}: label must be 'positive' or 'negative' (or true/false, 1/0), got {label!r}")
+    return LabelledConversation(conversation, positive)
+
+
+def jsonl_objects(path: str | Path) -> Iterator[tuple[str, Any]]:
+    """Each non-blank line's JSON value with where it is (``file:line``); `LabelledDataError` if unreadable."""
     path = Path(path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise LabelledDataError(f"{path}: cannot read: {e}") from e
-    out: list[LabelledConversation] = []
-    seen: set[str] = set()
     for n, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        where = f"{path}:{n}"
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise LabelledDataError(f"{where}: not valid JSON: {e.msg}") from e
+            raise LabelledDataError(f"{path}:{n}: not valid JSON: {e.msg}") from e
+        yield f"{path}:{n}", obj
+
+
+def load_labelled_jsonl(path: str | Path) -> list[LabelledConversation]:
+    """Read and validate a labelled-conversations JSONL file (see module docstring)."""
+    out: list[LabelledConversation] = []
+    seen: set[str] = set()
+    for where, obj in jsonl_objects(path):
         item = _parse_line(obj, where)
         if item.conversation.id in seen:
             raise LabelledDataError(f"{where}: duplicate conversation_id {item.conversation.id!r}")

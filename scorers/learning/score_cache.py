@@ -11,8 +11,9 @@ keyed by
   answer, so a rubric renamed or flipped reuses it),
 * the conversation's `Conversation.content_hash()` (roles and texts),
 
-and stores the answer probabilities exactly as the judge gave them. `rate`
-builds the ``n_conversations × n_rubrics`` matrix of ratings in [0, 10]
+and stores the answer probabilities exactly as the judge gave them.
+`answer_all` gathers any questions' answers through it (a calibrator's
+questions, for `convowatch calibrate adapt --labels`); `rate` builds the ``n_conversations × n_rubrics`` matrix of ratings in [0, 10]
 (`Rubric.rating`: expected option score) from the cache, asking the judge only
 for the misses: all missing rubrics of one conversation go in one
 ``judge.judge`` call (split into chunks of ``batch_questions`` if given), so a
@@ -38,6 +39,7 @@ from scorers.errors import UserError
 from scorers.judges.base import Answer, Judge, JudgeReplyError
 from scorers.judges.prompt import MULTI_PROMPT_VERSION, PROMPT_VERSION
 from scorers.learning.pool import PoolRubric, to_rubric
+from scorers.questions import Question
 from scorers.rubrics import Rubric
 
 _SCHEMA = """
@@ -74,9 +76,10 @@ def judge_identity(judge: Judge) -> str:
     return "|".join(parts)
 
 
-def question_key(rubric: Rubric) -> str:
-    """SHA-256 (16 hex) of the question the judge reads for ``rubric``: text, option keys and labels."""
-    q = rubric.question()
+def question_key(item: Rubric | Question) -> str:
+    """SHA-256 (16 hex) of the question the judge reads (a rubric's, or a plain question): text, option keys and
+    labels. The id is not part of it: a renamed rubric or question reuses its answers."""
+    q = item.question() if isinstance(item, Rubric) else item
     canonical = json.dumps([q.text, list(q.option_keys), list(q.option_labels)], ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
 
@@ -170,39 +173,48 @@ class Ratings(NamedTuple):
     stats: RatingStats
 
 
-def rate(
+class Answers(NamedTuple):
+    """`answer_all`'s result: ``by_conversation[i][question id]`` = the probabilities of conversation i's answer,
+    and the cost (``stats.rubrics`` counts the questions)."""
+
+    by_conversation: list[dict[str, tuple[float, ...]]]
+    stats: RatingStats
+
+
+AnswerCheck = Callable[[Question, Answer], object]  # raises `JudgeReplyError` for an answer that must not be cached
+
+
+def answer_all(
     judge: Judge,
-    rubrics: Sequence[PoolRubric | Rubric],
+    questions: Sequence[Question],
     conversations: Sequence[Conversation],
     cache: ScoreCache,
     batch_questions: int | None = None,
     progress: Progress | None = None,
     judge_id: str | None = None,
-) -> Ratings:
-    """Ratings in [0, 10] of every conversation on every rubric, asking ``judge`` only for cache misses.
+    check: AnswerCheck | None = None,
+) -> Answers:
+    """Every question's answer about every conversation, asking ``judge`` only for cache misses.
 
-    ``rubrics`` are pool rubrics (rated on the Likert scale, `to_rubric`) or
-    `Rubric`s with their own scale; their ids are the question ids the judge
-    sees. ``batch_questions`` caps the questions per ``judge.judge`` call (None:
-    all misses of a conversation at once). ``judge_id`` overrides
-    `judge_identity`. A judge failure (`JudgeError`) propagates after the
-    answers already received are stored; an answer that does not fit its
-    rubric's scale is a `JudgeReplyError` and is not cached.
+    Questions are cached by `question_key`, so questions that read the same share one answer. All missing
+    questions of one conversation go in one ``judge.judge`` call (chunks of ``batch_questions`` if given).
+    ``judge_id`` overrides `judge_identity`. An answer whose length is not its question's number of options,
+    or that ``check`` refuses, is a `JudgeReplyError` and is not cached; a judge failure (`JudgeError`)
+    propagates after the answers already received are stored.
     """
     if batch_questions is not None and batch_questions < 1:
         raise ValueError(f"batch_questions must be >= 1 or None, got {batch_questions}")
     started = time.perf_counter()
-    as_rubrics = [to_rubric(r) if isinstance(r, PoolRubric) else r for r in rubrics]
-    ids = [r.id for r in as_rubrics]
+    ids = [q.id for q in questions]
     if len(set(ids)) != len(ids):
-        raise ValueError(f"rubric ids must be unique, got duplicates {sorted({i for i in ids if ids.count(i) > 1})}")
-    keys = [question_key(r) for r in as_rubrics]
-    first_with_key: dict[str, Rubric] = {}
-    for key, rubric in zip(keys, as_rubrics):
-        first_with_key.setdefault(key, rubric)
+        raise ValueError(f"question ids must be unique, got duplicates {sorted({i for i in ids if ids.count(i) > 1})}")
+    keys = [question_key(q) for q in questions]
+    first_with_key: dict[str, Question] = {}
+    for key, question in zip(keys, questions):
+        first_with_key.setdefault(key, question)
     identity = judge_id or judge_identity(judge)
 
-    matrix = np.empty((len(conversations), len(as_rubrics)), dtype=float)
+    out: list[dict[str, tuple[float, ...]]] = []
     hits = misses = requests = calls = prompt_tokens = completion_tokens = 0
     latency = 0.0
     answered: dict[str, dict[str, tuple[float, ...]]] = {}  # per conversation hash, across duplicate conversations
@@ -216,8 +228,8 @@ def rate(
             size = batch_questions or max(len(missing), 1)
             for start in range(0, len(missing), size):
                 chunk = missing[start : start + size]
-                questions = [first_with_key[k].question() for k in chunk]
-                judgement = judge.judge(conversation, questions)
+                asked = [first_with_key[k] for k in chunk]
+                judgement = judge.judge(conversation, asked)
                 requests += 1
                 p = judgement.provenance
                 calls += p.calls
@@ -225,25 +237,29 @@ def rate(
                 completion_tokens += p.completion_tokens
                 latency += p.latency_s
                 fresh: dict[str, tuple[float, ...]] = {}
-                for key, question in zip(chunk, questions):
+                for key, question in zip(chunk, asked):
                     answer = judgement.answers.get(question.id)
                     if answer is None:
                         raise JudgeReplyError(
                             f"judge {identity!r} returned no answer to {question.id!r} for conversation {conversation.id!r}"
                         )
-                    first_with_key[key].rating(answer)  # refuses answers that do not fit the scale, before caching
+                    if check is not None:
+                        check(question, answer)  # before caching
+                    if len(answer.probabilities) != len(question.option_keys):
+                        raise JudgeReplyError(
+                            f"{question.id!r}: answer has {len(answer.probabilities)} probabilities "
+                            f"but the question has {len(question.option_keys)} options"
+                        )
                     fresh[key] = answer.probabilities
                 cache.put_many(identity, chash, fresh)
                 found.update(fresh)
             answered[chash] = found
-        found = answered[chash]
-        for j, (key, rubric) in enumerate(zip(keys, as_rubrics)):
-            matrix[i, j] = rubric.rating(Answer(question_id=rubric.id, probabilities=found[key]))
+        out.append({q.id: answered[chash][key] for q, key in zip(questions, keys)})
         if progress is not None:
             progress(i + 1, len(conversations))
     stats = RatingStats(
         conversations=len(conversations),
-        rubrics=len(as_rubrics),
+        rubrics=len(questions),
         cache_hits=hits,
         cache_misses=misses,
         judge_requests=requests,
@@ -253,4 +269,42 @@ def rate(
         judge_latency_s=latency,
         wall_s=time.perf_counter() - started,
     )
-    return Ratings(matrix, stats)
+    return Answers(out, stats)
+
+
+def rate(
+    judge: Judge,
+    rubrics: Sequence[PoolRubric | Rubric],
+    conversations: Sequence[Conversation],
+    cache: ScoreCache,
+    batch_questions: int | None = None,
+    progress: Progress | None = None,
+    judge_id: str | None = None,
+) -> Ratings:
+    """Ratings in [0, 10] of every conversation on every rubric, asking ``judge`` only for cache misses.
+
+    ``rubrics`` are pool rubrics (rated on the Likert scale, `to_rubric`) or
+    `Rubric`s with their own scale; their ids are the question ids the judge
+    sees. The asking and caching are `answer_all`'s; an answer that does not
+    fit its rubric's scale is a `JudgeReplyError` and is not cached.
+    """
+    as_rubrics = [to_rubric(r) if isinstance(r, PoolRubric) else r for r in rubrics]
+    ids = [r.id for r in as_rubrics]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"rubric ids must be unique, got duplicates {sorted({i for i in ids if ids.count(i) > 1})}")
+    by_id = {r.id: r for r in as_rubrics}
+    answers = answer_all(
+        judge,
+        [r.question() for r in as_rubrics],
+        conversations,
+        cache,
+        batch_questions=batch_questions,
+        progress=progress,
+        judge_id=judge_id,
+        check=lambda question, answer: by_id[question.id].rating(answer),
+    )
+    matrix = np.empty((len(conversations), len(as_rubrics)), dtype=float)
+    for i, found in enumerate(answers.by_conversation):
+        for j, rubric in enumerate(as_rubrics):
+            matrix[i, j] = rubric.rating(Answer(question_id=rubric.id, probabilities=found[rubric.id]))
+    return Ratings(matrix, answers.stats)

@@ -12,6 +12,7 @@ import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import numpy as np
@@ -45,10 +46,13 @@ from scorers.questions import load_questions
 from scorers.rubrics import DEFAULT_PRECISION, RubricSet, evaluate
 from stream.budget import BudgetedJudge
 from stream.commands.dashboards import dashboards
-from stream.commands.learn import learn, uss_command
+from stream.commands.learn import SCORE_CACHE_FILE, learn, uss_command
 from stream.judge_factory import judge_from_settings
 from stream.settings import Settings, load_settings
 from stream.topics import ensure_topics
+
+if TYPE_CHECKING:
+    from scorers.calibrators import Calibrator  # imports torch: only where a calibrator is used
 
 
 class _Context:
@@ -281,27 +285,32 @@ def _early_stopped_netsats(scorer: EarlyStoppingScorer, items: Sequence[Labelled
 _FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 
 
-def _calibration_options(fn):
-    """Options shared by `calibrate train` and `calibrate evaluate`: the input files."""
-    fn = click.option(
-        "--optional-questions",
-        default=",".join(sorted(OPTIONAL_QUESTIONS)),
-        show_default=True,
-        help="Questions the judge may not have been asked (their input is then all zeros), comma-separated.",
-    )(fn)
-    fn = click.option(
-        "--human-labels",
-        type=_FILE,
-        required=True,
-        help="Human judgments TSV: text_id, annotator_id and one column per question (answers 1..K, 0 = n/a).",
-    )(fn)
-    fn = click.option(
-        "--judge-answers",
-        type=_FILE,
-        required=True,
-        help="The judge's answer distributions TSV: text_id, criterion, answer1_prob..answerK_prob.",
-    )(fn)
-    return fn
+def _calibration_options(required: bool = True):
+    """Options shared by the `calibrate` commands: the recorded judge answers and human labels (files)."""
+    also = "" if required else " (with --human-labels, instead of --labels)"
+
+    def add(fn):
+        fn = click.option(
+            "--optional-questions",
+            default=",".join(sorted(OPTIONAL_QUESTIONS)),
+            show_default=True,
+            help="Questions the judge may not have been asked (their input is then all zeros), comma-separated.",
+        )(fn)
+        fn = click.option(
+            "--human-labels",
+            type=_FILE,
+            required=required,
+            help="Human judgments TSV: text_id, annotator_id and one column per question (answers 1..K, 0 = n/a)." + also,
+        )(fn)
+        fn = click.option(
+            "--judge-answers",
+            type=_FILE,
+            required=required,
+            help="The judge's answer distributions TSV: text_id, criterion, answer1_prob..answerK_prob." + also,
+        )(fn)
+        return fn
+
+    return add
 
 
 def _load_calibration_data(
@@ -341,7 +350,7 @@ _CALIBRATOR_OPTION = click.option(
 
 
 @calibrate.command("train")
-@_calibration_options
+@_calibration_options()
 @click.option(
     "--questions",
     type=_FILE,
@@ -452,7 +461,29 @@ def calibrate_train(
 
 @calibrate.command("adapt")
 @_CALIBRATOR_OPTION
-@_calibration_options
+@click.option(
+    "--labels",
+    "labels_path",
+    type=_FILE,
+    default=None,
+    help="Your labelled conversations (JSONL: turns and each person's answers to the calibrator's questions, "
+    "docs/calibration.md); the configured judge answers the questions about them (cached).",
+)
+@click.option(
+    "--questions",
+    "questions_path",
+    type=_FILE,
+    default=None,
+    help="With --labels: the questions file with the calibrator's question texts [default: scoring.questions].",
+)
+@click.option(
+    "--cache",
+    "cache_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help=f"With --labels: judge-answer cache (SQLite), shared with `learn` [default: CACHE_DIR/{SCORE_CACHE_FILE}].",
+)
+@_calibration_options(required=False)
 @click.option(
     "--strength",
     type=click.FloatRange(min=0, min_open=True),
@@ -465,10 +496,15 @@ def calibrate_train(
 @click.option(
     "--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Directory to write the adapted calibrator to."
 )
+@click.pass_obj
 def calibrate_adapt(
+    ctx: _Context,
     calibrator: Path,
-    judge_answers: Path,
-    human_labels: Path,
+    labels_path: Path | None,
+    questions_path: Path | None,
+    cache_path: Path | None,
+    judge_answers: Path | None,
+    human_labels: Path | None,
     optional_questions: str,
     strength: float | None,
     folds: int,
@@ -479,20 +515,32 @@ def calibrate_adapt(
 
     Refits every question that has labels, each parameter pulled towards the
     calibrator's, so a few labels move it a little and many move it far; the
-    human judges in the labels get offsets of their own. Needs at least 10
+    people who labelled get offsets of their own. Needs at least 10
     conversations labelled on the main question (13 to choose --strength by
-    CV). docs/calibration.md shows the measured learning curve.
+    CV). The labels come as --labels FILE (the judge is asked about those
+    conversations) or as recorded judge answers with human labels
+    (--judge-answers, --human-labels). docs/calibration.md shows the measured
+    learning curve.
     """
     from scorers.calibration_selection import select_adaptation_strength
     from scorers.calibrators import load_calibrator
     from scorers.ordinal_calibration import OrdinalCalibrator
 
+    files = judge_answers is not None or human_labels is not None
+    if (labels_path is None) == (not files) or (files and (judge_answers is None or human_labels is None)):
+        raise click.UsageError("give either --labels FILE or both --judge-answers and --human-labels")
+    if labels_path is None and (questions_path is not None or cache_path is not None):
+        raise click.UsageError("--questions and --cache go with --labels")
     model = load_calibrator(calibrator)
     if not isinstance(model, OrdinalCalibrator):
         raise click.UsageError(
             f"{calibrator} holds a calibration network; only an ordinal calibrator can be adapted (retrain instead)"
         )
-    data = _load_calibration_data(judge_answers, human_labels, dict(model.n_options_), optional_questions)
+    if labels_path is not None:
+        data = _judged_calibration_data(ctx, model, labels_path, questions_path, cache_path)
+    else:
+        assert judge_answers is not None and human_labels is not None
+        data = _load_calibration_data(judge_answers, human_labels, dict(model.n_options_), optional_questions)
     if strength is None:
         strength, scores = select_adaptation_strength(model, data, k=folds, seed=seed)
         click.echo(f"chosen by {folds}-fold CV on these labels: strength {strength:g}; RMSE by strength {scores}", err=True)
@@ -501,9 +549,46 @@ def calibrate_adapt(
     click.echo(f"wrote calibrator {adapted.version_} (adapted from {model.version_}) to {out}")
 
 
+def _judged_calibration_data(
+    ctx: _Context, model: Calibrator, labels_path: Path, questions_path: Path | None, cache_path: Path | None
+) -> RubricData:
+    """A labels file's answers with the configured judge's answers to the calibrator's questions about the same
+    conversations (asked once: the answer cache `learn` uses)."""
+    from scorers.datasets.answer_labels import calibration_data, load_answer_labels
+    from scorers.learning.score_cache import ScoreCache, answer_all
+
+    settings = ctx.settings
+    source = questions_path or settings.scoring.questions
+    if source is None:
+        raise click.UsageError("--labels needs the calibrator's question texts: --questions FILE or scoring.questions")
+    defined = load_questions(source)
+    missing = [q for q in model.question_ids_ if q not in defined]
+    if missing:
+        raise RubricDataError(f"{source} does not define {missing}, which the calibrator reads")
+    questions = [defined[q] for q in model.question_ids_]
+    wrong = [
+        f"{q.id} ({q.n_options}, calibrator {model.n_options_[q.id]})" for q in questions if q.n_options != model.n_options_[q.id]
+    ]
+    if wrong:
+        raise RubricDataError(f"{source}: option counts differ from the calibrator's: {', '.join(wrong)}")
+    labelled = load_answer_labels(labels_path, model.n_options_)
+    judge = ctx.judge()
+    with ScoreCache(cache_path or settings.cache_dir / SCORE_CACHE_FILE) as cache:
+        with _progress(None, "judging", length=len(labelled.conversations)) as bar:
+            answers = answer_all(judge, questions, labelled.conversations, cache, progress=lambda done, total: bar.update(1))
+    stats = answers.stats
+    data = calibration_data(labelled, answers.by_conversation, model.n_options_, model.question_ids_)
+    click.echo(
+        f"{len(data.features)} conversations, {len(data.labels)} labels from {len(data.judges)} annotators; judge: "
+        f"{stats.cache_misses} answers asked ({stats.judge_calls} calls), {stats.cache_hits} from the cache",
+        err=True,
+    )
+    return data
+
+
 @calibrate.command("evaluate")
 @_CALIBRATOR_OPTION
-@_calibration_options
+@_calibration_options()
 @click.option("--question", default=None, help="Question to evaluate (default: the calibrator's main question).")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
 def calibrate_evaluate(

@@ -6,6 +6,7 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from scorers.calibration import CalibrationNetwork
@@ -155,6 +156,77 @@ def test_calibrate_adapt_to_a_teams_own_labels(tmp_path, calibrator):
         tmp_path / "n",
     )
     assert r.returncode == 2 and "only an ordinal calibrator can be adapted" in r.stderr
+
+
+def test_calibrate_adapt_with_a_labels_file_asks_the_judge_once_and_matches_the_recorded_files(tmp_path, calibrator):
+    """--labels: the team's conversations and answers in one JSONL; the (recorded GPT-3.5) judge answers the
+    calibrator's questions about them. The same 60 real conversations and labels as TSV files adapt to the same
+    calibrator; a second run takes every answer from the cache (its judge's recording knows none of these
+    conversations, so any question asked would fail)."""
+    from scorers.datasets.llm_rubric import load_labels, load_real_conversations
+
+    base = load_calibrator(calibrator)
+    lines = REAL_HUMANS.read_text().splitlines()
+    many = tmp_path / "many.tsv"
+    many.write_text("\n".join(lines[:61]) + "\n")
+    labels = load_labels(many, base.n_options_, base.question_ids_)
+    texts = load_real_conversations(LLM_RUBRIC / "real_data.json")
+    by_conversation: dict[str, list[dict]] = {}
+    for lab in labels:
+        by_conversation.setdefault(lab.text_id, []).append(
+            {"question": lab.question, "answer": lab.answer, "annotator": lab.judge}
+        )
+    labels_file = tmp_path / "labels.jsonl"
+    labels_file.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "conversation_id": cid,
+                    "turns": [{"role": t.role, "text": t.text} for t in texts[cid].turns],
+                    "labels": answers,
+                }
+            )
+            + "\n"
+            for cid, answers in by_conversation.items()
+        )
+    )
+    cache = tmp_path / "answers.sqlite"
+    adapt = ("calibrate", "adapt", "--calibrator", calibrator, "--strength", "10")
+    with_labels = (*adapt, "--labels", labels_file, "--questions", QUESTIONS, "--cache", cache)
+    r = convowatch(*with_labels, "--out", tmp_path / "from-labels", env=recorded(REAL_ANSWERS))
+    assert r.returncode == 0, r.stderr
+    assert "60 conversations, " in r.stderr and "540 answers asked" in r.stderr and "0 from the cache" in r.stderr
+    r = convowatch(*adapt, "--judge-answers", REAL_ANSWERS, "--human-labels", many, "--out", tmp_path / "from-files")
+    assert r.returncode == 0, r.stderr
+    from_labels, from_files = (OrdinalCalibrator.load(tmp_path / d) for d in ("from-labels", "from-files"))
+    assert from_labels.adaptation_[0]["conversations"] == 60
+    for question, prediction in from_files.predict_all(model_inputs()).items():
+        np.testing.assert_allclose(from_labels.predict_all(model_inputs())[question].probabilities, prediction.probabilities)
+    assert from_labels.judge_offsets() == from_files.judge_offsets()
+
+    unknowing = tmp_path / "unknowing" / REAL_ANSWERS.name  # same judge identity (the file's name), other answers
+    unknowing.parent.mkdir()
+    unknowing.write_text("".join(SYNTH_ANSWERS.read_text().splitlines(keepends=True)[:10]))
+    r = convowatch(*with_labels, "--out", tmp_path / "again", env=recorded(unknowing))
+    assert r.returncode == 0, r.stderr
+    assert "0 answers asked (0 calls), 540 from the cache" in r.stderr
+
+    # One clear error each: both forms, neither, a label file with a bad line, k below the minimum.
+    r = convowatch(*with_labels, "--human-labels", many, "--out", tmp_path / "x", env=recorded(REAL_ANSWERS))
+    assert r.returncode == 2 and "give either --labels FILE or both --judge-answers and --human-labels" in r.stderr
+    r = convowatch(*adapt, "--out", tmp_path / "x")
+    assert r.returncode == 2 and "give either --labels FILE" in r.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(labels_file.read_text().replace('"question": "Q0", "answer": ', '"question": "Q0", "answer": 4', 1))
+    r = convowatch(*adapt, "--labels", bad, "--questions", QUESTIONS, "--out", tmp_path / "x", env=recorded(REAL_ANSWERS))
+    assert r.returncode == 2 and f"{bad}:1: labels[" in r.stderr and "in 1..4" in r.stderr and "Traceback" not in r.stderr
+    few = tmp_path / "few.jsonl"
+    few.write_text("".join(labels_file.read_text().splitlines(keepends=True)[:9]))
+    r = convowatch(*adapt, "--labels", few, "--questions", QUESTIONS, "--out", tmp_path / "x", env=recorded(REAL_ANSWERS))
+    assert r.returncode == 2 and "at least 10 conversations" in r.stderr and "Traceback" not in r.stderr
+    r = convowatch(*adapt, "--labels", few, "--out", tmp_path / "x", env=recorded(REAL_ANSWERS))
+    assert r.returncode == 2 and "--questions FILE or scoring.questions" in r.stderr
+    assert not (tmp_path / "x").exists()
 
 
 def test_calibrate_refuses_bad_input_with_one_clear_line(tmp_path, calibrator):

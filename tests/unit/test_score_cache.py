@@ -160,3 +160,42 @@ def test_a_grammar_constrained_multi_question_judge_has_its_own_identity() -> No
     assert identity(questions_per_call=5, answer_format="grammar").endswith("|qpc=5|multi-v2|fmt=grammar")
     assert identity(questions_per_call=5).endswith("|qpc=5|multi-v2")  # the multi-question prompt's version keys it
     assert identity(answer_format="grammar") == identity()  # one question per call: the format is not used
+
+
+def test_answer_all_gives_plain_questions_answers_by_id_and_reuses_them(tmp_path, judge, table, conversations):
+    """A calibrator's questions (Q0 with its own options, not a rubric): answered once, then from the cache."""
+    from scorers.learning.score_cache import answer_all
+    from scorers.questions import load_questions
+
+    questions = [q for qid, q in load_questions(LLM_RUBRIC / "questions.json").items() if qid in ("Q0", "Q8")]
+    path = tmp_path / "cache.sqlite"
+    with ScoreCache(path) as cache:
+        first = answer_all(judge, questions, conversations, cache)
+    assert (first.stats.cache_misses, first.stats.judge_requests, first.stats.rubrics) == (12, 6, 2)
+    for found, conversation in zip(first.by_conversation, conversations):
+        assert found == {q.id: table[(conversation.id, q.id)][: len(q.option_keys)] for q in questions}
+    empty = RecordedJudge({}, model="gpt-3.5-turbo-16k")  # same identity, answers nothing: any miss would fail
+    with ScoreCache(path) as cache:
+        again = answer_all(empty, questions, conversations, cache)
+    assert again.by_conversation == first.by_conversation and again.stats.cache_hits == 12
+
+
+def test_answer_all_refuses_an_answer_with_the_wrong_number_of_options(tmp_path, conversations):
+    """A judge whose reply does not fit the question's options. The recorded judge refuses such answers itself and
+    the real servers' replies are parsed per option, so a scripted judge stands in for a broken backend."""
+    from scorers.judges.base import Answer, Judgement, Provenance
+    from scorers.learning.score_cache import answer_all
+    from scorers.questions import Question
+
+    class TwoProbabilities:
+        name = "scripted"
+
+        def judge(self, conversation, questions):
+            answers = {q.id: Answer(q.id, (0.5, 0.5)) for q in questions}
+            return Judgement(conversation_id=conversation.id, answers=answers, provenance=Provenance(judge=self.name, model=""))
+
+    three = Question(id="Q0", text="Overall?", option_keys=("1", "2", "3"), option_labels=("bad", "ok", "good"))
+    with ScoreCache(tmp_path / "cache.sqlite") as cache:
+        with pytest.raises(JudgeReplyError, match="answer has 2 probabilities but the question has 3 options"):
+            answer_all(TwoProbabilities(), [three], conversations[:1], cache)
+        assert len(cache) == 0
