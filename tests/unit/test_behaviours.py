@@ -142,6 +142,17 @@ def test_every_assistant_turn_is_judged_on_the_conversation_up_to_it() -> None:
     assert result.behaviour_set_version == default_behaviour_set().version
 
 
+def test_one_turn_is_judged_on_the_conversation_up_to_it_and_only_assistant_turns_are_asked() -> None:
+    conversation = Conversation("c1", (Turn("user", "hi"), Turn("assistant", "whatever"), Turn("user", "rude!")))
+    judge = ScriptedJudge()
+    turn, provenance = BehaviourScorer(default_behaviour_set()).score_turn(judge, conversation, 1)
+    assert turn.turn_index == 1 and turn.hits()["ignore"] and provenance.calls == 1
+    assert [t.text for t in judge.seen[0].turns] == ["hi", "whatever"]  # the user's reaction after it is not shown
+    for index in (0, 2, 3, -1):
+        with pytest.raises(ValueError, match=f"turn {index} is not an assistant turn"):
+            BehaviourScorer(default_behaviour_set()).score_turn(judge, conversation, index)
+
+
 def test_successive_turns_transcripts_are_prefixes_of_each_other() -> None:
     """What makes per-turn judging cache-friendly: turn t's prompt starts with turn t−1's transcript."""
     conversation = next(iter(load_real_conversations(LLM_RUBRIC / "real_data.json").values()))
