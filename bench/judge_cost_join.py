@@ -56,6 +56,14 @@ from scorers.rubrics import RubricSet  # noqa: E402
 from scorers.statistics import auroc, bootstrap_ci, spearman, wilson_interval  # noqa: E402
 
 SLICES = ROOT / "bench" / "results" / "judge_cost_slices"
+# Per-conversation means of each slice's mode cost, pooled over the slices weighted by their conversations.
+# Seconds are not pooled: load and host differ between slices.
+POOLED_COST = (
+    "prompt_tokens_per_conversation",
+    "evaluated_prompt_tokens_per_conversation",
+    "evaluated_prompt_tokens_in_one_transcript_passes",
+    "calls_per_conversation",
+)
 OUT = ROOT / "bench" / "results" / "judge_cost_joined.json"
 ROUND_SIZE = 2
 MAX_CHANGES = (0.01, 0.05, 0.10)
@@ -125,6 +133,15 @@ def _rate(hits: int, n: int) -> dict[str, Any]:
 
 def _ci(metric: Any, *arrays: np.ndarray) -> dict[str, float]:
     return bootstrap_ci(metric, *arrays, n_samples=judge_cost.BOOTSTRAP_SAMPLES, seed=0).as_dict()
+
+
+def pooled_cost(docs: list[dict[str, Any]], mode: str) -> dict[str, float]:
+    """A mode's token and call cost per conversation over every slice (each slice's mean weighted by its size)."""
+    n = np.array([d["modes"][mode]["cost"]["conversations"] for d in docs], dtype=float)
+    out = {"conversations": float(n.sum())}
+    for key in POOLED_COST:
+        out[key] = float(np.average([d["modes"][mode]["cost"][key] for d in docs], weights=n))
+    return out
 
 
 def set_figures(records: dict[str, list[dict[str, Any]]], key: str, human: dict[str, bool], docs: list[dict]) -> dict:
@@ -209,6 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "command": " ".join([".venv/bin/python", "bench/judge_cost_join.py", *(argv if argv is not None else sys.argv[1:])]),
         "slices": [d["file"] for d in docs],
         "conversations": {"n": len(records["b"]), "positive": int(sum(human[r["id"]] for r in records["b"]))},
+        "cost": {m: pooled_cost(docs, m) for m in ("b", "c")},
         "seconds_per_conversation": [
             {
                 "start": d["settings"]["start"],
@@ -248,6 +266,13 @@ def report(result: dict[str, Any]) -> None:
             )
         d = f["auroc_b_minus_c"]
         print(f"  AUROC b − c {d['estimate']:.2f} ({d['low']:.2f}–{d['high']:.2f})")
+    for m, c in result["cost"].items():
+        print(
+            f"mode {m}: {c['prompt_tokens_per_conversation']:.0f} prompt tokens per conversation, "
+            f"{c['evaluated_prompt_tokens_per_conversation']:.0f} evaluated "
+            f"({c['evaluated_prompt_tokens_in_one_transcript_passes']:.2f} transcript passes), "
+            f"{c['calls_per_conversation']:.0f} calls"
+        )
     for s in result["seconds_per_conversation"]:
         print(f"slice {s['start']} ({s['n']}, {s['cpu']}): b {s['b']:.1f} s, c {s['c']:.1f} s per conversation")
     for key, p in result["approximate_stopping_on_b"].items():

@@ -109,3 +109,13 @@ def test_recorded_answers_are_returned_for_their_own_question() -> None:
     assert judgement.answers["q2"].probabilities == (0.7, 0.3)
     with pytest.raises(KeyError):
         judge.judge(Conversation.from_messages("c2", [{"role": "user", "content": "hi"}]), questions)
+
+
+def test_pooled_cost_weights_each_slice_by_its_conversations(slice_dir: Path) -> None:
+    _rewrite(sorted(slice_dir.glob("*.json"))[0], lambda d: d["modes"]["b"]["cost"].update(conversations=2))
+    docs = join.load_slices(slice_dir)
+    pooled = join.pooled_cost(docs, "b")
+    costs = [d["modes"]["b"]["cost"] for d in docs]
+    key = "evaluated_prompt_tokens_in_one_transcript_passes"
+    assert pooled["conversations"] == 2 + costs[1]["conversations"]
+    assert pooled[key] == pytest.approx((2 * costs[0][key] + costs[1]["conversations"] * costs[1][key]) / pooled["conversations"])
