@@ -12,13 +12,15 @@ keyed by
 * the conversation's `Conversation.content_hash()` (roles and texts),
 
 and stores the answer probabilities exactly as the judge gave them.
-`answer_all` gathers any questions' answers through it (a calibrator's
-questions, for `convowatch calibrate adapt --labels`); `rate` builds the ``n_conversations × n_rubrics`` matrix of ratings in [0, 10]
-(`Rubric.rating`: expected option score) from the cache, asking the judge only
-for the misses: all missing rubrics of one conversation go in one
+`answer_all` gathers any questions' answers through it, asking the judge only
+for the misses: all missing questions of one conversation go in one
 ``judge.judge`` call (split into chunks of ``batch_questions`` if given), so a
-backend that asks several questions per request batches them. Answers are
-written after each call, so an interrupted run keeps what it paid for.
+backend that asks several questions per request batches them. `rate` builds
+on it the ``n_conversations × n_rubrics`` matrix of ratings in [0, 10]
+(`Rubric.rating`: expected option score) that rubric learning uses; a
+calibrator's questions go through it for `convowatch calibrate adapt --labels`.
+Answers are written after each call, so an interrupted run keeps what it paid
+for.
 """
 
 from __future__ import annotations
