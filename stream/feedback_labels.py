@@ -34,6 +34,15 @@ from stream.store import ClickHouseStore
 OnConflict = Literal["exclude", "negative"]
 POSITIVE_RATINGS: frozenset[str] = frozenset(RATINGS) - NEGATIVE_RATINGS
 
+
+def ratings_sql(feedback_table: str) -> str:
+    """Each rated conversation's ratings (``conversation_id``, ``ratings``): the latest rating of each rated turn."""
+    return f"""SELECT conversation_id, groupArray(rating) AS ratings FROM (
+        SELECT conversation_id, turn_index, argMax(rating, timestamp) AS rating
+        FROM {feedback_table} FINAL GROUP BY conversation_id, turn_index
+    ) GROUP BY conversation_id"""
+
+
 # Conversations closed in the window whose attributes match, joined with each rated turn's latest rating.
 # User input only travels as parameters; the attribute filter is one `attributes[{kN}] = {vN}` per filter.
 LABELLED_CONVERSATIONS_SQL = """
@@ -42,12 +51,7 @@ FROM (
     SELECT conversation_id, turns, attributes FROM {db}.conversations FINAL
     WHERE closed_at >= {{since:DateTime64(6, 'UTC')}} AND closed_at < {{until:DateTime64(6, 'UTC')}}{filters}
 ) AS c
-INNER JOIN (
-    SELECT conversation_id, groupArray(rating) AS ratings FROM (
-        SELECT conversation_id, turn_index, argMax(rating, timestamp) AS rating
-        FROM {db}.feedback FINAL GROUP BY conversation_id, turn_index
-    ) GROUP BY conversation_id
-) AS f ON c.conversation_id = f.conversation_id
+INNER JOIN ({ratings}) AS f ON c.conversation_id = f.conversation_id
 ORDER BY conversation_id"""
 
 
@@ -99,7 +103,7 @@ def labelled_from_store(
     """The rated conversations closed in ``[since, until)`` whose attributes equal ``where``, labelled by ``rules``."""
     rules = rules or FeedbackLabelRules()
     filters = "".join(f" AND attributes[{{k{i}:String}}] = {{v{i}:String}}" for i in range(len(where or {})))
-    sql = LABELLED_CONVERSATIONS_SQL.format(db=store.database, filters=filters)
+    sql = LABELLED_CONVERSATIONS_SQL.format(db=store.database, filters=filters, ratings=ratings_sql(f"{store.database}.feedback"))
     parameters: dict[str, Any] = {"since": since, "until": until}
     for i, (key, value) in enumerate((where or {}).items()):
         parameters[f"k{i}"], parameters[f"v{i}"] = key, value

@@ -31,6 +31,7 @@ from scorers.errors import UserError
 from scorers.questions import load_questions
 from scorers.rubrics import is_dsat_hit
 from stream.records import RubricHit
+from stream.report.agreement import UserAgreement, load_user_agreement
 from stream.report.behaviours import BehaviourRate, load_behaviour_rates
 from stream.report.cost import JudgeCost, load_judge_costs
 from stream.sampling import hajek_sampling_variance
@@ -445,6 +446,7 @@ class ReportData:
     dimension_names: Mapping[str, str] = field(default_factory=dict)
     judge_costs: tuple[JudgeCost, ...] = ()
     behaviour_rates: tuple[BehaviourRate, ...] = ()
+    user_agreement: tuple[UserAgreement, ...] = ()
     price: PriceSettings | None = None  # judge.price: the cost columns of the judge cost table
 
     @property
@@ -565,7 +567,8 @@ def load_report(
         first_closed=first, last_closed=last, bucket_s=bucket_s, groups=groups, dimension_series=series,
         dimensions=dimensions, histogram=histogram, worst=_worst(store, scope, worst), scorers=scorers,
         judge_costs=load_judge_costs(store, SCOPED_SCORES, scope),
-        behaviour_rates=load_behaviour_rates(store, SCOPED_SCORES, scope), **base,
+        behaviour_rates=load_behaviour_rates(store, SCOPED_SCORES, scope),
+        user_agreement=load_user_agreement(store, SCOPED_SCORES, scope), **base,
     )  # fmt: skip
 
 

@@ -13,6 +13,7 @@ from html import escape
 
 from scorers.rubrics import LABELS
 from stream.records import RubricHit
+from stream.report.agreement import agreement_table
 from stream.report.behaviours import behaviour_table
 from stream.report.cost import cost_table
 from stream.report.data import Counts, ReportData, WorstRow, describe_seconds
@@ -62,6 +63,7 @@ def render(data: ReportData, images: Mapping[str, str]) -> str:
             "<h2>Quality dimensions</h2>", _quality(data, images),
             "<h2>Worst conversations</h2>", _worst(data),
             "<h2>Scorers</h2>", _scorers(data),
+            "<h2>Agreement with your users</h2>", agreement_table(data.user_agreement),
             "<h2>Behaviours</h2>", behaviour_table(data.behaviour_rates),
             "<h2>Judge cost</h2>", cost_table(data.judge_costs, data.price),
             f'<p class="note">{_DEFINITIONS}</p>',
