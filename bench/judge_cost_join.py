@@ -54,6 +54,7 @@ from scorers.judges.base import Answer, Judgement, Provenance  # noqa: E402
 from scorers.questions import Question  # noqa: E402
 from scorers.rubrics import RubricSet  # noqa: E402
 from scorers.statistics import auroc, bootstrap_ci, spearman, wilson_interval  # noqa: E402
+from stream.sampling import SamplingPolicy, horvitz_thompson_mean  # noqa: E402
 
 SLICES = ROOT / "bench" / "results" / "judge_cost_slices"
 # Per-conversation means of each slice's mode cost, pooled over the slices weighted by their conversations.
@@ -65,6 +66,8 @@ POOLED_COST = (
     "calls_per_conversation",
 )
 OUT = ROOT / "bench" / "results" / "judge_cost_joined.json"
+SAMPLING_RATES = (0.1, 0.25, 0.5)
+SAMPLING_SALTS = 500
 ROUND_SIZE = 2
 MAX_CHANGES = (0.01, 0.05, 0.10)
 HALVES = 5
@@ -187,6 +190,37 @@ def set_figures(records: dict[str, list[dict[str, Any]]], key: str, human: dict[
     }
 
 
+def sampling_on_b(records: list[dict[str, Any]], keys: Sequence[str]) -> dict[str, Any]:
+    """Mode e on b's labels, repeated: each set's dsat share (θ label) estimated by Horvitz–Thompson from the
+    conversations a `SamplingPolicy` at each rate picks, over many salts (independent samples of the same
+    conversations), against the share over all of them: bias, spread, the reported standard error, and how
+    often the 95 % interval (±1.96 SE) covers the full share."""
+    ids = [r["id"] for r in records]
+    out: dict[str, Any] = {"salts": SAMPLING_SALTS, "sets": {}}
+    for key in keys:
+        y = np.array([r["sets"][key]["threshold_label"] == "dsat" for r in records], dtype=float)
+        per_rate = {}
+        for rate in SAMPLING_RATES:
+            estimates, errors, covered, judged = [], [], [], []
+            for salt in range(SAMPLING_SALTS):
+                policy = SamplingPolicy(default_rate=rate, salt=str(salt))
+                picked = np.array([policy.decide(i, {}).scored for i in ids])
+                e = horvitz_thompson_mean(list(y[picked]), [rate] * int(picked.sum()), len(ids))
+                estimates.append(e.mean)
+                errors.append(e.standard_error)
+                covered.append(abs(e.mean - y.mean()) <= 1.96 * e.standard_error)
+                judged.append(int(picked.sum()))
+            per_rate[str(rate)] = {
+                "judged_mean": float(np.mean(judged)),
+                "estimate_mean": float(np.mean(estimates)),
+                "estimate_sd": float(np.std(estimates, ddof=1)),
+                "standard_error_mean": float(np.mean(errors)),
+                "coverage_95": float(np.mean(covered)),
+            }
+        out["sets"][key] = {"dsat_share_all": float(y.mean()), "rates": per_rate}
+    return out
+
+
 def approximate_stopping(rubric_set: RubricSet, answers: dict[str, dict[str, list[float]]], human: dict[str, bool]) -> dict:
     """`bench/early_stopping.py`'s real-split protocol on recorded answers: fit on a random half, measure on the rest."""
     judge = AnswersJudge(answers)
@@ -237,6 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for d in docs
         ],
         "sets": {key: set_figures(records, key, human, docs) for key in sets},
+        "sampling_on_b": sampling_on_b(records["b"], list(sets)),
         "approximate_stopping_on_b": {key: approximate_stopping(s, b_answers, human) for key, s in sets.items()},
     }
     args.out.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n", encoding="utf-8")
@@ -275,6 +310,16 @@ def report(result: dict[str, Any]) -> None:
         )
     for s in result["seconds_per_conversation"]:
         print(f"slice {s['start']} ({s['n']}, {s['cpu']}): b {s['b']:.1f} s, c {s['c']:.1f} s per conversation")
+    sampling = result["sampling_on_b"]
+    for key, f in sampling["sets"].items():
+        print(
+            f"sampling on b's labels, {key} set: dsat share over all {f['dsat_share_all']:.3f}; over {sampling['salts']} salts:"
+        )
+        for rate, r in f["rates"].items():
+            print(
+                f"  rate {rate}: {r['judged_mean']:.1f} judged, estimate {r['estimate_mean']:.3f} ± {r['estimate_sd']:.3f} "
+                f"(mean SE {r['standard_error_mean']:.3f}), 95 % interval covers {r['coverage_95']:.1%}"
+            )
     for key, p in result["approximate_stopping_on_b"].items():
         print(f"approximate stopping on b's answers, {key} set, {p['n_measured']} measured per half, {HALVES} halves:")
         for mode, m in p["summary"]["modes"].items():

@@ -119,3 +119,16 @@ def test_pooled_cost_weights_each_slice_by_its_conversations(slice_dir: Path) ->
     key = "evaluated_prompt_tokens_in_one_transcript_passes"
     assert pooled["conversations"] == 2 + costs[1]["conversations"]
     assert pooled[key] == pytest.approx((2 * costs[0][key] + costs[1]["conversations"] * costs[1][key]) / pooled["conversations"])
+
+
+def test_repeated_sampling_of_the_real_labels_is_unbiased(slice_dir: Path) -> None:
+    """Mode e repeated over salts: the Horvitz–Thompson share averages to the share over all conversations."""
+    docs = join.load_slices(slice_dir)
+    records = [r for d in docs for r in d["modes"]["b"]["per_conversation"]]
+    result = join.sampling_on_b(records, ["learned"])["sets"]["learned"]
+    assert result["dsat_share_all"] == pytest.approx(
+        sum(r["sets"]["learned"]["threshold_label"] == "dsat" for r in records) / len(records)
+    )
+    for rate, r in result["rates"].items():
+        assert r["judged_mean"] == pytest.approx(float(rate) * len(records), rel=0.15)
+        assert abs(r["estimate_mean"] - result["dsat_share_all"]) < 4 * r["estimate_sd"] / join.SAMPLING_SALTS**0.5
