@@ -58,6 +58,7 @@ bench: install
 	$(PY) bench/rubicon_uss.py --threads 2
 	$(PY) bench/judge_cost.py --threads 2
 	$(PY) bench/judge_cost_join.py
+	$(PY) bench/starter_rubric_set.py
 	$(PY) bench/early_stopping.py
 	$(PY) bench/behaviour_detection.py --threads 2
 

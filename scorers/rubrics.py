@@ -50,6 +50,7 @@ from scorers.questions import LIKERT_5, Question, likert_question
 SCHEMA_VERSION = 1
 SCORE_MIN, SCORE_MAX = 0.0, 10.0
 DEFAULT_PRECISION = 0.9
+STARTER_SET = "starter_rubric_set.json"  # in scorers/data: `starter_rubric_set()`, made by bench/starter_rubric_set.py
 VERSION_HEX_CHARS = 16
 RUBRIC_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$"  # ids end up in metric labels and table rows
 
@@ -563,6 +564,13 @@ def _rubric_to_dict(rubric: Rubric) -> dict[str, Any]:
     if rubric.scale == LIKERT_SCALE:
         del out["scale"]  # the default; keeps hand-read files short
     return out
+
+
+def starter_rubric_set() -> RubricSet:
+    """The generic rubric set shipped in ``scorers/data`` as a starting point (its metadata says for which judge
+    its θ and windows were fitted, and what they measured); `convowatch run` uses it when none is configured."""
+    text = resources.files("scorers").joinpath("data", STARTER_SET).read_text(encoding="utf-8")
+    return RubricSet.from_dict(loads_strict(text), source=f"scorers/data/{STARTER_SET}")
 
 
 def schema() -> dict[str, Any]:

@@ -8,7 +8,7 @@ import threading
 
 from scorers.behaviours import load_behaviour_set
 from scorers.calibrators import load_calibrator
-from scorers.rubrics import RubricSet
+from scorers.rubrics import RubricSet, starter_rubric_set
 from stream.judge_factory import judge_from_settings
 from stream.metrics import ServiceMetrics
 from stream.scoring import ConversationScorer
@@ -21,10 +21,17 @@ log = logging.getLogger(__name__)
 def build_scorer(settings: Settings, metrics: ServiceMetrics) -> ConversationScorer:
     """Judge, rubric set, calibrator and behaviour set from settings; a missing file is a `SettingsError`."""
     if settings.rubric_set is None:
-        raise SettingsError(
-            "no rubric set: set rubric_set (CONVOWATCH_RUBRIC_SET) to a file from `convowatch rubrics fit` or `convowatch learn`"
+        rubric_set = starter_rubric_set()
+        log.warning(
+            "no rubric set configured (rubric_set, CONVOWATCH_RUBRIC_SET): scoring with the starter set %s, %s "
+            "Its θ and windows were fitted for %s; refit them for your judge (`convowatch rubrics fit`) or learn a set "
+            "(`convowatch learn`).",
+            rubric_set.version,
+            rubric_set.metadata.get("measured", ""),
+            rubric_set.metadata.get("judge", "another judge"),
         )
-    rubric_set = RubricSet.load(settings.rubric_set)
+    else:
+        rubric_set = RubricSet.load(settings.rubric_set)
     calibrator = load_calibrator(settings.calibrator) if settings.calibrator is not None else None
     behaviours = settings.scoring.behaviours
     behaviour_set = load_behaviour_set(behaviours) if behaviours is not None else None
