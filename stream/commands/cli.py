@@ -46,7 +46,7 @@ from scorers.questions import load_questions
 from scorers.rubrics import DEFAULT_PRECISION, RubricSet, evaluate
 from stream.budget import BudgetedJudge
 from stream.commands.dashboards import dashboards
-from stream.commands.learn import SCORE_CACHE_FILE, learn, uss_command
+from stream.commands.learn import SCORE_CACHE_FILE, answer_cache_option, learn, uss_command
 from stream.judge_factory import judge_from_settings
 from stream.settings import Settings, load_settings
 from stream.topics import ensure_topics
@@ -476,13 +476,7 @@ def calibrate_train(
     default=None,
     help="With --labels: the questions file with the calibrator's question texts [default: scoring.questions].",
 )
-@click.option(
-    "--cache",
-    "cache_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help=f"With --labels: judge-answer cache (SQLite), shared with `learn` [default: CACHE_DIR/{SCORE_CACHE_FILE}].",
-)
+@answer_cache_option("With --labels: the ")
 @_calibration_options(required=False)
 @click.option(
     "--strength",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -152,6 +153,19 @@ def _generated_pool(
     return pool
 
 
+def answer_cache_option(condition: str = "") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--cache FILE``: the judge-answer cache (SQLite) that `learn` and `calibrate adapt --labels` share; its help
+    starts with ``condition`` (e.g. "With --labels: the ")."""
+    return click.option(
+        "--cache",
+        "cache_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help=(condition or "The ") + "judge-answer cache (SQLite), shared by `learn` and `calibrate adapt --labels` "
+        f"[default: CACHE_DIR/{SCORE_CACHE_FILE}].",
+    )
+
+
 @click.command("learn")
 @click.option(
     "--data",
@@ -244,13 +258,7 @@ def _generated_pool(
     show_default=True,
     help="greedy = RUBICON Algorithm 1; brute_force and ucb are the paper's baselines.",
 )
-@click.option(
-    "--cache",
-    "cache_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help=f"Judge-answer cache (SQLite) [default: CACHE_DIR/{SCORE_CACHE_FILE}].",
-)
+@answer_cache_option()
 @click.option(
     "--report-dir",
     type=click.Path(file_okay=False, path_type=Path),
