@@ -43,7 +43,7 @@ from faust.types import TP, EventT
 
 from stream.assembly import ConversationAssembler, is_closed
 from stream.budget import BudgetGate, BudgetWaitInterrupted
-from stream.contract import DeadLetter, EndEvent, InvalidEvent, encode_event, parse_event
+from stream.contract import RECORD_HEADROOM_BYTES, DeadLetter, EndEvent, InvalidEvent, encode_event, parse_event
 from stream.delivery import GuardedDelivery, in_order
 from stream.metrics import ServiceMetrics
 from stream.records import ClosedConversation, RecordError
@@ -163,6 +163,7 @@ def create_app(settings: Settings, scorer: ConversationScorer, metrics: ServiceM
         broker_max_poll_interval=k.max_poll_interval_s,
         broker_commit_interval=k.commit_interval_s,
         producer_max_batch_size=k.producer_max_batch_size,
+        producer_max_request_size=k.max_record_bytes,
         web_enabled=False,
     )
     app.fetch_max_wait_ms = int(k.fetch_max_wait_s * 1000)
@@ -189,10 +190,12 @@ def create_app(settings: Settings, scorer: ConversationScorer, metrics: ServiceM
     assembler = ConversationAssembler(settings.assembly)
     a = settings.assembly
 
+    dead_letter_bytes = k.max_record_bytes - RECORD_HEADROOM_BYTES
+
     async def dead_letter(reason: str, detail: str, event: faust.types.EventT) -> None:
         msg = event.message
         letter = DeadLetter.of_record(reason, detail, msg.value, msg.key, msg.topic, msg.partition, msg.offset)
-        await dead_letter_topic.send(key=msg.key, value=letter.to_json())
+        await dead_letter_topic.send(key=msg.key, value=letter.to_json(max_bytes=dead_letter_bytes))
         metrics.dead_letters.labels(reason).inc()
 
     async def assemble_event(event: EventT) -> None:

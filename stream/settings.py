@@ -103,6 +103,12 @@ class KafkaSettings(BaseModel):
     # Max bytes per producer batch. tansu (embedded stack) loses Faust table updates on
     # recovery unless this is 1 (one record per batch); real Kafka wants the default.
     producer_max_batch_size: int = Field(default=16384, ge=1)
+    max_record_bytes: int = Field(
+        default=1_000_000,
+        ge=65_536,
+        description="Largest record the worker and the sink produce (the producer's max request size; at most the "
+        "broker's). A dead letter whose original does not fit keeps its start, size and SHA-256.",
+    )
     refetch_idle_s: float = Field(
         default=10.0,
         gt=0,

@@ -7,6 +7,8 @@ commands (the `scoring_artifacts` fixture).
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import random
 import threading
@@ -303,6 +305,25 @@ def test_bad_input_is_dead_lettered_with_its_reason_and_valid_conversations_are_
     assert worker.popen.poll() is None, "the worker must survive any input"
     assert worker.metric_sum("convowatch_events_total", type="turn", outcome="duplicate") == 1
     assert worker.metric_sum("convowatch_dead_letters_total") == len(expected)
+
+
+def test_an_event_too_large_for_its_dead_letter_is_dead_lettered_in_part_and_the_worker_goes_on(pipeline: Pipeline) -> None:
+    """A 1.5 MB event: base64 makes its dead letter larger than the producer's 1 MB record limit. Before, the
+    assemble agent crashed (MessageSizeTooLargeError) and the event was lost with only a log line."""
+    worker = pipeline.start_worker()
+    pipeline.wait_assigned([worker])
+    huge = encode_event(TurnEvent("c-huge", 0, "user", "x" * 1_500_000, 1_707_000_000.0, {}))
+    items = _real_items()
+    after = sorted(_ids(items))[:2]
+    pipeline.produce([(b"c-huge", huge)], max_request_size=4 * 1_048_576)
+    pipeline.produce((i.key, i.raw) for i in items if i.event is not None and i.event.conversation_id in after)
+    [message] = pipeline.consume("dead_letter", 1)
+    letter = json.loads(message.value)
+    assert len(message.value) <= 1_000_000 and letter["reason"] == "too_large" and letter["original_truncated"] is True
+    assert letter["original_size"] == len(huge) and letter["original_sha256"] == hashlib.sha256(huge).hexdigest()
+    assert huge.startswith(base64.b64decode(letter["original_base64"]))
+    assert set(_wait_scores(pipeline, set(after))) == set(after)  # the conversations after it are scored
+    assert worker.popen.poll() is None and worker.metric_sum("convowatch_dead_letters_total", reason="too_large") == 1
 
 
 def parse_event_reason(raw: bytes, key: bytes | None) -> str:
