@@ -236,6 +236,12 @@ class MetricsSettings(BaseModel):
     max_label_values: int = Field(
         default=50, ge=1, description="Distinct values per attribute label; more are reported as 'other'."
     )
+    max_label_combinations: int = Field(
+        default=200,
+        ge=1,
+        description="Distinct combinations of the attribute labels; a later combination keeps its first "
+        "attribute and reports the others as 'other'.",
+    )
 
 
 class Settings(BaseSettings):
