@@ -45,7 +45,7 @@ MAX_TURN_INDEX = 2**31 - 1
 MAX_ATTRIBUTES = 32
 MAX_ATTRIBUTE_KEY_CHARS = 64
 MAX_ATTRIBUTE_VALUE_CHARS = 256
-END_CAUSES: tuple[str, ...] = ("end", "idle_timeout", "retention")
+END_CAUSES: tuple[str, ...] = ("end", "idle_timeout", "retention", "capacity")
 RATINGS: tuple[str, ...] = ("up", "down")
 NEGATIVE_RATINGS: frozenset[str] = frozenset({"down"})  # ratings that make sampling judge the conversation
 DEAD_LETTER_VERSION = 1
@@ -117,7 +117,7 @@ class TurnEvent:
 
 @dataclass(frozen=True, slots=True)
 class EndEvent:
-    """The conversation is over (``cause`` end), or the worker closed it (idle_timeout, retention)."""
+    """The conversation is over (``cause`` end), or the worker closed it (idle_timeout, retention, capacity)."""
 
     conversation_id: str
     timestamp: float

@@ -561,3 +561,27 @@ def test_idle_timeout_max_turns_and_retention_in_a_real_worker(pipeline: Pipelin
     assert worker.metric_sum("convowatch_conversations_closed_total", cause="idle_timeout") == 1
     assert worker.metric_sum("convowatch_conversations_closed_total", cause="max_turns") == 1
     assert worker.metric_sum("convowatch_open_conversations") == 0
+
+
+def test_past_max_open_conversations_the_longest_idle_are_closed_and_scored(pipeline: Pipeline) -> None:
+    """Open conversations grew without a cap (about 4.5 KB each, kept for the 30-minute idle timeout)."""
+    pipeline.extra_env.update(
+        {"CONVOWATCH_ASSEMBLY__MAX_OPEN_CONVERSATIONS": "3", "CONVOWATCH_ASSEMBLY__IDLE_CHECK_INTERVAL_S": "1"}
+    )
+    worker = pipeline.start_worker()
+    pipeline.wait_assigned([worker])
+    items = _real_items()
+    ids = sorted(_ids(items))[:6]
+    for cid in ids:  # one after the other: the first ones are the longest idle
+        first_turns = [i for i in items if i.event.conversation_id == cid and isinstance(i.event, TurnEvent)][:2]
+        pipeline.produce((i.key, i.raw) for i in first_turns)
+        wait_for(
+            lambda cid=cid: worker.metric_sum("convowatch_events_total", type="turn") >= 2 * (ids.index(cid) + 1),
+            timeout=60,
+            what="turns consumed",
+        )
+    records = _wait_scores(pipeline, set(ids[:3]), timeout=60)
+    assert {cid: records[cid][0].conversation.close_cause for cid in ids[:3]} == dict.fromkeys(ids[:3], "capacity")
+    assert all(len(records[cid][0].conversation.turns) == 2 for cid in ids[:3])  # scored with the turns it had
+    wait_for(lambda: worker.metric_sum("convowatch_open_conversations") == 3, timeout=30, what="three left open")
+    assert worker.metric_sum("convowatch_conversations_closed_total", cause="capacity") == 3
