@@ -2,7 +2,12 @@
 
 A `Conversation` is an immutable, ordered list of `Turn`s plus free-form
 attributes (product, model version, ...). `render_transcript` turns it into
-the text a judge reads, with delimiters that a turn's own text cannot forge.
+the text a judge reads: each turn between an opening and a closing line
+(``<<<user turn 0>>>`` … ``<<<end user turn 0>>>``), its text escaped
+(`escape_text`: ``\\`` → ``\\``, ``<`` → ``\\<``) so that it cannot contain
+``<<<`` and hence cannot close its own turn, open a turn of another role or
+end the transcript early. `parse_transcript` reads a transcript back into
+exactly its turns, for any text (a property test holds it).
 
 Truncation policy (for conversations longer than a judge's context):
 the first turn (it usually states the user's need) and the *last* turns are
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -30,6 +36,8 @@ _TURN_OPEN = "<<<{role} turn {index}>>>"
 _TURN_CLOSE = "<<<end {role} turn {index}>>>"
 _OMITTED = "<<<{n} turn(s) omitted here to fit the judge's context>>>"
 _CUT = " [... {n} characters omitted ...] "
+_ESCAPED = re.compile(r"\\(.)", re.DOTALL)
+_BLOCK = re.compile(r"<<<(?P<role>[a-z]+) turn (?P<index>\d+)>>>\n(?P<body>.*?)\n<<<end (?P=role) turn (?P=index)>>>", re.DOTALL)
 
 
 class ConversationError(UserError, ValueError):
@@ -94,19 +102,42 @@ def content_hash(turns: Iterable[tuple[str, str]]) -> str:
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
 
 
-def _render_turn(index: int, turn: Turn, text: str | None = None) -> str:
-    body = turn.text if text is None else text
-    # A turn's text must not be able to close its own block: neutralise the marker prefix.
-    body = body.replace("<<<", "< < <")
+def escape_text(text: str) -> str:
+    """A turn's text as the transcript shows it: ``\\`` and ``<`` escaped as ``\\\\`` and ``\\<``. Every ``<`` of
+    the result follows an escaping backslash, so it never contains ``<<``, let alone a ``<<<`` delimiter: whatever
+    a turn says, only the renderer opens and closes turns (`parse_transcript` undoes it)."""
+    return text.replace("\\", "\\\\").replace("<", "\\<")
+
+
+def unescape_text(body: str) -> str:
+    """The text `escape_text` escaped."""
+    return _ESCAPED.sub(r"\1", body)
+
+
+def _render_turn(index: int, turn: Turn, body: str | None = None) -> str:
+    """One turn's block; ``body`` is its already escaped (and possibly cut) text, by default all of it."""
+    body = escape_text(turn.text) if body is None else body
     return f"{_TURN_OPEN.format(role=turn.role, index=index)}\n{body}\n{_TURN_CLOSE.format(role=turn.role, index=index)}"
 
 
+def _escaped_prefix(text: str, budget: int) -> str:
+    """The longest start of ``text`` whose escaped form is at most ``budget`` characters."""
+    used = 0
+    for i, ch in enumerate(text):
+        used += 2 if ch in "\\<" else 1
+        if used > budget:
+            return text[:i]
+    return text
+
+
 def _cut_middle(text: str, keep: int) -> str:
-    if len(text) <= keep:
-        return text
-    head = keep // 2
-    tail = keep - head
-    return text[:head] + _CUT.format(n=len(text) - keep) + text[len(text) - tail :]
+    """``text`` escaped, cut in its middle (never inside an escape) so that it takes at most about ``keep``
+    characters besides the marker that says how many characters were left out."""
+    if len(escape_text(text)) <= keep:
+        return escape_text(text)
+    head = _escaped_prefix(text, keep // 2)
+    tail = _escaped_prefix(text[::-1], keep - keep // 2)[::-1]
+    return escape_text(head) + _CUT.format(n=len(text) - len(head) - len(tail)) + escape_text(tail)
 
 
 def render_transcript(conversation: Conversation, max_chars: int | None = None) -> str:
@@ -146,3 +177,20 @@ def render_transcript(conversation: Conversation, max_chars: int | None = None) 
     if n > 1:
         parts.append(_render_turn(n - 1, last, _cut_middle(last.text, per_turn)))
     return "\n".join(parts)
+
+
+def parse_transcript(transcript: str) -> list[tuple[int, Role, str]]:
+    """The turns (index, role, text) of a transcript `render_transcript` made without truncation: its inverse,
+    which the property tests use to show that no text can forge the structure. `ConversationError` if the text
+    is not such a transcript."""
+    turns: list[tuple[int, Role, str]] = []
+    position = 0
+    for match in _BLOCK.finditer(transcript):
+        separator = transcript[position : match.start()]
+        if separator != ("\n" if turns else ""):
+            raise ConversationError(f"not a transcript: {separator[:40]!r} between turn blocks")
+        turns.append((int(match["index"]), as_role(match["role"]), unescape_text(match["body"])))
+        position = match.end()
+    if not turns or position != len(transcript):
+        raise ConversationError("not a transcript: it does not end with a turn block")
+    return turns

@@ -13,6 +13,10 @@ reach the endpoint or survive failures, so both hold a `ChatEndpoint`:
   anything else, including a reply that is not a chat completion
   (``errors.reply``).
 
+What a server says in an error goes into messages, logs and (as ``unscored_reason``) ClickHouse only through
+`server_detail`: the API key replaced if echoed, control characters dropped, cut to `MAX_DETAIL_CHARS`; a
+401/403 reply is not kept at all.
+
 Each caller names its own exception classes and its role word ("judge",
 "generator") in a `ChatErrors`, so messages read ``judge 'm' at <url> ...``.
 The openai client is built with ``max_retries=0`` so this is the only policy.
@@ -38,6 +42,8 @@ from scorers.errors import ModelAuthError, ModelError, ModelNotFound, ModelReply
 # and falling back to OPENAI_API_KEY from the environment would bypass our settings.
 NO_API_KEY = "no-key"
 RETRYABLE_STATUS = frozenset({408, 429})  # plus every 5xx
+MAX_DETAIL_CHARS = 300  # of a server's error text kept in an error message
+MIN_SECRET_CHARS = 4  # shorter keys are not searched for (they would blank out ordinary words)
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,7 @@ class ChatEndpoint:
         self._errors = errors
         self._log = log
         self._rng = rng or random.Random()
+        self._api_key = api_key or ""
         self._client = openai.OpenAI(base_url=base_url, api_key=api_key or NO_API_KEY, timeout=timeout_s, max_retries=0)
 
     def close(self) -> None:
@@ -113,7 +120,9 @@ class ChatEndpoint:
                 with slots if slots is not None else contextlib.nullcontext():
                     completion = self._client.chat.completions.create(model=self.model, **create_kwargs)
             except openai.APIError as e:
-                reason = _transient_reason(e, base_url=self.base_url, model=self.model, timeout_s=self.timeout_s, errors=errors)
+                reason = _transient_reason(
+                    e, base_url=self.base_url, model=self.model, timeout_s=self.timeout_s, errors=errors, secret=self._api_key
+                )
                 last_error = e
             else:
                 if not isinstance(completion, ChatCompletion):
@@ -138,24 +147,37 @@ class ChatEndpoint:
         raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _transient_reason(e: openai.APIError, *, base_url: str, model: str, timeout_s: float, errors: ChatErrors) -> str:
+def server_detail(message: str, secret: str = "") -> str:
+    """A server's error text fit to log and store: the API key (if the server echoed it) replaced, control
+    characters dropped, at most `MAX_DETAIL_CHARS` characters. Error bodies end up in logs, on the scores topic
+    and in ClickHouse (``unscored_reason``), so nothing a server says goes there unfiltered."""
+    if secret and len(secret) >= MIN_SECRET_CHARS:
+        message = message.replace(secret, "[api key]")
+    message = "".join(ch if ch.isprintable() else " " for ch in message)
+    return message if len(message) <= MAX_DETAIL_CHARS else message[: MAX_DETAIL_CHARS - 1] + "…"
+
+
+def _transient_reason(
+    e: openai.APIError, *, base_url: str, model: str, timeout_s: float, errors: ChatErrors, secret: str = ""
+) -> str:
     """Describe a retryable failure, or raise the non-retryable error it maps to."""
     role = errors.role
     if isinstance(e, openai.APITimeoutError):
         return f"timed out after {timeout_s}s"
     if isinstance(e, openai.APIConnectionError):
-        return f"connection error: {e.__cause__ or e}"
+        return f"connection error: {server_detail(str(e.__cause__ or e), secret)}"
     if isinstance(e, openai.APIStatusError):
         status = e.status_code
-        detail = e.message  # "Error code: <status> - <server's message>"
+        detail = server_detail(e.message, secret)  # "Error code: <status> - <server's message>"
         if status in RETRYABLE_STATUS or status >= 500:
             return detail
         if status in (401, 403):
-            raise errors.auth(f"{role} at {base_url} refused the API key ({detail})") from e
+            # Not even filtered: a server may echo the key in a form the filter does not know (encoded, cut).
+            raise errors.auth(f"{role} at {base_url} refused the API key (HTTP {status}; its reply is not kept)") from e
         if status == 404 or e.code == "model_not_found":
             raise errors.model_not_found(
                 f"{role} at {base_url} does not serve model {model!r} ({detail}); "
                 "check the model name and that base_url is the API root (e.g. ending in /v1)"
             ) from e
         raise errors.rejected(f"{role} at {base_url} rejected the request ({detail})") from e
-    raise errors.reply(f"{role} {model!r} at {base_url} sent an unusable reply: {e}") from e
+    raise errors.reply(f"{role} {model!r} at {base_url} sent an unusable reply: {server_detail(str(e), secret)}") from e

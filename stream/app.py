@@ -7,7 +7,7 @@
 * ``assemble`` validates each raw event (bad ones go to the dead-letter topic
   with the original bytes and the reason), applies it to the conversation's
   state with `ConversationAssembler`, and publishes closed conversations.
-* ``idle`` (a timer) publishes ``end`` events with cause ``idle_timeout`` or
+* ``idle`` (a timer) publishes ``end`` events with cause ``idle_timeout``, ``capacity`` or
   ``retention`` for conversations on this worker's partitions, into the
   partition their state lives in, so every state change happens in the
   agent, in order.
@@ -43,7 +43,7 @@ from faust.types import TP, EventT
 
 from stream.assembly import ConversationAssembler, is_closed
 from stream.budget import BudgetGate, BudgetWaitInterrupted
-from stream.contract import DeadLetter, EndEvent, InvalidEvent, encode_event, parse_event
+from stream.contract import RECORD_HEADROOM_BYTES, DeadLetter, EndEvent, InvalidEvent, encode_event, parse_event
 from stream.delivery import GuardedDelivery, in_order
 from stream.metrics import ServiceMetrics
 from stream.records import ClosedConversation, RecordError
@@ -163,6 +163,7 @@ def create_app(settings: Settings, scorer: ConversationScorer, metrics: ServiceM
         broker_max_poll_interval=k.max_poll_interval_s,
         broker_commit_interval=k.commit_interval_s,
         producer_max_batch_size=k.producer_max_batch_size,
+        producer_max_request_size=k.max_record_bytes,
         web_enabled=False,
     )
     app.fetch_max_wait_ms = int(k.fetch_max_wait_s * 1000)
@@ -189,10 +190,12 @@ def create_app(settings: Settings, scorer: ConversationScorer, metrics: ServiceM
     assembler = ConversationAssembler(settings.assembly)
     a = settings.assembly
 
+    dead_letter_bytes = k.max_record_bytes - RECORD_HEADROOM_BYTES
+
     async def dead_letter(reason: str, detail: str, event: faust.types.EventT) -> None:
         msg = event.message
         letter = DeadLetter.of_record(reason, detail, msg.value, msg.key, msg.topic, msg.partition, msg.offset)
-        await dead_letter_topic.send(key=msg.key, value=letter.to_json())
+        await dead_letter_topic.send(key=msg.key, value=letter.to_json(max_bytes=dead_letter_bytes))
         metrics.dead_letters.labels(reason).inc()
 
     async def assemble_event(event: EventT) -> None:
@@ -233,22 +236,31 @@ def create_app(settings: Settings, scorer: ConversationScorer, metrics: ServiceM
 
     requested: dict[str, float] = {}
 
+    async def request_end(key: str, cause: str, partition: int, now: float) -> None:
+        """Publish a worker ``end`` for ``key`` unless one was requested lately (it is on its way)."""
+        if now - requested.get(key, 0.0) < a.idle_check_interval_s * 3:
+            return
+        requested[key] = now
+        end = EndEvent(conversation_id=key, timestamp=now, cause=cause)
+        await events_topic.send(key=key.encode("utf-8"), value=encode_event(end), partition=partition)
+
     @app.timer(interval=a.idle_check_interval_s, name="idle")
     async def idle() -> None:
         now = time.time()
         actives = app.assignor.assigned_actives()
-        open_count = 0
+        open_last_seen: dict[str, float] = {}
+        partitions: dict[str, int] = {}
         for key, state in list(table.items()):
             if state is None or TP(k.events_topic, state["partition"]) not in actives:
                 continue
-            open_count += not is_closed(state)
+            if not is_closed(state):
+                open_last_seen[key], partitions[key] = state["last_seen"], state["partition"]
             cause = assembler.due(state, now)
-            if cause is None or now - requested.get(key, 0.0) < a.idle_check_interval_s * 3:
-                continue
-            requested[key] = now
-            end = EndEvent(conversation_id=key, timestamp=now, cause=cause)
-            await events_topic.send(key=key.encode("utf-8"), value=encode_event(end), partition=state["partition"])
-        metrics.open_conversations.set(open_count)
+            if cause is not None:
+                await request_end(key, cause, state["partition"], now)
+        for key in assembler.over_capacity(open_last_seen):
+            await request_end(key, "capacity", partitions[key], now)
+        metrics.open_conversations.set(len(open_last_seen))
         metrics.assigned_partitions.set(sum(1 for tp in actives if tp.topic == k.events_topic))
         metrics.set_consumer_lag(await consumer_lag(app, actives))
         for key, at in list(requested.items()):

@@ -17,6 +17,10 @@ Rules (documented in the README's "Conversation assembly" section):
   events (processing time, not event time: the worker publishes an ``end``
   event with cause ``idle_timeout``), or when it reaches ``max_turns`` turns
   (cause ``max_turns``).
+* A worker keeps at most ``max_open_conversations`` open: past that, the
+  longest idle are closed early (it publishes an ``end`` event with cause
+  ``capacity``; `ConversationAssembler.over_capacity` picks them) and scored
+  with the turns they have, so memory stays bounded whatever producers do.
 * A closed conversation is remembered (turn fingerprints only) for
   ``closed_retention_s``: redelivered turns are recognised as duplicates,
   genuinely new turns are dead-lettered as ``conversation_closed``. After the
@@ -37,6 +41,7 @@ Rules (documented in the README's "Conversation assembly" section):
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeGuard
 
@@ -46,6 +51,9 @@ from stream.settings import AssemblySettings
 
 State = dict[str, Any]
 Outcome = Literal["accepted", "duplicate", "closed", "dead_letter", "ignored", "expired"]
+
+
+WORKER_CAUSES = ("idle_timeout", "retention", "capacity")  # end causes only the worker publishes
 
 
 @dataclass(frozen=True)
@@ -91,6 +99,14 @@ class ConversationAssembler:
         if is_closed(state):
             return "retention" if now - state["closed_at"] >= self.settings.closed_retention_s else None
         return "idle_timeout" if now - state["last_seen"] >= self.settings.idle_timeout_s else None
+
+    def over_capacity(self, open_last_seen: Mapping[str, float]) -> list[str]:
+        """The open conversations (id → last seen) to close early, longest idle first, so that at most
+        ``max_open_conversations`` stay open."""
+        excess = len(open_last_seen) - self.settings.max_open_conversations
+        if excess <= 0:
+            return []
+        return sorted(open_last_seen, key=lambda key: (open_last_seen[key], key))[:excess]
 
     # -- turn ---------------------------------------------------------------
 
@@ -150,7 +166,7 @@ class ConversationAssembler:
 
     def _end(self, state: State | None, event: EndEvent, now: float) -> Step:
         if state is None:
-            if event.cause in ("idle_timeout", "retention"):
+            if event.cause in WORKER_CAUSES:
                 return Step(None, "ignored")  # a worker-published end for a key already forgotten
             return Step(None, "dead_letter", dead_letter=("empty_conversation", "end event for a conversation with no turns"))
         if is_closed(state):
@@ -168,7 +184,7 @@ class ConversationAssembler:
                 "attributes": _merge(state["attributes"], event.attributes, newer=event.timestamp >= state["last_event_at"]),
                 "last_event_at": max(state["last_event_at"], event.timestamp),
             }
-        return self._close(event.conversation_id, state, "end" if event.cause == "end" else "idle_timeout", now)
+        return self._close(event.conversation_id, state, event.cause, now)  # end, idle_timeout or capacity
 
     # -- close --------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 import re
 import time
@@ -44,11 +45,13 @@ MAX_TURN_INDEX = 2**31 - 1
 MAX_ATTRIBUTES = 32
 MAX_ATTRIBUTE_KEY_CHARS = 64
 MAX_ATTRIBUTE_VALUE_CHARS = 256
-END_CAUSES: tuple[str, ...] = ("end", "idle_timeout", "retention")
+END_CAUSES: tuple[str, ...] = ("end", "idle_timeout", "retention", "capacity")
 RATINGS: tuple[str, ...] = ("up", "down")
 NEGATIVE_RATINGS: frozenset[str] = frozenset({"down"})  # ratings that make sampling judge the conversation
 DEAD_LETTER_VERSION = 1
 DEAD_LETTER_PREVIEW_BYTES = 1024
+# Room left in a produced record beside its value (key, headers, batch framing) under kafka.max_record_bytes.
+RECORD_HEADROOM_BYTES = 4096
 
 # RFC 3339 date-time with a zone, calendar-exact (leap years included), years 1900-2199: in that
 # range a float epoch keeps every microsecond, so parse -> encode -> parse is exact.
@@ -114,7 +117,7 @@ class TurnEvent:
 
 @dataclass(frozen=True, slots=True)
 class EndEvent:
-    """The conversation is over (``cause`` end), or the worker closed it (idle_timeout, retention)."""
+    """The conversation is over (``cause`` end), or the worker closed it (idle_timeout, retention, capacity)."""
 
     conversation_id: str
     timestamp: float
@@ -479,6 +482,13 @@ class DeadLetterError(UserError, ValueError):
     """A dead-letter record that cannot be decoded; the message names the field."""
 
 
+def _dumps(d: dict[str, Any]) -> bytes:
+    try:
+        return json.dumps(d, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    except UnicodeEncodeError:  # a detail quoting a lone surrogate: escape everything instead
+        return json.dumps(d, ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode("ascii")
+
+
 def _preview(original: bytes) -> str:
     """At most DEAD_LETTER_PREVIEW_BYTES UTF-8 bytes of text, bad bytes replaced: for humans reading the topic."""
     text = original[:DEAD_LETTER_PREVIEW_BYTES].decode("utf-8", "replace")
@@ -523,13 +533,17 @@ class DeadLetter:
             time.time() if at is None else at,
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
+    def to_dict(self, original_bytes: int | None = None) -> dict[str, Any]:
+        """The record; with ``original_bytes``, ``original_base64`` holds only that many first bytes of the value
+        (``original_truncated``); ``original_size`` and ``original_sha256`` always describe all of it."""
+        kept = self.original if original_bytes is None else self.original[:original_bytes]
+        out = {
             "dead_letter_version": DEAD_LETTER_VERSION,
             "reason": self.reason,
             "detail": self.detail,
-            "original_base64": base64.b64encode(self.original).decode("ascii"),
+            "original_base64": base64.b64encode(kept).decode("ascii"),
             "original_size": len(self.original),
+            "original_sha256": hashlib.sha256(self.original).hexdigest(),
             "original_preview": _preview(self.original),
             "key_base64": None if self.key is None else base64.b64encode(self.key).decode("ascii"),
             "topic": self.topic,
@@ -537,13 +551,22 @@ class DeadLetter:
             "offset": self.offset,
             "dead_lettered_at": self.dead_lettered_at,
         }
+        if len(kept) < len(self.original):
+            out["original_truncated"] = True
+        return out
 
-    def to_json(self) -> bytes:
-        d = self.to_dict()
-        try:
-            return json.dumps(d, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
-        except UnicodeEncodeError:  # a detail quoting a lone surrogate: escape everything instead
-            return json.dumps(d, ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode("ascii")
+    def to_json(self, max_bytes: int | None = None) -> bytes:
+        """The record as JSON, at most ``max_bytes`` long (the producer's record limit): an original too large to
+        fit whole is cut to the longest start that fits, so the refusal itself is never lost."""
+        raw = _dumps(self.to_dict())
+        if max_bytes is None or len(raw) <= max_bytes:
+            return raw
+        overhead = len(_dumps(self.to_dict(original_bytes=0)))
+        keep = max((max_bytes - overhead) // 4 * 3, 0)  # base64: 4 characters per 3 bytes
+        raw = _dumps(self.to_dict(original_bytes=keep))
+        if len(raw) > max_bytes:
+            raise ValueError(f"a dead letter needs {overhead} bytes without its original, more than max_bytes {max_bytes}")
+        return raw
 
     @classmethod
     def from_json(cls, raw: bytes) -> DeadLetter:
@@ -556,6 +579,11 @@ class DeadLetter:
             raise DeadLetterError("dead letter must be a JSON object")
         if d.get("dead_letter_version") != DEAD_LETTER_VERSION:
             raise DeadLetterError(f"dead_letter_version {d.get('dead_letter_version')!r} is not {DEAD_LETTER_VERSION}")
+        if d.get("original_truncated"):
+            raise DeadLetterError(
+                f"dead letter of {d.get('topic')!r} offset {d.get('offset')!r} holds only the start of its original "
+                f"({d.get('original_size')!r} bytes, SHA-256 {d.get('original_sha256')!r}): it cannot give the original back"
+            )
         fields: Mapping[str, type | tuple[type, ...]] = {
             "reason": str, "detail": str, "original_base64": str, "topic": str,
             "partition": int, "offset": int, "dead_lettered_at": (int, float),

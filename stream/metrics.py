@@ -2,9 +2,10 @@
 
 Dashboards and alert rules name these metrics as strings; tests hold them to
 what this module exports. Attribute labels (product, model version, ...) come
-from an allow-list and each keeps at most ``max_label_values`` distinct values
-(later ones are reported as ``other``), so cardinality stays bounded whatever
-producers send.
+from an allow-list; each keeps at most ``max_label_values`` distinct values
+(later ones are reported as ``other``) and together at most
+``max_label_combinations`` combinations (`AttributeLabels`), so cardinality
+stays bounded whatever producers send.
 
 Unbiased dissatisfaction rate in PromQL (calibrated probabilities, not labels),
 weighted by 1/π so that sampling (stream/sampling.py) does not bias it::
@@ -38,12 +39,21 @@ DIMENSION_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.25, 3.5,
 
 
 class AttributeLabels:
-    """Maps conversation attributes to bounded label values for the allow-listed keys."""
+    """Maps conversation attributes to bounded label values for the allow-listed keys.
 
-    def __init__(self, keys: Sequence[str], max_values: int) -> None:
+    Each key keeps at most ``max_values`` distinct values (later ones: ``other``), and the keys together at
+    most ``max_combinations`` distinct combinations: a new combination past that keeps its first key's value
+    and reports the other keys as ``other`` (so products stay apart, their model versions merge). 50 products
+    × 50 model versions made 242,659 series under the per-key cap alone; now at most ``max_combinations``
+    + ``max_values`` + 1 combinations exist, whatever producers send.
+    """
+
+    def __init__(self, keys: Sequence[str], max_values: int, max_combinations: int | None = None) -> None:
         self.keys = tuple(keys)
         self.max_values = max_values
+        self.max_combinations = max_combinations
         self._seen: dict[str, set[str]] = {k: set() for k in self.keys}
+        self._combinations: set[tuple[str, ...]] = set()
         self._lock = threading.Lock()
 
     def values(self, attributes: Mapping[str, str]) -> tuple[str, ...]:
@@ -58,7 +68,13 @@ class AttributeLabels:
                     else:
                         seen.add(value)
                 out.append(value)
-        return tuple(out)
+            combination = tuple(out)
+            if combination in self._combinations or self.max_combinations is None:
+                return combination
+            if len(self._combinations) < self.max_combinations:
+                self._combinations.add(combination)
+                return combination
+            return combination[:1] + tuple(OTHER if v != MISSING else v for v in combination[1:])
 
 
 # Values of convowatch_conversations_sampled_total's decision label.
@@ -109,10 +125,11 @@ class ServiceMetrics:
         attribute_keys: Sequence[str] = ("product", "model_version"),
         max_label_values: int = 50,
         registry: CollectorRegistry | None = None,
+        max_label_combinations: int | None = None,
     ) -> None:
         check_attribute_keys(attribute_keys)
         self.registry = registry or CollectorRegistry()
-        self.attributes = AttributeLabels(attribute_keys, max_label_values)
+        self.attributes = AttributeLabels(attribute_keys, max_label_values, max_label_combinations)
         attrs = list(self.attributes.keys)
         r = self.registry
 

@@ -33,7 +33,7 @@ from scorers.rubrics import LABELS
 
 RECORD_VERSION = 1
 
-CloseCause = Literal["end", "idle_timeout", "max_turns"]
+CloseCause = Literal["end", "idle_timeout", "max_turns", "capacity"]
 ScoreStatus = Literal["scored", "unscored", "unsampled"]  # unsampled: counted (volume), not judged
 CLOSE_CAUSES: tuple[str, ...] = get_args(CloseCause)
 STATUSES: tuple[str, ...] = get_args(ScoreStatus)

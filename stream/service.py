@@ -43,7 +43,8 @@ def build_scorer(settings: Settings, metrics: ServiceMetrics) -> ConversationSco
 
 def new_metrics(settings: Settings) -> ServiceMetrics:
     try:
-        return ServiceMetrics(settings.metrics.label_attributes, settings.metrics.max_label_values)
+        m = settings.metrics
+        return ServiceMetrics(m.label_attributes, m.max_label_values, max_label_combinations=m.max_label_combinations)
     except ValueError as e:
         raise SettingsError(str(e)) from e
 

@@ -103,6 +103,12 @@ class KafkaSettings(BaseModel):
     # Max bytes per producer batch. tansu (embedded stack) loses Faust table updates on
     # recovery unless this is 1 (one record per batch); real Kafka wants the default.
     producer_max_batch_size: int = Field(default=16384, ge=1)
+    max_record_bytes: int = Field(
+        default=1_000_000,
+        ge=65_536,
+        description="Largest record the worker and the sink produce (the producer's max request size; at most the "
+        "broker's). A dead letter whose original does not fit keeps its start, size and SHA-256.",
+    )
     refetch_idle_s: float = Field(
         default=10.0,
         gt=0,
@@ -117,6 +123,12 @@ class AssemblySettings(BaseModel):
     idle_check_interval_s: float = Field(default=10.0, gt=0)
     max_turns: int = Field(
         default=200, ge=1, description="A conversation is closed (cause max_turns) when it reaches this many turns."
+    )
+    max_open_conversations: int = Field(
+        default=50_000,
+        ge=1,
+        description="Open conversations a worker keeps (about 4.5 KB each); past this, the longest idle are closed "
+        "early (cause capacity) and scored with the turns they have.",
     )
     max_text_bytes: int = Field(default=32_768, ge=1, description="Turn texts larger than this (UTF-8 bytes) are dead-lettered.")
     max_event_bytes: int = Field(default=262_144, ge=1, description="Whole events larger than this are dead-lettered.")
@@ -229,6 +241,12 @@ class MetricsSettings(BaseModel):
     label_attributes: list[str] = Field(default_factory=lambda: ["product", "model_version"])
     max_label_values: int = Field(
         default=50, ge=1, description="Distinct values per attribute label; more are reported as 'other'."
+    )
+    max_label_combinations: int = Field(
+        default=200,
+        ge=1,
+        description="Distinct combinations of the attribute labels; a later combination keeps its first "
+        "attribute and reports the others as 'other'.",
     )
 
 

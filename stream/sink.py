@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.errors import CommitFailedError, KafkaError
 
-from stream.contract import DeadLetter, FeedbackEvent, InvalidEvent, parse_event
+from stream.contract import RECORD_HEADROOM_BYTES, DeadLetter, FeedbackEvent, InvalidEvent, parse_event
 from stream.metrics import ServiceMetrics
 from stream.records import FeedbackRow, RecordError, ScoreRecord
 from stream.settings import Settings
@@ -63,7 +63,12 @@ class ScoreSink:
             max_poll_interval_ms=int(k.max_poll_interval_s * 1000),
             fetch_max_wait_ms=int(k.fetch_max_wait_s * 1000),
         )
-        self.producer = KafkaProducer(bootstrap_servers=k.bootstrap_servers.split(","), client_id="convowatch-sink", acks="all")
+        self.producer = KafkaProducer(
+            bootstrap_servers=k.bootstrap_servers.split(","),
+            client_id="convowatch-sink",
+            acks="all",
+            max_request_size=k.max_record_bytes,
+        )
 
     def decode(self, messages) -> SinkBatch:
         k = self.settings.kafka
@@ -126,7 +131,8 @@ class ScoreSink:
 
     def dead_letter(self, letters: list[DeadLetter]) -> None:
         for letter in letters:
-            self.producer.send(self.settings.kafka.dead_letter_topic, key=letter.key, value=letter.to_json())
+            value = letter.to_json(max_bytes=self.settings.kafka.max_record_bytes - RECORD_HEADROOM_BYTES)
+            self.producer.send(self.settings.kafka.dead_letter_topic, key=letter.key, value=value)
             self.metrics.dead_letters.labels(letter.reason).inc()
         self.producer.flush()
 

@@ -184,9 +184,9 @@ class Pipeline:
             timeout=300,
         )
 
-    def produce(self, records: Iterable[tuple[bytes | None, bytes | None]]) -> int:
+    def produce(self, records: Iterable[tuple[bytes | None, bytes | None]], max_request_size: int = 1_048_576) -> int:
         """Send raw (key, value) records to the events topic, byte for byte."""
-        producer = KafkaProducer(bootstrap_servers=self.bootstrap, acks="all")
+        producer = KafkaProducer(bootstrap_servers=self.bootstrap, acks="all", max_request_size=max_request_size)
         n = 0
         for key, value in records:
             producer.send(self.topic("events"), key=key, value=value)

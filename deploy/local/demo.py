@@ -145,7 +145,7 @@ def start_service(name: str, command: str, port: int) -> None:
     if processes.port_in_use(port):
         raise SystemExit(f"demo: port {port} (the {name}'s metrics) is already in use; stop what uses it or run `make demo-stop`")
     env = {**os.environ, **_settings_env(), "CONVOWATCH_METRICS__PORT": str(port)}
-    with open(processes.log_path(STATE, name), "ab") as out:
+    with processes.open_log(processes.log_path(STATE, name), append=True) as out:
         popen = subprocess.Popen(
             [sys.executable, "-m", "stream.commands.cli", command],
             cwd=REPO,

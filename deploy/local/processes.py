@@ -22,11 +22,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from scorers.errors import ServiceError
 
 LOCALHOST = "127.0.0.1"
 LOG_TAIL_LINES = 20
+LOG_MODE = 0o600  # process logs: owner only
 STOP_TIMEOUT_S = 10.0
 KILL_TIMEOUT_S = 5.0
 PROBE_INTERVAL_S = 0.1
@@ -57,6 +59,15 @@ def record_path(state_dir: Path, name: str) -> Path:
 
 def log_path(state_dir: Path, name: str) -> Path:
     return state_dir / f"{name}.log"
+
+
+def open_log(path: Path, append: bool = False) -> BinaryIO:
+    """A process log for writing, readable by its owner only (0600, also when it already existed): services log
+    conversation text and settings, which other users of the machine must not read."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+    fd = os.open(path, flags, LOG_MODE)
+    os.fchmod(fd, LOG_MODE)
+    return os.fdopen(fd, "ab" if append else "wb")
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -150,7 +161,7 @@ def launch(state_dir: Path, name: str, argv: Sequence[str], url: str, cwd: Path)
     """Start ``argv`` detached (own session), output to ``<name>.log``, and record its pid and URL."""
     state_dir.mkdir(parents=True, exist_ok=True)
     cwd.mkdir(parents=True, exist_ok=True)
-    with open(log_path(state_dir, name), "wb") as out:
+    with open_log(log_path(state_dir, name)) as out:
         try:
             process = subprocess.Popen(
                 list(argv),

@@ -31,7 +31,7 @@ from typing import Literal
 
 from scorers.questions import Question
 
-PROMPT_VERSION = "judge-v1"
+PROMPT_VERSION = "judge-v2"  # v2: turn texts escaped (`scorers.conversation.escape_text`)
 MULTI_PROMPT_VERSION = "multi-v2"
 ReplyForm = Literal["lines", "json", "sequence"]
 

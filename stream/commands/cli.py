@@ -810,11 +810,11 @@ def summary_cmd(obj: _Context, group_by: str, worst: int, as_json: bool) -> None
         return
     total = sum(summary.by_label.values())
     click.echo(f"{total} conversations: " + ", ".join(f"{label} {n}" for label, n in summary.by_label.items()))
-    click.echo(f"\nby {group_by}:")
+    click.echo(f"\nby {_shown(group_by)}:")
     click.echo(f"  {'value':<12}{'n':>6}{'dsat':>8}{'uncertain':>11}{'calibrated sat':>16}{'calibrated P(dsat)':>20}")
     for v in summary.variants:
         click.echo(
-            f"  {v.variant or '(none)':<12}{v.n:>6}{_pct(v.dsat_rate):>8}{_pct(v.uncertain_rate):>11}"
+            f"  {_shown(v.variant) or '(none)':<12}{v.n:>6}{_pct(v.dsat_rate):>8}{_pct(v.uncertain_rate):>11}"
             f"{_num(v.calibrated_satisfaction):>16}{_pct(v.calibrated_dissatisfaction):>20}"
         )
     click.echo(
@@ -824,10 +824,16 @@ def summary_cmd(obj: _Context, group_by: str, worst: int, as_json: bool) -> None
     if summary.worst:
         click.echo("\nworst conversations (highest calibrated P(dsat), then lowest NetSAT):")
         for w in summary.worst:
-            hits = "; ".join(f"{h.rubric_id} {h.score:+.1f}" for h in w.dsat_hits) or "-"
+            hits = "; ".join(f"{_shown(h.rubric_id)} {h.score:+.1f}" for h in w.dsat_hits) or "-"
             click.echo(
-                f"  {w.conversation_id}  NetSAT {_num(w.netsat)}  {w.label:<9}  P(dsat) {_pct(w.dissatisfaction_probability)}  [{hits}]"
+                f"  {_shown(w.conversation_id)}  NetSAT {_num(w.netsat)}  {_shown(w.label):<9}  P(dsat) {_pct(w.dissatisfaction_probability)}  [{hits}]"
             )
+
+
+def _shown(text: str) -> str:
+    """A stored string as the terminal may print it: control characters (an ESC or BEL in a conversation id or an
+    attribute could clear the screen or retitle the terminal) written as escapes, ``\\x1b``."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
 @cli.command("report")

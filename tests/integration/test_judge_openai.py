@@ -38,7 +38,15 @@ from scorers.judges.answer_format import (
     read_answer_lines,
     sequence_grammar,
 )
-from scorers.judges.base import Answer, JudgeAuthError, Judgement, JudgeModelNotFound, JudgeReplyError, JudgeUnavailable
+from scorers.judges.base import (
+    Answer,
+    JudgeAuthError,
+    JudgeError,
+    Judgement,
+    JudgeModelNotFound,
+    JudgeReplyError,
+    JudgeUnavailable,
+)
 from scorers.judges.openai_http import OpenAIJudge, option_probabilities
 from scorers.judges.prompt import multi_question_prompt, numbered_order, prefix, single_question_prompt
 from scorers.questions import Question, likert_question
@@ -224,6 +232,31 @@ def test_llama_server_ignores_the_model_name(llama_server: LlamaServer) -> None:
 
 
 # ---------------------------------------------------------------- scripted faults
+
+
+@pytest.mark.parametrize("status", [401, 400, 503])
+def test_a_server_that_echoes_the_key_does_not_put_it_in_errors_or_logs(status: int, caplog: pytest.LogCaptureFixture) -> None:
+    """Double: a server that copies the Authorization header, and a terminal escape, into its error body (no real
+    server here does). Error messages become ``unscored_reason`` in ClickHouse: the key must not get there."""
+    caplog.set_level(logging.DEBUG)
+    key = "sk-test-" + "0123456789abcdef" * 2
+
+    def echo(i: int, r: Received) -> Reply:
+        said = f"bad request from {r.headers.get('authorization', '')} \x1b]0;pwned\x07" + "x" * 1000
+        return _json(status, {"error": {"message": said, "type": "invalid_request_error", "code": None}})
+
+    with ScriptedServer(echo) as fake:
+        judge = OpenAIJudge(base_url=fake.url + "/v1", model="m", api_key=key, max_retries=1, **FAST_BACKOFF)
+        with pytest.raises(JudgeError) as err:
+            judge.judge(CONVERSATION, QUESTIONS[:1])
+    assert key in fake.received[0].headers["authorization"]  # the server did get (and echo) it
+    message = str(err.value)
+    assert key not in message and key not in caplog.text and "\x1b" not in message and "\x07" not in message
+    assert len(message) < 600
+    if status == 401:
+        assert isinstance(err.value, JudgeAuthError) and "bad request" not in message
+    else:
+        assert "[api key]" in message
 
 
 def test_unknown_model_is_model_not_found_not_retried() -> None:

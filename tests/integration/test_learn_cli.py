@@ -10,6 +10,7 @@ import pytest
 
 from scorers.datasets.labelled import load_labelled_jsonl
 from scorers.datasets.uss import read_uss, uss_labelled
+from scorers.judges.prompt import PROMPT_VERSION
 from scorers.learning.pool import RubricPool, seed_pool
 from scorers.rubrics import RubricSet
 from tests import servers
@@ -97,7 +98,7 @@ def test_learn_from_real_labels_with_the_recorded_judge(tmp_path, llm_rubric_fil
     assert meta["selection"]["method"] == "greedy" and meta["judge"].startswith(
         "recorded|gpt-3.5-turbo-16k_real_evaluations_FIXED|"
     )
-    assert meta["prompt_versions"]["judge"] == "judge-v1" and len(meta["training_data_hash"]) == 16
+    assert meta["prompt_versions"]["judge"] == PROMPT_VERSION and len(meta["training_data_hash"]) == 16
     assert len(meta["pool"]["hash"]) == 16 and meta["pool"]["size"] == 8 and len(meta["domain_sha256"]) == 16
     assert f"wrote {out} (version {rubric_set.version})" in r.stdout
     last = r.stdout.strip().splitlines()[-1]

@@ -7,6 +7,8 @@ commands (the `scoring_artifacts` fixture).
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import random
 import threading
@@ -305,6 +307,25 @@ def test_bad_input_is_dead_lettered_with_its_reason_and_valid_conversations_are_
     assert worker.metric_sum("convowatch_dead_letters_total") == len(expected)
 
 
+def test_an_event_too_large_for_its_dead_letter_is_dead_lettered_in_part_and_the_worker_goes_on(pipeline: Pipeline) -> None:
+    """A 1.5 MB event: base64 makes its dead letter larger than the producer's 1 MB record limit. Before, the
+    assemble agent crashed (MessageSizeTooLargeError) and the event was lost with only a log line."""
+    worker = pipeline.start_worker()
+    pipeline.wait_assigned([worker])
+    huge = encode_event(TurnEvent("c-huge", 0, "user", "x" * 1_500_000, 1_707_000_000.0, {}))
+    items = _real_items()
+    after = sorted(_ids(items))[:2]
+    pipeline.produce([(b"c-huge", huge)], max_request_size=4 * 1_048_576)
+    pipeline.produce((i.key, i.raw) for i in items if i.event is not None and i.event.conversation_id in after)
+    [message] = pipeline.consume("dead_letter", 1)
+    letter = json.loads(message.value)
+    assert len(message.value) <= 1_000_000 and letter["reason"] == "too_large" and letter["original_truncated"] is True
+    assert letter["original_size"] == len(huge) and letter["original_sha256"] == hashlib.sha256(huge).hexdigest()
+    assert huge.startswith(base64.b64decode(letter["original_base64"]))
+    assert set(_wait_scores(pipeline, set(after))) == set(after)  # the conversations after it are scored
+    assert worker.popen.poll() is None and worker.metric_sum("convowatch_dead_letters_total", reason="too_large") == 1
+
+
 def parse_event_reason(raw: bytes, key: bytes | None) -> str:
     try:
         parse_event(raw, key=key)
@@ -540,3 +561,27 @@ def test_idle_timeout_max_turns_and_retention_in_a_real_worker(pipeline: Pipelin
     assert worker.metric_sum("convowatch_conversations_closed_total", cause="idle_timeout") == 1
     assert worker.metric_sum("convowatch_conversations_closed_total", cause="max_turns") == 1
     assert worker.metric_sum("convowatch_open_conversations") == 0
+
+
+def test_past_max_open_conversations_the_longest_idle_are_closed_and_scored(pipeline: Pipeline) -> None:
+    """Open conversations grew without a cap (about 4.5 KB each, kept for the 30-minute idle timeout)."""
+    pipeline.extra_env.update(
+        {"CONVOWATCH_ASSEMBLY__MAX_OPEN_CONVERSATIONS": "3", "CONVOWATCH_ASSEMBLY__IDLE_CHECK_INTERVAL_S": "1"}
+    )
+    worker = pipeline.start_worker()
+    pipeline.wait_assigned([worker])
+    items = _real_items()
+    ids = sorted(_ids(items))[:6]
+    for cid in ids:  # one after the other: the first ones are the longest idle
+        first_turns = [i for i in items if i.event.conversation_id == cid and isinstance(i.event, TurnEvent)][:2]
+        pipeline.produce((i.key, i.raw) for i in first_turns)
+        wait_for(
+            lambda cid=cid: worker.metric_sum("convowatch_events_total", type="turn") >= 2 * (ids.index(cid) + 1),
+            timeout=60,
+            what="turns consumed",
+        )
+    records = _wait_scores(pipeline, set(ids[:3]), timeout=60)
+    assert {cid: records[cid][0].conversation.close_cause for cid in ids[:3]} == dict.fromkeys(ids[:3], "capacity")
+    assert all(len(records[cid][0].conversation.turns) == 2 for cid in ids[:3])  # scored with the turns it had
+    wait_for(lambda: worker.metric_sum("convowatch_open_conversations") == 3, timeout=30, what="three left open")
+    assert worker.metric_sum("convowatch_conversations_closed_total", cause="capacity") == 3

@@ -19,7 +19,7 @@ from kafka.admin import NewTopic
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from deploy.local import stack
-from deploy.local.processes import process_alive, tcp_accepts
+from deploy.local.processes import open_log, process_alive, tcp_accepts
 from deploy.local.stack import StackConfig, StackError
 from tests.infra import (  # noqa: F401  (fixtures; the conftest registers them for other modules)
     alertmanager,
@@ -58,6 +58,7 @@ def test_kafka_start_is_idempotent_status_reports_it_and_stop_ends_it(tmp_path: 
         assert service.url == f"127.0.0.1:{cfg.kafka_port}" and not service.already_running
         assert (cfg.state_dir / "kafka.pid").read_text().strip() == str(service.pid)
         assert "listening on: tcp://127.0.0.1" in service.log.read_text()
+        assert service.log.stat().st_mode & 0o777 == 0o600  # logs carry conversation text: owner only
 
         again = stack.start_kafka(cfg)
         assert again.already_running and again.pid == service.pid
@@ -95,6 +96,18 @@ def test_kafka_python_produces_and_consumes_on_the_broker(kafka_broker: str) -> 
     finally:
         consumer.close()
     assert (record.key, record.value, record.offset) == (b"conv-1", b'{"hello": "broker"}', 0)
+
+
+def test_a_log_is_owner_only_even_when_it_existed_readable(tmp_path: Path) -> None:
+    log = tmp_path / "worker.log"
+    log.write_text("earlier run\n")
+    log.chmod(0o644)
+    with open_log(log, append=True) as out:
+        out.write(b"next run\n")
+    assert log.stat().st_mode & 0o777 == 0o600 and log.read_text() == "earlier run\nnext run\n"
+    with open_log(log) as out:
+        out.write(b"fresh\n")
+    assert log.read_text() == "fresh\n" and log.stat().st_mode & 0o777 == 0o600
 
 
 def test_port_in_use_is_refused_with_the_port_named(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import calendar
+import hashlib
 import json
 import math
 from datetime import UTC, datetime
@@ -20,6 +21,7 @@ from stream.contract import (
     END_CAUSES,
     MAX_TURN_INDEX,
     REASONS,
+    RECORD_HEADROOM_BYTES,
     SCHEMA_PATH,
     TIMESTAMP_PATTERN,
     DeadLetter,
@@ -516,6 +518,27 @@ def test_dead_letter_preview_is_at_most_1_kb() -> None:
     assert d["original_preview"] == "é" * 512
     assert d["key_base64"] is None
     assert DeadLetter.from_json(dl.to_json()).original == original
+
+
+def test_a_dead_letter_too_large_for_a_record_keeps_the_start_size_and_hash_of_its_original() -> None:
+    """An event of 1-3 MB made a dead letter larger than the producer's limit: the worker's agent crashed and the
+    event was gone. Now the letter fits and says what it left out."""
+    original = ('{"text": "' + "x" * 1_500_000 + '"}').encode()
+    limit = 1_000_000 - RECORD_HEADROOM_BYTES
+    dl = DeadLetter("too_large", "event is 1500012 bytes", original, b"c-1", "convowatch.events", 0, 9, 1.0)
+    raw = dl.to_json(max_bytes=limit)
+    assert len(dl.to_json()) > limit >= len(raw) > limit - 16
+    d = json.loads(raw)
+    Draft202012Validator(SCHEMA["$defs"]["deadLetter"]).validate(d)
+    kept = base64.b64decode(d["original_base64"])
+    assert d["original_truncated"] is True and original.startswith(kept) and len(kept) > 700_000
+    assert d["original_size"] == len(original) and d["original_sha256"] == hashlib.sha256(original).hexdigest()
+    with pytest.raises(DeadLetterError, match="holds only the start of its original"):
+        DeadLetter.from_json(raw)
+    small = DeadLetter("not_json", "x", b"{", None, "t", 0, 0, 0.0)
+    assert small.to_json(max_bytes=limit) == small.to_json() and "original_truncated" not in json.loads(small.to_json())
+    with pytest.raises(ValueError, match="without its original"):
+        dl.to_json(max_bytes=100)
 
 
 def test_dead_letter_of_a_null_value_and_a_surrogate_detail() -> None:

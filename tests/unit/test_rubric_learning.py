@@ -21,6 +21,7 @@ from scorers.datasets.labelled import LabelledConversation
 from scorers.datasets.llm_rubric import dimension_rubric_set
 from scorers.datasets.uss import llm_rubric_labelled, stratified_split
 from scorers.judges import RecordedJudge, load_answer_table
+from scorers.judges.prompt import PROMPT_VERSION
 from scorers.learning.learner import PLOT_FILE, REPORT_FILE, RubricLearner, score_labelled, write_report
 from scorers.learning.score_cache import ScoreCache, judge_identity
 from scorers.learning.selection import DEFAULT_ALPHAS, LearningError, separations, training_data_hash
@@ -93,8 +94,8 @@ def test_metadata_records_how_the_set_was_made(fitted, judge, candidates, split)
     assert meta["selection"]["method"] == "greedy"
     assert meta["selection"]["alpha"] == learner.report_.alpha and learner.report_.alpha in DEFAULT_ALPHAS
     assert meta["training_data_hash"] == training_data_hash([i.conversation.content_hash() for i in train], list(_labels(train)))
-    assert meta["judge"] == judge_identity(judge) == f"recorded|{MODEL}|judge-v1"
-    assert meta["prompt_versions"] == {"judge": "judge-v1"}
+    assert meta["judge"] == judge_identity(judge) == f"recorded|{MODEL}|{PROMPT_VERSION}"
+    assert meta["prompt_versions"] == {"judge": PROMPT_VERSION}
     assert meta["pool"]["size"] == 8 and len(meta["pool"]["hash"]) == 16
     assert meta["learner"]["precision"] == PRECISION and meta["learner"]["folds"] == 5
     assert [row["alpha"] for row in meta["learner"]["alpha_cv"]] == list(DEFAULT_ALPHAS)

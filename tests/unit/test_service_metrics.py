@@ -111,6 +111,39 @@ def test_service_metrics_use_the_configured_cap() -> None:
     assert metrics.attribute_values({"product": "second"}) == (OTHER,)
 
 
+def test_combinations_are_capped_and_a_later_one_keeps_its_first_attribute() -> None:
+    """The cardinality the issue measured: 50 products × 50 model versions (per-key caps of 50 let all 2,500
+    combinations through, 242,659 series in all). Capped at 200 combinations, a later one keeps its product."""
+    labels = AttributeLabels(["product", "model_version"], max_values=50, max_combinations=200)
+    seen = set()
+    for p in range(50):
+        for v in range(50):
+            got = labels.values({"product": f"p{p}", "model_version": f"v{v}"})
+            seen.add(got)
+            assert got[0] == f"p{p}"  # the product is never merged (50 products fit the per-key cap)
+    assert len(seen) <= 200 + 50 + 1
+    assert labels.values({"product": "p0", "model_version": "v0"}) == ("p0", "v0")  # early ones keep their values
+    assert labels.values({"product": "p49", "model_version": "v49"}) == ("p49", OTHER)
+    assert labels.values({"product": "p49"}) == ("p49", MISSING)  # a missing value stays missing
+
+
+def test_combination_cap_bounds_the_exported_series() -> None:
+    capped = ServiceMetrics(max_label_values=50, max_label_combinations=20)
+    for p in range(30):
+        for v in range(30):
+            attrs = capped.attribute_values({"product": f"p{p}", "model_version": f"v{v}"})
+            capped.conversations_scored.labels("sat", *attrs).inc()
+    samples = [s for f in text_string_to_metric_families(_exposition(capped)) for s in f.samples]
+    scored = {tuple(s.labels.values()) for s in samples if s.name == "convowatch_conversations_scored_total"}
+    assert 30 <= len(scored) <= 20 + 30 + 1
+
+
+def _exposition(metrics: ServiceMetrics) -> str:
+    from prometheus_client import generate_latest
+
+    return generate_latest(metrics.registry).decode()
+
+
 def test_attribute_keys_that_clash_with_fixed_labels_are_refused() -> None:
     for key in ("label", "reason", "dimension"):
         with pytest.raises(ValueError, match=key):
