@@ -291,10 +291,7 @@ def rate(
     fit its rubric's scale is a `JudgeReplyError` and is not cached.
     """
     as_rubrics = [to_rubric(r) if isinstance(r, PoolRubric) else r for r in rubrics]
-    ids = [r.id for r in as_rubrics]
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"rubric ids must be unique, got duplicates {sorted({i for i in ids if ids.count(i) > 1})}")
-    by_id = {r.id: r for r in as_rubrics}
+    by_id = {r.id: r for r in as_rubrics}  # a rubric's question has its id; answer_all refuses duplicates
     answers = answer_all(
         judge,
         [r.question() for r in as_rubrics],
