@@ -34,11 +34,13 @@ PIPELINE_STALLED = "ConvowatchPipelineStalled"
 DEAD_LETTER_SURGE = "ConvowatchDeadLetterSurge"
 JUDGE_BUDGET_EXHAUSTED = "ConvowatchJudgeBudgetExhausted"
 BEHAVIOUR_RISE = "ConvowatchBehaviourRise"
+USER_AGREEMENT_DROP = "ConvowatchUserAgreementDrop"
 ALERT_NAMES = (
     DSAT_SPIKE,
     DSAT_ABOVE_YESTERDAY,
     UNCERTAIN_SURGE,
     BEHAVIOUR_RISE,
+    USER_AGREEMENT_DROP,
     JUDGE_ERRORS,
     PIPELINE_STALLED,
     DEAD_LETTER_SURGE,
@@ -65,6 +67,7 @@ def series(w: AlertWindows) -> dict[str, Series]:
     """Every series the alerts read, by key, for windows ``w``."""
     by = q.BY_ATTRIBUTES
     short, base, ago = w.short, w.baseline, w.yesterday
+    ashort, abase = w.agreement_short, w.agreement_baseline
     judge_errors = q.rate(q.JUDGE_ERRORS, short, by="judge")
     judge_ok = q.rate(q.JUDGE_LATENCY + "_count", short, by="judge")  # one observation per successful judgement
     judge_errors_n = q.increase(q.JUDGE_ERRORS, short, by="judge")
@@ -113,6 +116,13 @@ def series(w: AlertWindows) -> dict[str, Series]:
         "behaviour_var_base": Series(
             q.behaviour_variance(base, by=by, offset=short), f"convowatch:behaviour_rate_variance:increase{base}_offset{short}"
         ),
+        # Agreement with the users: the baseline ends where the short window starts, as for behaviours.
+        "agreement_short": Series(q.user_agreement(ashort, by=by), f"convowatch:user_agreement:ratio_increase{ashort}"),
+        "rated_short": Series(q.user_rated(ashort, by=by), f"convowatch:user_rated:increase{ashort}"),
+        "agreement_base": Series(
+            q.user_agreement(abase, by=by, offset=ashort), f"convowatch:user_agreement:ratio_increase{abase}_offset{ashort}"
+        ),
+        "rated_base": Series(q.user_rated(abase, by=by, offset=ashort), f"convowatch:user_rated:increase{abase}_offset{ashort}"),
         "judge_error_ratio": Series(
             f"({judge_errors} or {judge_ok} * 0) / (({judge_errors} or {judge_ok} * 0) + ({judge_ok} or {judge_errors} * 0))",
             f"convowatch:judge_errors:ratio_rate{short}",
@@ -164,7 +174,7 @@ def raw_lookup(w: AlertWindows) -> Lookup:
     return lambda key: f"({table[key].expr})"
 
 
-Op = Literal[">", ">=", "=="]
+Op = Literal[">", ">=", "<", "=="]
 
 
 @dataclass(frozen=True)
@@ -230,6 +240,12 @@ def _share_threshold(base: str, n: str, sampling_var: str, w: AlertWindows) -> s
 def _two_sample_threshold(base: str, var: str, var_base: str, min_lift: float, w: AlertWindows) -> str:
     """base + max(min_lift, z * sqrt(var + var_base)): a two-sample z-test of two independent windows."""
     return f"{base} + clamp_min({w.z:g} * sqrt({var} + {var_base}), {min_lift:g})"
+
+
+def _drop_threshold(base: str, n: str, n_base: str, w: AlertWindows) -> str:
+    """base - max(min_drop, z * sqrt(p (1 - p) (1/n + 1/n_base))): a two-sample z-test of two shares under the null
+    hypothesis that both equal the baseline's."""
+    return f"{base} - clamp_min({w.z:g} * sqrt({base} * (1 - {base}) * (1 / {n} + 1 / {n_base})), {w.agreement_min_drop:g})"
 
 
 def alert_specs(w: AlertWindows, s: Lookup) -> list[AlertSpec]:
@@ -312,6 +328,28 @@ def alert_specs(w: AlertWindows, s: Lookup) -> list[AlertSpec]:
             f"{{N:{count}}} turns, significantly above the {w.baseline} before it: {{B:{pct}}} (threshold: that + "
             f"max({_points(w.behaviour_min_lift)}, {w.z:g} standard errors of the difference, conversations as clusters), "
             f"for {w.for_}).",
+        ),
+        AlertSpec(
+            USER_AGREEMENT_DROP,
+            "ticket",
+            ("scorer_version", *attrs),
+            {
+                "P": s("agreement_short"),
+                "T": _drop_threshold(s("agreement_base"), s("rated_short"), s("rated_base"), w),
+                "N": s("rated_short"),
+                "M": s("rated_base"),
+                "B": s("agreement_base"),
+            },
+            (
+                Clause("P", "<", "T"),
+                Clause("N", ">=", str(w.agreement_min_conversations)),
+                Clause("M", ">=", str(w.agreement_min_conversations)),
+            ),
+            "Scorer {{ $labels.scorer_version }} agrees less with the users of {{ $labels.product }} {{ $labels.model_version }}",
+            f"The scorer's label matched the users' feedback on {{P:{pct}}} of {{N:{count}}} rated conversations over the "
+            f"last {w.agreement_short}, against {{B:{pct}}} of {{M:{count}}} over the {w.agreement_baseline} before it "
+            f"(threshold: that - max({_points(w.agreement_min_drop)}, {w.z:g} standard errors of the difference), "
+            f"for {w.for_}). The judge may have drifted, the product changed, or a prompt broke.",
         ),
         AlertSpec(
             JUDGE_ERRORS,

@@ -79,6 +79,16 @@ class AlertWindows:
     behaviour_min_lift: float = 0.05
     """Smallest absolute rise of a behaviour's rate per turn (5 points) that can fire, however tight the error."""
 
+    # --- agreement with the users (rated conversations) ----------------------------------------
+    agreement_short: str = "1d"
+    """The "now" window of the agreement-drop alert: users rate few conversations, so it is long."""
+    agreement_baseline: str = "7d"
+    """Baseline of the agreement-drop alert: the window before ``agreement_short`` (so the two are independent samples)."""
+    agreement_min_conversations: int = 50
+    """Rated conversations with a confident label needed in each of the two windows before the drop can fire."""
+    agreement_min_drop: float = 0.10
+    """Smallest absolute fall of the agreement with the users (10 points) that can fire, however tight the error."""
+
     # --- operations ----------------------------------------------------------------------------
     judge_error_ratio: float = 0.10
     """Judge errors: share of judge attempts that failed in the short window."""
@@ -118,6 +128,11 @@ class AlertWindows:
         s = self.seconds
         if s("short") >= s("baseline"):
             raise AlertWindowsError(f"AlertWindows.short ({self.short}) must be shorter than baseline ({self.baseline})")
+        if s("agreement_short") >= s("agreement_baseline"):
+            raise AlertWindowsError(
+                f"AlertWindows.agreement_short ({self.agreement_short}) must be shorter than agreement_baseline "
+                f"({self.agreement_baseline})"
+            )
         if s("yesterday") < s("short"):
             raise AlertWindowsError(
                 f"AlertWindows.yesterday ({self.yesterday}) must be at least the short window ({self.short}), "
@@ -127,7 +142,7 @@ class AlertWindows:
     def _check_ranges(self) -> None:
         if self.z <= 0:
             raise AlertWindowsError(f"AlertWindows.z: {self.z!r} must be > 0 (standard errors above the baseline)")
-        for name in ("min_lift", "uncertain_min_lift", "behaviour_min_lift"):
+        for name in ("min_lift", "uncertain_min_lift", "behaviour_min_lift", "agreement_min_drop"):
             if not 0 <= getattr(self, name) < 1:
                 raise AlertWindowsError(
                     f"AlertWindows.{name}: {getattr(self, name)!r} must be in [0, 1) (a difference of two shares)"

@@ -24,6 +24,7 @@ M = promql.DASHBOARD_MATCHERS
 W = "$__rate_interval"  # per-point window of the time-series panels
 RANGE = "$__range"  # the whole dashboard range, for the headline numbers
 DSAT_LEGEND, UPPER, LOWER = "calibrated P(dsat)", "upper 95%", "lower 95%"
+AGREEMENT_WINDOW = "1d"  # users rate few conversations: a rolling day, as the ConvowatchUserAgreementDrop alert
 
 
 def dashboard() -> dict[str, Any]:
@@ -41,6 +42,7 @@ def dashboard() -> dict[str, Any]:
             ("Over the selected range", _headline()),
             ("Over time", _over_time()),
             ("By model version and product", _breakdowns()),
+            ("Agreement with users", _agreement()),
         ],
     )
     return p.finish(board)
@@ -172,5 +174,29 @@ def _breakdowns() -> list:
             "percentunit",
             min_value=0,
             max_value=1,
+        ),
+    ]
+
+
+def _agreement() -> list:
+    return [
+        p.time_series(
+            "Agreement with user feedback (rolling day)",
+            "Share of the conversations users rated while open (thumbs on any turn, the latest rating of each) and "
+            "the scorer labelled sat or dsat where the label matches the feedback: dsat with thumbs-down only, sat "
+            "with thumbs-up only; per scorer version, over the day before each point. A fall says the judge drifted, "
+            "the product changed or a prompt broke (alert ConvowatchUserAgreementDrop). Late feedback (after the "
+            "close) is not counted here; the report and the Rubrics dashboard's AUROC use all of it.",
+            [p.promql(promql.user_agreement(AGREEMENT_WINDOW, M), "{{scorer_version}}")],
+            "percentunit",
+            min_value=0,
+            max_value=1,
+        ),
+        p.time_series(
+            "Rated conversations by label and feedback (per hour)",
+            "Scored conversations users rated while open, by the scorer's label and the users' feedback (positive: "
+            "thumbs-up only, negative: thumbs-down only, conflict: both), per hour: the counts behind the agreement.",
+            [p.promql(promql.increase(promql.USER_FEEDBACK, "1h", M, by="label, feedback"), "{{label}} / {{feedback}}")],
+            "short",
         ),
     ]

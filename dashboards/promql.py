@@ -125,6 +125,36 @@ def error_behaviours() -> str:
     return f"max by (behaviour) ({BEHAVIOUR_ERROR}) == 1"
 
 
+# Agreement with the users: scored conversations users rated while open, by scorer version, label and feedback.
+USER_FEEDBACK = "convowatch_user_feedback_conversations_total"
+CONFIDENT_RATED = 'label=~"sat|dsat", feedback=~"positive|negative"'
+
+
+def _and(matchers: str, extra: str) -> str:
+    return f"{extra}, {matchers}" if matchers else extra
+
+
+def _per_scorer(by: str) -> str:
+    return f"scorer_version, {by}" if by else "scorer_version"
+
+
+def user_rated(window: str, matchers: str = "", by: str = "", offset: str = "") -> str:
+    """n of ``user_agreement``: rated conversations in ``window`` with a confident label and one-sided feedback,
+    per scorer version (and ``by``)."""
+    return increase(USER_FEEDBACK, window, _and(matchers, CONFIDENT_RATED), _per_scorer(by), offset)
+
+
+def user_agreement(window: str, matchers: str = "", by: str = "", offset: str = "") -> str:
+    """Share of ``user_rated`` where the scorer agrees with the users: dissatisfied with a thumbs-down only, satisfied
+    with a thumbs-up only. Uncertain labels and conflicting feedback are left out (their counts are in the metric)."""
+    group = _per_scorer(by)
+    n = user_rated(window, matchers, by, offset)
+    both_down = increase(USER_FEEDBACK, window, _and(matchers, 'label="dsat", feedback="negative"'), group, offset)
+    both_up = increase(USER_FEEDBACK, window, _and(matchers, 'label="sat", feedback="positive"'), group, offset)
+    # `x or n * 0`: a window with no agreeing pair of one kind has no series for it; count it as 0.
+    return f"(({both_down} or {n} * 0) + ({both_up} or {n} * 0)) / {n}"
+
+
 def calibrated_conversations(window: str, matchers: str = "", by: str = "", offset: str = "") -> str:
     """n of the calibrated rate: Σ 1/π, the conversations the calibrated ones in ``window`` stand for."""
     return increase(CALIBRATED_WEIGHT, window, matchers, by, offset)

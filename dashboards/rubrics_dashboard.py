@@ -151,6 +151,33 @@ INNER JOIN {_SELECTED_SCORE}
     ON d.conversation_id = s.conversation_id AND d.scorer_version = s.scorer_version AND d.scored_at = s.scored_at
 ORDER BY dimension"""
 
+# Users' feedback per conversation, as stream.feedback_labels reads it: the latest rating of each rated turn;
+# a conversation rated both up and down is left out. `negative` is 1 when it was rated down.
+_RATED_CONVERSATIONS = """(
+    SELECT conversation_id, max(rating = 'down') AS negative
+    FROM (
+        SELECT conversation_id, turn_index, argMax(rating, timestamp) AS rating
+        FROM feedback FINAL
+        GROUP BY conversation_id, turn_index
+    )
+    GROUP BY conversation_id
+    HAVING max(rating = 'down') != max(rating = 'up')
+) AS f"""
+MIN_RATED_PER_CLASS = 5  # fewer rated-down or rated-up conversations in an interval: no AUROC (it would say nothing)
+
+USER_AUROC_SQL = f"""SELECT
+    $__timeInterval(s.closed_at) AS time,
+    s.scorer_version AS scorer_version,
+    round(arrayAUC(groupArray(s.dissatisfaction_probability), groupArray(f.negative)), 3) AS auroc
+FROM latest_scores AS s
+INNER JOIN {_RATED_CONVERSATIONS} ON s.conversation_id = f.conversation_id
+WHERE s.status = 'scored' AND s.dissatisfaction_probability IS NOT NULL
+  AND $__timeFilter(s.closed_at)
+  AND {attribute_filter("s")}
+GROUP BY time, scorer_version
+HAVING sum(f.negative) >= {MIN_RATED_PER_CLASS} AND count() - sum(f.negative) >= {MIN_RATED_PER_CLASS}
+ORDER BY time, scorer_version"""
+
 PRODUCTS_SQL = "SELECT DISTINCT product FROM conversation_scores ORDER BY product"
 MODEL_VERSIONS_SQL = "SELECT DISTINCT model_version FROM conversation_scores ORDER BY model_version"
 
@@ -182,6 +209,7 @@ def dashboard() -> dict[str, Any]:
         [
             ("DSAT rubrics", _rubric_panels()),
             ("Conversations", _conversation_panels()),
+            ("Agreement with users", [_user_auroc()]),
             ("Conversation $conversation_id", _drill_down()),
         ],
     )
@@ -242,6 +270,21 @@ def _conversation_panels() -> list:
     )
     worst = p.link_column(worst, "conversation_id", "Show this conversation", DRILL_DOWN_URL)
     return [netsat, worst]
+
+
+def _user_auroc() -> Any:
+    return p.time_series(
+        "AUROC of P(dissatisfied) against user feedback",
+        "How well the calibrated P(dissatisfied) separates conversations users rated down from those they rated up "
+        "(latest rating of each turn; both: left out), per scorer version and interval of closed_at: 0.5 is chance, "
+        f"1 perfect. Shown when an interval has at least {MIN_RATED_PER_CLASS} of each; choose a wide interval (e.g. 1d) "
+        "when few users rate. The Overview's agreement panel and the ConvowatchUserAgreementDrop alert use the labels.",
+        [Target().sql(USER_AUROC_SQL).time_series()],
+        "none",
+        span=24,
+        height=8,
+        datasource=datasources.CLICKHOUSE_UID,
+    )
 
 
 def _drill_down() -> list:

@@ -30,9 +30,11 @@ Rules (documented in the README's "Conversation assembly" section):
   ones; an earlier event that arrives late only fills keys not yet set.
 * An ``end`` for a conversation with no turns is dead-lettered
   (``empty_conversation``).
-* A negative feedback (rating ``down``) on an open conversation is noted in
-  its state and carried on the `ClosedConversation` (``negative_feedback``),
-  so sampling always judges it. Other feedback, feedback on a closed
+* Feedback on an open conversation is noted in its state: the latest rating
+  of each rated turn (by event time), carried on the `ClosedConversation`
+  (``feedback_ratings``) so the worker can count how its label agrees with
+  the users (`stream.metrics`), and whether any rating was ``down``
+  (``negative_feedback``), so sampling always judges it. Feedback on a closed
   conversation (it has been sampled already: late feedback cannot change the
   decision) and feedback before the first turn leave the state as it is. The
   sink stores every feedback event in the ``feedback`` table either way.
@@ -158,9 +160,14 @@ class ConversationAssembler:
     # -- feedback -----------------------------------------------------------
 
     def _feedback(self, state: State | None, event: FeedbackEvent) -> Step:
-        if state is None or is_closed(state) or event.rating not in NEGATIVE_RATINGS or state.get("negative_feedback"):
+        if state is None or is_closed(state) or event.turn_index >= self.settings.max_turns:  # bounded like the turns
             return Step(state, "accepted")
-        return Step({**state, "negative_feedback": True}, "accepted")
+        ratings = state.get("feedback", {})
+        key = str(event.turn_index)
+        latest = ratings[key] if key in ratings and ratings[key][1] > event.timestamp else [event.rating, event.timestamp]
+        negative = bool(state.get("negative_feedback", False)) or event.rating in NEGATIVE_RATINGS
+        new = {**state, "feedback": {**ratings, key: latest}, "negative_feedback": negative}
+        return Step(state if new == state else new, "accepted")  # a redelivery changes nothing
 
     # -- end ----------------------------------------------------------------
 
@@ -207,6 +214,7 @@ class ConversationAssembler:
             last_event_at=state["last_event_at"],
             missing_turn_indices=missing,
             negative_feedback=bool(state.get("negative_feedback", False)),
+            feedback_ratings=tuple(state.get("feedback", {})[k][0] for k in sorted(state.get("feedback", {}), key=int)),
         )
         tombstone = {
             "partition": state["partition"],

@@ -24,14 +24,17 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from scorers.conversation import Conversation, Turn, as_role
 from scorers.datasets.labelled import LabelledConversation
 from stream.contract import NEGATIVE_RATINGS, RATINGS
-from stream.store import ClickHouseStore
+
+if TYPE_CHECKING:
+    from stream.store import ClickHouseStore
 
 OnConflict = Literal["exclude", "negative"]
+FeedbackLabel = Literal["positive", "negative", "conflict"]
 POSITIVE_RATINGS: frozenset[str] = frozenset(RATINGS) - NEGATIVE_RATINGS
 
 
@@ -61,7 +64,7 @@ class FeedbackLabelRules:
 
     on_conflict: OnConflict = "exclude"
 
-    def label(self, ratings: Sequence[str]) -> Literal["positive", "negative", "conflict"]:
+    def label(self, ratings: Sequence[str]) -> FeedbackLabel:
         """The label of a conversation whose rated turns have these (latest) ratings; "conflict" is excluded."""
         negative = any(r in NEGATIVE_RATINGS for r in ratings)
         positive = any(r in POSITIVE_RATINGS for r in ratings)

@@ -188,10 +188,19 @@ class ServiceMetrics:
             attrs,
             registry=r,
         )
+        # Agreement with the users: rated conversations (feedback while open) by the scorer's label and the users'.
+        self.user_feedback_conversations = Counter(
+            "convowatch_user_feedback_conversations",
+            "Scored conversations users rated while open, by scorer version, the scorer's label and the users' "
+            "(positive: only thumbs-up, negative: only thumbs-down, conflict: both; the latest rating of each turn).",
+            ["scorer_version", "label", "feedback", *attrs],
+            registry=r,
+        )
         # Sampling (stream/sampling.py): every finished conversation, judged or not, and the Horvitz–Thompson sums.
         self.conversations_sampled = Counter(
             "convowatch_conversations_sampled",
-            "Closed conversations by sampling decision (judged, unsampled) and reason (rate, new_model_version, negative_feedback).",
+            "Closed conversations by sampling decision (judged, unsampled) and reason "
+            "(rate, new_model_version, negative_feedback, rated).",
             ["decision", "reason", *attrs],
             registry=r,
         )

@@ -30,6 +30,7 @@ from typing import Any, Literal, get_args
 from scorers.conversation import ROLES, Conversation, Turn, as_role, content_hash
 from scorers.errors import UserError
 from scorers.rubrics import LABELS
+from stream.contract import RATINGS
 
 RECORD_VERSION = 1
 
@@ -73,6 +74,7 @@ class ClosedConversation:
     last_event_at: float
     missing_turn_indices: tuple[int, ...] = ()
     negative_feedback: bool = False  # a user rated a turn down while it was open (sampling always judges it)
+    feedback_ratings: tuple[str, ...] = ()  # the latest rating of each turn rated while it was open, by turn index
 
     def __post_init__(self) -> None:
         _check(isinstance(self.conversation_id, str) and self.conversation_id != "", "conversation_id is empty")
@@ -82,6 +84,10 @@ class ClosedConversation:
         _check(all(isinstance(t, TurnRecord) for t in self.turns), "turns are not TurnRecords")
         _check(all(map(_count, self.missing_turn_indices)), "missing_turn_indices are not indices")
         _check(isinstance(self.negative_feedback, bool), f"negative_feedback {self.negative_feedback!r} is not true or false")
+        _check(
+            all(r in RATINGS for r in self.feedback_ratings),
+            f"feedback_ratings {self.feedback_ratings!r} are not all in {RATINGS}",
+        )
 
     def content_hash(self) -> str:
         """`Conversation.content_hash` of this conversation (roles and texts), without building the Conversation."""
@@ -109,6 +115,7 @@ class ClosedConversation:
             "last_event_at": self.last_event_at,
             "missing_turn_indices": list(self.missing_turn_indices),
             "negative_feedback": self.negative_feedback,
+            "feedback_ratings": list(self.feedback_ratings),
         }
 
     def to_json(self) -> bytes:
@@ -127,6 +134,7 @@ class ClosedConversation:
                 last_event_at=float(d["last_event_at"]),
                 missing_turn_indices=tuple(int(i) for i in d.get("missing_turn_indices", ())),
                 negative_feedback=d.get("negative_feedback", False),
+                feedback_ratings=tuple(d.get("feedback_ratings", ())),
             )
         except RecordError:
             raise
@@ -217,7 +225,7 @@ class ScoreRecord:
     judge_cached_prompt_tokens: int = 0  # prompt tokens the judge server reported served from its cache
     judge_latency_s: float = 0.0
     inclusion_probability: float = 1.0  # π: the chance sampling gave it of being judged (weight 1/π)
-    sampling_reason: str = ""  # rate | new_model_version | negative_feedback ('' in records written before sampling)
+    sampling_reason: str = ""  # rate | new_model_version | negative_feedback | rated ('' in records written before sampling)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

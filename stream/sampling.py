@@ -8,8 +8,10 @@ conversation has, else ``default_rate``. ``always_first_per_model_version``
 conversations of every model version a policy has not seen before are scored
 with π = 1 (a new release is watched closely from its first conversation), and
 so, when ``always_score_negative_feedback`` is on, is every conversation a user
-rated down while it was open (`ClosedConversation.negative_feedback`): its
-inclusion probability really is 1, so the weights stay right. Feedback that
+rated down while it was open (`ClosedConversation.negative_feedback`), and,
+when ``always_score_rated`` is on, every conversation a user rated at all (the
+ones the scorer's agreement with its users is measured on): their inclusion
+probability really is 1, so the weights stay right. Feedback that
 arrives after the close cannot change the decision (the conversation has been
 decided by then). The first-N count is kept per worker process.
 
@@ -53,7 +55,7 @@ if TYPE_CHECKING:
 
 MODEL_VERSION = "model_version"
 # Why a conversation got its inclusion probability (stored with every score as its sampling reason).
-RATE, NEW_MODEL_VERSION, NEGATIVE_FEEDBACK = "rate", "new_model_version", "negative_feedback"
+RATE, NEW_MODEL_VERSION, NEGATIVE_FEEDBACK, RATED = "rate", "new_model_version", "negative_feedback", "rated"
 _HASH_BYTES = 8
 
 
@@ -84,7 +86,7 @@ class SamplingDecision:
 
     scored: bool
     inclusion_probability: float
-    reason: str  # RATE, NEW_MODEL_VERSION or NEGATIVE_FEEDBACK
+    reason: str  # RATE, NEW_MODEL_VERSION, NEGATIVE_FEEDBACK or RATED
 
 
 @dataclass
@@ -96,6 +98,7 @@ class SamplingPolicy:
     always_first_per_model_version: int = 0
     salt: str = ""
     always_score_negative_feedback: bool = False
+    always_score_rated: bool = False
     _seen_per_version: dict[str, int] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -120,12 +123,18 @@ class SamplingPolicy:
             always_first_per_model_version=settings.always_first_per_model_version,
             salt=settings.salt,
             always_score_negative_feedback=settings.always_score_negative_feedback,
+            always_score_rated=settings.always_score_rated,
         )
 
-    def decide(self, conversation_id: str, attributes: Mapping[str, str], negative_feedback: bool = False) -> SamplingDecision:
-        """Score it or not; the same id and attributes always get the same answer (but for new-version counting)."""
+    def decide(
+        self, conversation_id: str, attributes: Mapping[str, str], negative_feedback: bool = False, rated: bool = False
+    ) -> SamplingDecision:
+        """Score it or not; the same id and attributes always get the same answer (but for new-version counting).
+        ``negative_feedback``: a user rated it down while it was open; ``rated``: a user rated it at all."""
         if negative_feedback and self.always_score_negative_feedback:
             return SamplingDecision(True, 1.0, NEGATIVE_FEEDBACK)
+        if rated and self.always_score_rated:
+            return SamplingDecision(True, 1.0, RATED)
         version = attributes.get(MODEL_VERSION)
         if version is not None and self.always_first_per_model_version:
             seen = self._seen_per_version.get(version, 0)

@@ -40,6 +40,7 @@ from scorers.questions import Question, load_questions
 from scorers.rubrics import RubricSet, RubricSetError
 from stream.budget import BudgetGate, Cost, transcript_chars
 from stream.cost import judge_cost
+from stream.feedback_labels import FeedbackLabelRules
 from stream.metrics import JUDGED, UNSAMPLED, ServiceMetrics
 from stream.records import BehaviourHit, ClosedConversation, DimensionPrediction, RubricHit, ScoreRecord
 from stream.sampling import SamplingDecision, SamplingPolicy
@@ -48,6 +49,7 @@ from stream.settings import PriceSettings, ScoringSettings, SettingsError
 log = logging.getLogger(__name__)
 
 NO_CALIBRATOR = "none"
+FEEDBACK_RULES = FeedbackLabelRules(on_conflict="exclude")  # the metric keeps conflicts apart; PromQL leaves them out
 
 
 def judge_identity(judge: Judge) -> str:
@@ -285,7 +287,9 @@ class ConversationScorer:
 
     async def score(self, closed: ClosedConversation) -> ScoreRecord:
         """Score with retries (judge calls run in a thread) if sampling picks it; always returns a record."""
-        decision = self.sampling.decide(closed.conversation_id, closed.attributes, closed.negative_feedback)
+        decision = self.sampling.decide(
+            closed.conversation_id, closed.attributes, closed.negative_feedback, rated=bool(closed.feedback_ratings)
+        )
         if not decision.scored:
             record = self.unsampled(closed, decision)
             self.observe(record)
@@ -335,6 +339,9 @@ class ConversationScorer:
             self.metrics.conversations_unscored.labels(reason, *attrs).inc()
             return
         self.metrics.conversations_scored.labels(record.label, *attrs).inc()
+        if record.conversation.feedback_ratings:
+            feedback = FEEDBACK_RULES.label(record.conversation.feedback_ratings)
+            m.user_feedback_conversations.labels(record.scorer_version, record.label, feedback, *attrs).inc()
         pi = record.inclusion_probability
         weight, sampling_variance = 1.0 / pi, (1.0 - pi) / (pi * pi)
         # Always incremented (by 0 when π = 1), so every rate's variance series exists wherever the rate does.

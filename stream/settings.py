@@ -168,6 +168,11 @@ class SamplingSettings(BaseModel):
         description="Judge (π = 1) every conversation that received a thumbs-down while it was open "
         "(feedback after the close cannot change the decision).",
     )
+    always_score_rated: bool = Field(
+        default=True,
+        description="Judge (π = 1) every conversation that received any rating (up or down) while it was open, so the "
+        "agreement of the scorer with its users (convowatch_user_feedback_conversations_total) is counted on all of them.",
+    )
     salt: str = Field(default="", description="Mixed into the hash of the conversation id: a new salt draws a new sample.")
 
 

@@ -1,7 +1,7 @@
 """Alert rules as code: the committed files, promtool, amtool, a real Alertmanager, the runbooks.
 
 Prometheus rules are checked and unit-tested by the real ``promtool``
-(``dashboards/alerts/tests/convowatch.rules.test.yml``: fire and not-fire cases
+(``dashboards/alerts/tests/*.test.yml``: fire and not-fire cases
 for every alert). The Grafana-managed rules are held to the same unit tests:
 their queries and math condition, translated back into a PromQL alert, must
 fire in exactly the same cases with the same values. The Alertmanager example
@@ -38,6 +38,7 @@ from dashboards.alert_specs import SEVERITIES
 from dashboards.grafana_alerts import CONDITION, EXPRESSION_UID, grafana_alerts_json, grafana_rule_groups, promql_expressions
 from scorers.rubrics import Label
 from stream.assembly import Outcome
+from stream.feedback_labels import FeedbackLabel
 from stream.metrics import UNSAMPLED, ServiceMetrics, metric_names
 from tests.chdb_fixture import chdb_dsn, chdb_store, store_factory  # noqa: F401
 from tests.infra import AlertmanagerFactory, alertmanager, wait_for  # noqa: F401
@@ -144,7 +145,10 @@ def test_promtool_unit_tests_pass() -> None:
 def test_unit_test_file_is_what_its_model_writes() -> None:
     """The expectations in the promtool tests come from make_unit_tests.py's model of the rules."""
     model = runpy.run_path(str(REPO / "dashboards" / "alerts" / "tests" / "make_unit_tests.py"))
-    assert (REPO / "dashboards" / "alerts" / "tests" / "convowatch.rules.test.yml").read_text(encoding="utf-8") == model["text"]()
+    written = model["files"]()
+    assert sorted(written) == UNIT_TESTS
+    for path, text in written.items():
+        assert path.read_text(encoding="utf-8") == text, path.name
 
 
 def test_unit_tests_have_fire_and_not_fire_cases_for_every_alert() -> None:
@@ -164,7 +168,7 @@ def _grafana_as_promql(rule: dict[str, Any]) -> str:
     (expression,) = [d["model"]["expression"] for d in rule["data"] if d["refId"] == rule["condition"]]
     clauses = []
     for conjunct in expression.split(" && "):
-        m = re.fullmatch(r"\$(\w+) (>|>=|==) (\$\w+|[0-9.]+)", conjunct)
+        m = re.fullmatch(r"\$(\w+) (>|>=|<|==) (\$\w+|[0-9.]+)", conjunct)
         assert m, f"{rule['title']}: unexpected math clause {conjunct!r}"
         right = f"({queries[m[3][1:]]})" if m[3].startswith("$") else m[3]
         clauses.append(f"({queries[m[1]]}) {m[2]} {right}")
@@ -288,6 +292,7 @@ def _fed_exporter() -> set[str]:
     m.behaviour_hits_turns_variance.labels("ignore", *attrs).inc(4)
     m.behaviour_hits_squared_variance.labels("ignore", *attrs).inc(1)
     m.behaviour_error.labels("ignore").set(1)
+    m.user_feedback_conversations.labels("s1", "dsat", "negative", *attrs).inc()
     return set(metric_names(m))
 
 
@@ -301,15 +306,28 @@ def test_every_metric_in_the_rules_is_exported() -> None:
 def test_label_values_in_the_rules_are_ones_the_service_emits() -> None:
     text = "\n".join(rule_expressions() + promql_expressions())
     assert set(re.findall(r'outcome="(\w+)"', text)) == {"closed"} <= set(typing.get_args(Outcome))
-    assert set(re.findall(r'label="(\w+)"', text)) == {"uncertain"} <= set(typing.get_args(Label))
+    assert set(re.findall(r'label="(\w+)"', text)) == {"uncertain", "sat", "dsat"} <= set(typing.get_args(Label))
+    assert set(re.findall(r'label=~"([\w|]+)"', text)) == {"sat|dsat"}
+    # the feedback values the scorer counts rated conversations under (FeedbackLabelRules, conflicts apart)
+    assert set(re.findall(r'feedback="(\w+)"', text)) == {"positive", "negative"}
+    assert set(re.findall(r'feedback=~"([\w|]+)"', text)) == {"positive|negative"}
+    assert set(typing.get_args(FeedbackLabel)) == {"positive", "negative", "conflict"}
     assert set(re.findall(r'decision="(\w+)"', text)) == {UNSAMPLED}
     by = set(re.findall(r"by \(([^)]*)\)", text))
-    assert by == {"product, model_version", "judge", "limit", "behaviour", "behaviour, product, model_version"}
+    assert by == {
+        "product, model_version",
+        "judge",
+        "limit",
+        "behaviour",
+        "behaviour, product, model_version",
+        "scorer_version, product, model_version",
+    }
     m = ServiceMetrics()
     assert "judge" in m.judge_errors._labelnames and "judge" in m.judge_latency._labelnames
     assert {"product", "model_version"} <= set(m.calibrated_conversations._labelnames)
     assert {"behaviour", "product", "model_version"} <= set(m.behaviour_hits_squared_variance._labelnames)
     assert m.behaviour_error._labelnames == ("behaviour",)
+    assert m.user_feedback_conversations._labelnames == ("scorer_version", "label", "feedback", "product", "model_version")
 
 
 # --- AlertWindows -------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 
@@ -29,9 +30,17 @@ from dashboards.datasources import CLICKHOUSE_UID, PROMETHEUS_UID
 from dashboards.push import DEFAULT_FOLDER, PushError, PushTargetError, folder_uid, push
 from scorers.datasets.llm_rubric import REAL_CONVERSATIONS_FILE, load_real_conversations
 from scorers.rubrics import DSAT_HIT_RATING as HIT_RATING
-from scorers.statistics import wilson_interval
+from scorers.statistics import auroc, wilson_interval
 from stream.metrics import ServiceMetrics, metric_names
-from stream.records import BehaviourHit, ClosedConversation, DimensionPrediction, RubricHit, ScoreRecord, TurnRecord
+from stream.records import (
+    BehaviourHit,
+    ClosedConversation,
+    DimensionPrediction,
+    FeedbackRow,
+    RubricHit,
+    ScoreRecord,
+    TurnRecord,
+)
 from tests.chdb_fixture import chdb_dsn, chdb_store, store_factory  # noqa: F401
 from tests.data_paths import LLM_RUBRIC
 from tests.grafana_macros import ALL, expand_promql, expand_sql
@@ -397,6 +406,26 @@ def test_behaviour_rates_are_weighted_with_wilson_intervals_of_the_judged_turns(
     ]
     over_time = run(store, "Behaviour rate over time")
     assert {(r["behaviour"], r["rate"]) for r in over_time} == {("ignore", 0.75), ("redundant", 0.5)}  # one interval
+
+
+def test_user_auroc_separates_rated_down_from_rated_up_with_the_latest_rating_of_each_turn(store_factory) -> None:
+    """The AUROC panel, on chDB: P(dsat) of conversations rated down against those rated up, per interval."""
+    store = store_factory()
+    conversations = real_conversations(14)
+    p_dsat = [0.9, 0.8, 0.7, 0.4, 0.3, 0.65, 0.2, 0.1, 0.5, 0.35, 0.6, 0.25, 0.95, 0.05]
+    store.write_scores([record(cid, turns, "chat", "uncertain", 0.0, p, {}) for (cid, turns), p in zip(conversations, p_dsat)])
+    ids = [cid for cid, _ in conversations]
+    down, up = ids[:6], ids[6:12]  # ids[12]: rated both ways (left out); ids[13]: not rated
+    rows = [FeedbackRow(cid, 1, "down", "", T0 + 70) for cid in down] + [FeedbackRow(cid, 1, "up", "", T0 + 70) for cid in up]
+    rows += [FeedbackRow(ids[12], 1, "up", "", T0 + 70), FeedbackRow(ids[12], 3, "down", "", T0 + 71)]
+    rows += [FeedbackRow(down[0], 3, "up", "", T0 + 60), FeedbackRow(down[0], 3, "down", "", T0 + 80)]  # changed their mind
+    store.write_feedback(rows)
+    (result,) = run(store, "AUROC of P(dissatisfied) against user feedback")
+    expected = auroc(np.array(p_dsat[:12]), np.array([True] * 6 + [False] * 6))
+    assert (result["scorer_version"], result["auroc"]) == ("v1", pytest.approx(expected, abs=5e-4))
+    assert 0.5 < expected < 1  # the drawn probabilities separate the two classes, but not perfectly
+    store.write_feedback([FeedbackRow(cid, 5, "up", "", T0 + 90) for cid in down[:2]])  # two rated-down now rated both ways
+    assert run(store, "AUROC of P(dissatisfied) against user feedback") == []  # 4 rated down < 5: no figure
 
 
 def test_drill_down_shows_the_selected_conversation(scored_store) -> None:

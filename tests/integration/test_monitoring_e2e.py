@@ -248,6 +248,7 @@ MAY_BE_EMPTY = {
     "convowatch_judge_budget": "this replay sets no judge budget (scoring.budget): no limit, no wait",
     "convowatch_judge_cost_total": "this replay sets no price table (judge.price)",
     "convowatch_partition_refetches_total": "a refetch repairs a passed-over record or a stalled partition: none needed here",
+    "convowatch_user_feedback_conversations_total": "this replay sends no feedback events: no rated conversation",
     "convowatch_behaviour_": "this replay judges no behaviours (scoring.behaviours is off: the recorded judge has no behaviour "
     "answers; tests/integration/test_behaviours_pipeline.py runs them with a real judge)",
 }
@@ -294,11 +295,12 @@ def test_every_recording_and_alert_rule_runs_and_every_recording_rule_has_data(r
     exprs = {f"rule {i}": e for i, e in enumerate(rule_expressions(TEST_WINDOWS))}
     errors, _ = _run_promql(replayed, exprs)
     assert errors == {}
-    # No data from yesterday or from before the short window; no budget wait without a budget, no behaviours (MAY_BE_EMPTY).
+    # No data from yesterday or from before the short window; no budget wait without a budget, no behaviours, no
+    # feedback (MAY_BE_EMPTY).
     recorded = {
         name: name
         for name in recording_names(TEST_WINDOWS)
-        if "offset" not in name and "judge_budget" not in name and "behaviour" not in name
+        if "offset" not in name and "judge_budget" not in name and "behaviour" not in name and "user_" not in name
     }
     assert len(recorded) >= 10
     errors, empty = _run_promql(replayed, recorded)
@@ -329,9 +331,10 @@ def test_every_sql_panel_runs_on_the_sinks_clickhouse(replayed: Replayed) -> Non
             sql = grafana_macros.expand_sql(q.expr, start=start, end=end, variables=variables)
             results[f"{q.panel} / {q.ref_id}"] = replayed.pipeline.query_store(sql)
     assert len(results) >= 8
-    # the scoring-core rubric set (LLM-Rubric's Q1-Q8) has no DSAT rubric, and this replay judges no behaviours
-    # (MAY_BE_EMPTY): nothing else may be empty
+    # the scoring-core rubric set (LLM-Rubric's Q1-Q8) has no DSAT rubric, and this replay judges no behaviours and
+    # sends no feedback (MAY_BE_EMPTY): nothing else may be empty
     assert sorted(name for name, rows in results.items() if not rows) == [
+        "AUROC of P(dissatisfied) against user feedback / A",
         "Behaviour rate over time / A",
         "Behaviour rates with 95 % Wilson intervals / A",
         "DSAT rubric hits over time / A",

@@ -179,6 +179,39 @@ def test_negative_feedback_and_new_model_versions_are_always_judged(judge, rubri
     assert (r.status, r.inclusion_probability, r.sampling_reason) == ("unsampled", 0.01, "rate")
 
 
+def test_rated_conversations_are_judged_and_counted_against_their_feedback(judge, rubric_set, calibrator, conversations) -> None:
+    metrics = ServiceMetrics()
+    rare = SamplingSettings(default_rate=0.01)
+    scorer = ConversationScorer(judge, rubric_set, calibrator, fast_retries(sampling=rare), metrics)
+    unsampled = [c for c in conversations if unit_hash("", c.conversation_id) >= 0.01]
+    feedback = {"positive": ("up",), "negative": ("down", "down"), "conflict": ("up", "down")}
+    records = {}
+    for (kind, ratings), c in zip(feedback.items(), unsampled):
+        records[kind] = score(scorer, replace(c, feedback_ratings=ratings, negative_feedback="down" in ratings))
+        assert records[kind].status == "scored" and records[kind].inclusion_probability == 1.0
+    assert [r.sampling_reason for r in records.values()] == ["rated", "negative_feedback", "negative_feedback"]
+    assert score(scorer, unsampled[3]).status == "unsampled"  # no feedback: not counted below
+    for kind, r in records.items():
+        assert (
+            _total(
+                metrics,
+                "convowatch_user_feedback_conversations_total",
+                scorer_version=r.scorer_version,
+                label=r.label,
+                feedback=kind,
+            )
+            == 1
+        ), kind
+    assert _total(metrics, "convowatch_user_feedback_conversations_total") == 3
+
+    off = rare.model_copy(update={"always_score_rated": False})
+    r = score(
+        ConversationScorer(judge, rubric_set, calibrator, fast_retries(sampling=off), ServiceMetrics()),
+        replace(unsampled[0], feedback_ratings=("up",)),
+    )
+    assert (r.status, r.sampling_reason) == ("unsampled", "rate")
+
+
 # --- π = 1: everything reduces to the unweighted values ---------------------------------------------
 
 

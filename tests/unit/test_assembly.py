@@ -284,15 +284,37 @@ def test_a_thumbs_down_while_open_is_carried_to_the_close() -> None:
     assert closed_of(steps).negative_feedback is True
 
 
-def test_other_feedback_leaves_the_state_untouched() -> None:
+def test_feedback_while_open_keeps_the_latest_rating_of_each_turn() -> None:
     a = assembler()
     up = FeedbackEvent(CID, 0, "up", T0 + 5)
+    down_later = FeedbackEvent(CID, 0, "down", T0 + 9)
+    up_other_turn = FeedbackEvent(CID, 1, "up", T0 + 6)
+    state, _ = run(a, [turn(0)])
+    for event in (up, down_later, up, up_other_turn):  # the older thumbs-up of turn 0 arrives again, late
+        state = apply_checked(a, state, event, NOW + 1).state
+    assert state is not None and state["feedback"] == {"0": ["down", T0 + 9], "1": ["up", T0 + 6]}
+    assert apply_checked(a, state, up_other_turn, NOW + 2).state is state  # a redelivery changes nothing
+    _, steps = run(a, [turn(1), end()], state=state)
+    assert (closed_of(steps).feedback_ratings, closed_of(steps).negative_feedback) == (("down", "up"), True)
+
+
+def test_a_thumbs_up_alone_is_carried_but_is_not_negative() -> None:
+    a = assembler()
+    state, _ = run(a, [turn(0)])
+    state = apply_checked(a, state, FeedbackEvent(CID, 0, "up", T0 + 5), NOW + 1).state
+    _, steps = run(a, [end()], state=state)
+    assert (closed_of(steps).feedback_ratings, closed_of(steps).negative_feedback) == (("up",), False)
+
+
+def test_feedback_before_the_first_turn_after_the_close_or_past_max_turns_leaves_the_state_untouched() -> None:
+    a = assembler()
     down = FeedbackEvent(CID, 0, "down", T0 + 5, "wrong answer", {"product": "chat"})
     assert apply_checked(a, None, down, NOW).state is None  # before the first turn: nothing to note it on
     state, _ = run(a, [turn(0)])
-    assert apply_checked(a, state, up, NOW + 1).state is state
+    past = FeedbackEvent(CID, a.settings.max_turns, "down", T0 + 5)  # would let one conversation's state grow without end
+    assert apply_checked(a, state, past, NOW + 1).state is state
     _, steps = run(a, [end()], state=state)
-    assert closed_of(steps).negative_feedback is False
+    assert (closed_of(steps).feedback_ratings, closed_of(steps).negative_feedback) == ((), False)
     closed_state, _ = run(a, [turn(0), end()])
     step = apply_checked(a, closed_state, down, NOW + 1)  # after the close: sampling has decided already
     assert step.state is closed_state and step.closed is None and step.dead_letter is None

@@ -112,6 +112,7 @@ def test_a_score_record_with_a_bad_value_cannot_be_built(changes: dict, message:
         (lambda: replace(closed(), conversation_id=""), r"conversation_id is empty"),
         (lambda: replace(closed(), close_cause="bored"), r"close_cause 'bored' is not one of"),
         (lambda: replace(closed(), negative_feedback="yes"), r"negative_feedback 'yes' is not true or false"),
+        (lambda: replace(closed(), feedback_ratings=("up", "meh")), r"feedback_ratings \('up', 'meh'\) are not all in"),
         (lambda: FeedbackRow("c9", 0, "", "", T0, {}, T0), r"feedback for conversation 'c9': rating is empty"),
         (lambda: FeedbackRow("c9", 0, "down", "", T0, {}, float("inf")), r"'c9': received_at = inf is not an epoch time"),
     ],

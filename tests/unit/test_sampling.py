@@ -131,6 +131,16 @@ def test_negative_feedback_is_scored_with_certainty_only_when_the_policy_says_so
     assert off.decide("c1", {}, negative_feedback=True) == off.decide("c1", {})
 
 
+def test_a_rated_conversation_is_scored_with_certainty_only_when_the_policy_says_so() -> None:
+    policy = SamplingPolicy(default_rate=0.01, always_score_negative_feedback=True, always_score_rated=True)
+    d = policy.decide("c1", {}, rated=True)
+    assert (d.scored, d.inclusion_probability, d.reason) == (True, 1.0, "rated")
+    assert policy.decide("c1", {}, negative_feedback=True, rated=True).reason == "negative_feedback"  # the first rule wins
+    negative_only = SamplingPolicy(default_rate=0.01, always_score_negative_feedback=True)
+    assert negative_only.decide("c1", {}, rated=True) == negative_only.decide("c1", {})
+    assert negative_only.decide("c1", {}, negative_feedback=True, rated=True).reason == "negative_feedback"
+
+
 def test_the_first_conversations_of_a_new_model_version_are_always_scored() -> None:
     policy = SamplingPolicy(default_rate=0.01, always_first_per_model_version=3)
     decisions = [policy.decide(f"v2-{i}", {"model_version": "v2"}) for i in range(10)]

@@ -42,6 +42,7 @@ def every_series(metrics: ServiceMetrics) -> None:
     m.behaviour_hits_turns_variance.labels("ignore", *attrs).inc(12)
     m.behaviour_hits_squared_variance.labels("ignore", *attrs).inc(4)
     m.behaviour_error.labels("ignore").set(1)
+    m.user_feedback_conversations.labels("s1", "dsat", "negative", *attrs).inc()
     m.netsat.labels(*attrs).observe(12.5)
     m.dimension.labels("Q0", *attrs).observe(3.2)
     m.scoring_attempts.labels("JudgeUnavailable").inc()

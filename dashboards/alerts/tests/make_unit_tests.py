@@ -1,4 +1,5 @@
-"""Writes ``convowatch.rules.test.yml``: promtool unit tests whose expectations come from a model of the rules.
+"""Writes ``convowatch.rules.test.yml`` and ``convowatch.agreement.test.yml``: promtool unit tests whose
+expectations come from a model of the rules.
 
 Run from the repository root: ``python dashboards/alerts/tests/make_unit_tests.py``
 (``--check`` exits 1 if the committed file differs).
@@ -17,6 +18,7 @@ promtool's output. The model knows the production `AlertWindows` defaults only.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import sys
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 OUT = Path(__file__).with_name("convowatch.rules.test.yml")
+AGREEMENT_OUT = Path(__file__).with_name("convowatch.agreement.test.yml")
 SHORT, BASE, DAY, FOR, STALL = 10, 360, 1440, 10, 15  # minutes
 Z, LIFT, UNCERTAIN_LIFT = 3.0, 0.05, 0.15
 MIN_CONVERSATIONS, JUDGE_RATIO, JUDGE_MIN, DL_RATIO, DL_MIN = 50, 0.10, 20, 0.05, 200
@@ -82,8 +85,12 @@ def alert_test(t: int, alertname: str, alerts: list[Alert], comment: str) -> str
     return out
 
 
-def header(name: str, comments: list[str]) -> str:
-    return f"  - name: {_quoted(name)}\n" + "".join(f"    # {c}\n" for c in comments) + "    interval: 1m\n    input_series:\n"
+def header(name: str, comments: list[str], interval: str = "1m") -> str:
+    return (
+        f"  - name: {_quoted(name)}\n"
+        + "".join(f"    # {c}\n" for c in comments)
+        + f"    interval: {interval}\n    input_series:\n"
+    )
 
 
 # --- the model ------------------------------------------------------------------------------------
@@ -644,6 +651,112 @@ def behaviour_tests() -> str:
     return "".join(out)
 
 
+# --- agreement with the users --------------------------------------------------------------------
+
+# Its windows are days, so these tests have a file of their own, with hourly samples and rule evaluations (8 days of
+# minutes would load too many samples): the model's unit here is the hour, and `for: 10m` means "held at two
+# evaluations in a row".
+A_SHORT, A_BASE = 24, 7 * 24  # hours: agreement_short 1d, agreement_baseline 7d (the week before the last day)
+A_MIN_CONVERSATIONS, A_MIN_DROP = 50, 0.10
+DROP = A_BASE  # the drop starts after the first week, when the baseline window is full
+H5 = DROP + A_SHORT
+PAIRS = ("dsat/negative", "sat/positive", "dsat/positive", "sat/negative")
+# product -> (rated conversations with a confident label per hour, agreement before the drop, after it)
+AGREEMENT = {
+    "shop": (6, 0.8, 0.5),
+    "small": (1.2, 0.8, 0.3),
+    "steady": (6, 0.8, 0.8),
+    "slight": (24, 0.8, 0.72),
+}
+
+
+@functools.cache  # `window` caches sums by the lists' identity: build them once
+def agreement_counters(product: str) -> dict[str, Increments]:
+    """Per-hour increments of convowatch_user_feedback_conversations_total by "label/feedback": agreeing pairs split
+    evenly between the two kinds, disagreeing ones too; uncertain labels and conflicting feedback on top (excluded)."""
+    rated, before, after = AGREEMENT[product]
+    share = [after if h > DROP else before for h in range(1, H5 + 1)]
+    return {
+        "dsat/negative": [rated * a / 2 for a in share],
+        "sat/positive": [rated * a / 2 for a in share],
+        "dsat/positive": [rated * (1 - a) / 2 for a in share],
+        "sat/negative": [rated * (1 - a) / 2 for a in share],
+        "uncertain/negative": [rated / 2] * H5,
+        "dsat/conflict": [rated / 2] * H5,
+    }
+
+
+def agreement_drop(product: str, h: int) -> tuple[bool, dict[str, float]]:
+    """The alert's condition at hour ``h``, and the numbers its description shows."""
+    c = agreement_counters(product)
+
+    def share_and_n(width: int, offset: int = 0) -> tuple[float, float]:
+        n = sum(window(c[k], h, width, offset) for k in PAIRS)
+        return (window(c[PAIRS[0]], h, width, offset) + window(c[PAIRS[1]], h, width, offset)) / n, n
+
+    p, n = share_and_n(A_SHORT)
+    pb, m = share_and_n(A_BASE, offset=A_SHORT)
+    threshold = pb - max(A_MIN_DROP, Z * math.sqrt(pb * (1 - pb) * (1 / n + 1 / m)))
+    fires = p < threshold and n >= A_MIN_CONVERSATIONS and m >= A_MIN_CONVERSATIONS
+    return fires, {"P": p, "N": n, "B": pb, "M": m}
+
+
+def _agreement_alert(product: str, h: int) -> Alert:
+    v = agreement_drop(product, h)[1]
+    return {
+        "labels": {"severity": "ticket", "scorer_version": "s1", "product": product, "model_version": "v1"},
+        "summary": f"Scorer s1 agrees less with the users of {product} v1",
+        "description": f"The scorer's label matched the users' feedback on {pct(v['P'])} of {count(v['N'])} rated "
+        f"conversations over the last 1d, against {pct(v['B'])} of {count(v['M'])} over the 7d before it (threshold: that "
+        "- max(10 points, 3 standard errors of the difference), for 10m). The judge may have drifted, the product "
+        "changed, or a prompt broke.",
+        "runbook_url": "docs/runbooks.md#convowatchuseragreementdrop",
+    }
+
+
+def agreement_tests() -> str:
+    out = [
+        header(
+            "user agreement drop: the scorer's agreement with user feedback over 1d against the 7d before it",
+            [
+                "Rated conversations with a confident label per hour, and the share where the label matches the",
+                f"feedback, before and after hour {DROP} (uncertain labels and conflicting feedback come on top, excluded):",
+                "  shop    6/h, 80 % -> 50 %                                 -> fires",
+                "  small   1.2/h, 80 % -> 30 %: 29 a day < 50                -> nothing (low volume)",
+                "  steady  6/h, 80 % throughout                              -> nothing",
+                "  slight  24/h, 80 % -> 72 %: significant, but < 10 points  -> nothing",
+            ],
+            interval="1h",
+        )
+    ]
+    for product in AGREEMENT:
+        for pair, increments in agreement_counters(product).items():
+            label, feedback = pair.split("/")
+            out.append(
+                series(
+                    "convowatch_user_feedback_conversations_total",
+                    increments,
+                    scorer_version="s1",
+                    label=label,
+                    feedback=feedback,
+                    product=product,
+                    model_version="v1",
+                )
+            )
+    out.append("    alert_rule_test:\n")
+    for h, expected, comment in (
+        (DROP, [], "the last hour before the drop"),
+        (H5, ["shop"], "a day after the drop: shop fires (below its threshold for hours); the rest do not (see above)"),
+    ):
+        firing = [k for k in AGREEMENT if agreement_drop(k, h)[0] and agreement_drop(k, h - 1)[0]]  # held for > 10m
+        assert firing == expected, (h, firing)
+        out.append(alert_test(h * 60, "ConvowatchUserAgreementDrop", [_agreement_alert(k, h) for k in firing], comment))
+    # slight's fall is significant (3 standard errors of the difference), only the 10-point minimum keeps it quiet
+    v = agreement_drop("slight", H5)[1]
+    assert v["B"] - v["P"] > Z * math.sqrt(v["B"] * (1 - v["B"]) * (1 / v["N"] + 1 / v["M"]))
+    return "".join(out)
+
+
 # --- pipeline stalled and dead letters ----------------------------------------------------------
 
 
@@ -908,10 +1021,30 @@ def text() -> str:
     )
 
 
+def agreement_text() -> str:
+    return (
+        HEADER.replace("every minute;", "every hour;")
+        .replace("(per-minute sums", "(per-hour sums")
+        .replace("evaluation_interval: 1m", "evaluation_interval: 1h")
+        .replace("convowatch.rules.test.yml", AGREEMENT_OUT.name)
+        .replace(
+            "for every alert,\n# low-volume cases, a burst shorter than `for`, and the same-time-yesterday variant.",
+            "for the alert on the\n# scorer's agreement with its users, whose windows are days.",
+        )
+        + agreement_tests()
+    )
+
+
+def files() -> dict[Path, str]:
+    """Each promtool test file and the text the model writes for it."""
+    return {OUT: text(), AGREEMENT_OUT: agreement_text()}
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["--check"]:
-        current = OUT.read_text(encoding="utf-8") == text()
-        print(f"{OUT.name} is {'current' if current else 'stale: run make_unit_tests.py'}")
-        sys.exit(0 if current else 1)
-    OUT.write_text(text(), encoding="utf-8")
-    print(f"wrote {OUT}")
+        stale = [path.name for path, text_ in files().items() if path.read_text(encoding="utf-8") != text_]
+        print(f"stale: {', '.join(stale)} (run make_unit_tests.py)" if stale else "current")
+        sys.exit(1 if stale else 0)
+    for path, text_ in files().items():
+        path.write_text(text_, encoding="utf-8")
+        print(f"wrote {path}")
