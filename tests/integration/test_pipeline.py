@@ -585,3 +585,38 @@ def test_past_max_open_conversations_the_longest_idle_are_closed_and_scored(pipe
     assert all(len(records[cid][0].conversation.turns) == 2 for cid in ids[:3])  # scored with the turns it had
     wait_for(lambda: worker.metric_sum("convowatch_open_conversations") == 3, timeout=30, what="three left open")
     assert worker.metric_sum("convowatch_conversations_closed_total", cause="capacity") == 3
+
+
+def test_feedback_while_open_is_judged_and_counted_against_the_scorers_label(pipeline: Pipeline) -> None:
+    """Thumbs on open conversations travel with them to the scorer: judged with π = 1, counted by label and feedback."""
+    pipeline.extra_env["CONVOWATCH_SCORING__SAMPLING__DEFAULT_RATE"] = "0.01"  # only feedback makes them judged
+    worker = pipeline.start_worker()
+    pipeline.wait_assigned([worker])
+    items = _real_items()
+    ids = sorted(_ids(items))[:4]
+    feedback = {ids[0]: [(1, "up")], ids[1]: [(1, "down")], ids[2]: [(1, "up"), (3, "down")], ids[3]: [(1, "down"), (1, "up")]}
+    events = [i for i in items if i.event.conversation_id in feedback]
+    turns = [(i.key, i.raw) for i in events if isinstance(i.event, TurnEvent)]
+    ends = [(i.key, i.raw) for i in events if isinstance(i.event, EndEvent)]
+    ratings = [
+        (cid.encode(), encode_event(FeedbackEvent(cid, turn, rating, 1.7e9 + n)))
+        for cid, given in feedback.items()
+        for n, (turn, rating) in enumerate(given)
+    ]
+    pipeline.produce(turns + ratings + ends)
+
+    records = {cid: rs[0] for cid, rs in _wait_scores(pipeline, set(feedback), timeout=120).items()}
+    assert {cid: r.status for cid, r in records.items()} == dict.fromkeys(feedback, "scored")
+    assert {cid: r.sampling_reason for cid, r in records.items()} == {
+        ids[0]: "rated",
+        ids[1]: "negative_feedback",
+        ids[2]: "negative_feedback",
+        ids[3]: "negative_feedback",  # rated down, then up: a thumbs-down while open is always judged
+    }
+    assert records[ids[3]].conversation.feedback_ratings == ("up",)  # the latest rating of turn 1
+    expected = {"positive": [ids[0], ids[3]], "negative": [ids[1]], "conflict": [ids[2]]}
+    for kind, cids in expected.items():
+        for label in {records[cid].label for cid in cids}:
+            n = sum(records[cid].label == label for cid in cids)
+            assert worker.metric_sum("convowatch_user_feedback_conversations_total", label=label, feedback=kind) == n
+    assert worker.metric_sum("convowatch_user_feedback_conversations_total") == 4
