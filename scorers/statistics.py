@@ -116,6 +116,18 @@ def auroc(scores: ArrayLike, positive: ArrayLike) -> float:
     return float(greater + 0.5 * ties)
 
 
+def average_precision(scores: ArrayLike, positive: ArrayLike) -> float:
+    """Average precision of ranking by ``scores`` (highest first) for the positives: the mean, over positives, of the
+    precision among the conversations scoring at least as high (ties count together); NaN without positives."""
+    s, flags = np.asarray(scores, dtype=np.float64), np.asarray(positive, dtype=bool)
+    if not flags.any():
+        return math.nan
+    # for each positive: positives and all items with score >= its score
+    at_least = (s[None, :] >= s[flags][:, None]).sum(axis=1)
+    positives_at_least = (s[flags][None, :] >= s[flags][:, None]).sum(axis=1)
+    return float(np.mean(positives_at_least / at_least))
+
+
 def smece(forecasts: ArrayLike, outcomes: ArrayLike) -> float:
     """Smooth ECE of binary forecasts in [0, 1] against 0/1 outcomes (``relplot.smECE``)."""
     o, f = _pair(outcomes, forecasts)

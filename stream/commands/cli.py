@@ -5,14 +5,14 @@ Run ``convowatch --help`` (or ``convowatch COMMAND --help``) for a tour.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import logging
-import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 import numpy as np
@@ -41,12 +41,21 @@ from scorers.datasets.llm_rubric import (
 )
 from scorers.early_stopping import MOMENTS_KEY, EarlyStoppingScorer, ScoreMoments
 from scorers.errors import ConvowatchError
+from scorers.evaluation import (
+    BootstrapSettings,
+    Evaluation,
+    Figure,
+    compare_rubric_sets,
+    conversation_rows,
+    evaluate_rubric_set,
+    group_values,
+)
 from scorers.judges.base import Judge
 from scorers.questions import load_questions
-from scorers.rubrics import DEFAULT_PRECISION, RubricSet, evaluate
+from scorers.rubrics import DEFAULT_PRECISION, RubricSet
 from stream.budget import BudgetedJudge
 from stream.commands.dashboards import dashboards
-from stream.commands.learn import SCORE_CACHE_FILE, answer_cache_option, learn, uss_command
+from stream.commands.learn import SCORE_CACHE_FILE, _say, answer_cache_option, learn, uss_command
 from stream.judge_factory import judge_from_settings
 from stream.settings import Settings, load_settings
 from stream.topics import ensure_topics
@@ -96,6 +105,7 @@ def cli(ctx: click.Context, verbose: bool) -> None:
     if not verbose:
         # kafka-python narrates every connection attempt; failures reach the user as one convowatch error instead.
         logging.getLogger("kafka").setLevel(logging.CRITICAL)
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per judge request otherwise
     ctx.obj = _Context()
 
 
@@ -177,6 +187,116 @@ def _edge(value: float | None) -> str:
     return "none (no NetSAT reaches the precision)" if value is None else f"{value:.2f}"
 
 
+def _evaluation_options(fn):
+    """Options `rubrics evaluate` and `rubrics compare` share: output, grouping, intervals, the answer cache."""
+    fn = answer_cache_option()(fn)
+    fn = click.option("--seed", type=int, default=0, show_default=True, help="Seed of the bootstrap resamples.")(fn)
+    fn = click.option(
+        "--bootstrap",
+        "resamples",
+        type=click.IntRange(min=100),
+        default=BootstrapSettings().samples,
+        show_default=True,
+        help="Bootstrap resamples for the 95 % intervals (stratified by class, and by --by's attribute).",
+    )(fn)
+    fn = click.option(
+        "--by",
+        "by",
+        default=None,
+        help="Also report the figures per value of this conversation attribute (e.g. product); resamples keep "
+        "each value's share.",
+    )(fn)
+    fn = click.option(
+        "--per-conversation",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="Write one row per conversation (and rubric set): NetSAT, labels, rubric scores. .csv for CSV, else JSONL.",
+    )(fn)
+    return click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        help="Print the results as JSON (null and a reason for figures that cannot be computed).",
+    )(fn)
+
+
+def _cached_scores(
+    obj: _Context, rubric_sets: Sequence[RubricSet], items: Sequence[LabelledConversation], cache_path: Path | None
+) -> list[np.ndarray]:
+    """Each set's signed rubric scores (conversations × rubrics), the judge asked only what the answer cache lacks."""
+    from scorers.learning.score_cache import ScoreCache, rate
+
+    judge = obj.judge()
+    conversations = [i.conversation for i in items]
+    if any(not c.turns for c in conversations):  # e.g. LLM-Rubric's synthetic split: ids and recorded answers only
+        _say("some conversations have no turns: the answer cache (keyed by content) is not used")
+        return [rs.rubric_scores(judge, conversations) for rs in rubric_sets]
+    rubrics = list({r.id: r for rs in rubric_sets for r in rs.rubrics}.values())  # all sets' rubrics, judged once
+    with (
+        ScoreCache(cache_path or obj.settings.cache_dir / SCORE_CACHE_FILE) as cache,
+        click.progressbar(length=len(conversations), label="judging", file=sys.stderr, show_pos=True) as bar,
+    ):
+        ratings = rate(judge, rubrics, conversations, cache, progress=lambda done, total: bar.update(1))
+    stats = ratings.stats
+    _say(f"judge: {stats.cache_hits} answers from the cache, {stats.cache_misses} asked ({stats.judge_requests} requests)")
+    column = {r.id: j for j, r in enumerate(rubrics)}
+    return [np.stack([r.polarity.sign * ratings.matrix[:, column[r.id]] for r in rs.rubrics], axis=1) for rs in rubric_sets]
+
+
+def _groups(items: Sequence[LabelledConversation], by: str | None) -> list[str] | None:
+    return None if by is None else group_values([i.conversation.attributes for i in items], by)
+
+
+def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    """JSONL, or CSV (rubric scores as one column each) when the name ends in .csv."""
+    if path.suffix.lower() != ".csv":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        return
+    flat = [
+        {**{k: v for k, v in r.items() if k != "rubric_scores"}, **{f"rubric:{k}": v for k, v in r["rubric_scores"].items()}}
+        for r in rows
+    ]
+    columns = list(dict.fromkeys(k for r in flat for k in r))
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(flat)
+
+
+_FIGURE_NAMES = {
+    "delta_netsat": "ΔNetSAT",
+    "yield_rate": "YR@P",
+    "accuracy": "accuracy",
+    "precision": "precision (sat)",
+    "recall": "recall (sat)",
+    "f1": "F1 (sat)",
+    "confident_accuracy": "confident accuracy",
+    "auroc": "AUROC",
+    "average_precision": "average precision (sat)",
+}
+
+
+def _figure_text(f: Figure, digits: int = 3) -> str:
+    if f.value is None:
+        return f"— ({f.reason})"
+    interval = f" ({f.low:.{digits}f}–{f.high:.{digits}f})" if f.low is not None else ""
+    return f"{f.value:.{digits}f}{interval}"
+
+
+def _echo_evaluation(e: Evaluation, rubric_set: RubricSet, settings: BootstrapSettings, by: str | None) -> None:
+    strata = "class" + (f" and {by}" if by else "")
+    click.echo(
+        f"rubric set {e.rubric_set}: {e.n} conversations ({e.n_positive} positive); 95 % intervals from "
+        f"{settings.samples} bootstrap resamples stratified by {strata}"
+    )
+    for key, f in e.figures.items():
+        name = _FIGURE_NAMES[key].replace("YR@P", f"YR@{rubric_set.precision:.0%}")
+        click.echo(f"  {name:<26}{_figure_text(f)}")
+    for g, ge in e.groups.items():
+        figures = "  ".join(f"{k} {_figure_text(ge.figures[k], 2)}" for k in ("accuracy", "auroc", "yield_rate"))
+        click.echo(f"  {by}={g}: {ge.n} conversations ({ge.n_positive} positive)  {figures}")
+
+
 @rubrics.command("evaluate")
 @click.option(
     "--rubric-set",
@@ -186,13 +306,13 @@ def _edge(value: float | None) -> str:
     help="A fitted rubric-set JSON (threshold and windows).",
 )
 @_labelled_option
-@click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
+@_evaluation_options
 @click.option(
     "--rubrics-per-round",
     type=click.IntRange(min=1),
     default=None,
     help="Early stopping: ask this many rubrics per round and stop once the labels are settled (the labels, "
-    "hence A/P/R/F1 and YR, are those of asking all; ΔNetSAT is then not reported).",
+    "hence A/P/R/F1 and YR, are those of asking all; ΔNetSAT is then not reported; the answer cache is not used).",
 )
 @click.option(
     "--max-label-change-probability",
@@ -208,53 +328,136 @@ def rubrics_evaluate(
     rubric_set_path: Path,
     labelled: Path,
     as_json: bool,
+    per_conversation: Path | None,
+    by: str | None,
+    resamples: int,
+    seed: int,
+    cache_path: Path | None,
     rubrics_per_round: int | None,
     max_label_change_probability: float,
 ) -> None:
-    """Score labelled conversations with a rubric set and report RUBICON's metrics.
+    """Score labelled conversations with a rubric set and report its figures with 95 % bootstrap intervals.
 
     \b
     ΔNetSAT   mean NetSAT of positives minus mean of negatives (separation)
     YR@P      share of conversations outside the uncertainty window
     A/P/R/F1  of the threshold classifier; P/R/F1 are for the satisfied class
+    confident accuracy   accuracy of the window labels outside the uncertainty window
+    AUROC, average precision   of NetSAT for the satisfied class (no threshold)
+
+    Judge answers go through the answer cache `learn` uses, so a second
+    evaluation of the same conversations asks the judge nothing.
     """
     judge = obj.judge()  # configuration errors first, before any work
     rubric_set = RubricSet.load(rubric_set_path)
     if max_label_change_probability > 0 and rubrics_per_round is None:
         raise click.UsageError("--max-label-change-probability needs --rubrics-per-round")
+    if rubrics_per_round is not None and per_conversation is not None:
+        raise click.UsageError("--per-conversation needs every rubric's score: it cannot go with --rubrics-per-round")
     scorer = _early_stopping_scorer(rubric_set, judge, rubrics_per_round, max_label_change_probability)
     items = load_labelled_jsonl(labelled)
     require_both_classes(items, str(labelled))
-    asked: dict[str, int] = {}
-    approximate: dict[str, float] = {}
+    positive = np.array([i.positive for i in items])
+    groups = _groups(items, by)
+    extra: dict[str, Any] = {}
     if scorer is None:
-        netsats = _rubric_scores(rubric_set, items, judge).sum(axis=1)
+        (scores,) = _cached_scores(obj, [rubric_set], items, cache_path)
+        netsats = scores.sum(axis=1)
     else:
         netsats, n_asked = _early_stopped_netsats(scorer, items)
-        asked = {"rubric_questions_asked": n_asked, "rubric_questions_of_all": len(items) * len(rubric_set.rubrics)}
-        approximate = {"max_label_change_probability": max_label_change_probability} if max_label_change_probability else {}
-    m = evaluate(netsats, np.array([i.positive for i in items]), rubric_set)
-    if asked:
-        m = dataclasses.replace(m, delta_netsat=math.nan)  # NetSATs of stopped conversations are only bounded
+        extra = {"rubric_questions_asked": n_asked, "rubric_questions_of_all": len(items) * len(rubric_set.rubrics)}
+        if max_label_change_probability:
+            extra["max_label_change_probability"] = max_label_change_probability
+    settings = BootstrapSettings(samples=resamples, seed=seed)
+    result = evaluate_rubric_set(rubric_set, netsats, positive, groups, settings, exact_netsats=scorer is None)
+    if per_conversation is not None:
+        _write_rows(per_conversation, conversation_rows(rubric_set, [i.conversation.id for i in items], positive, scores, groups))
+        _say(f"wrote {per_conversation}")
     if as_json:
-        figures = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in m.__dict__.items()}  # JSON has no NaN
-        click.echo(json.dumps({"rubric_set": rubric_set.version, **figures, **asked, **approximate}, indent=2))
+        doc = {
+            **result.to_dict(),
+            "bootstrap": {"samples": resamples, "seed": seed, "stratified_by": ["class", *([by] if by else [])]},
+        }
+        click.echo(json.dumps({**doc, **extra}, indent=2, allow_nan=False))
         return
-    click.echo(f"rubric set {rubric_set.version}: {m.n} conversations ({m.n_positive} positive)")
-    delta = "— (early stopping)" if asked else f"{m.delta_netsat:.2f}"
-    click.echo(
-        f"ΔNetSAT {delta}  YR@{rubric_set.precision:.0%} {m.yield_rate:.1%}  "
-        f"A {m.accuracy:.3f}  P {m.precision:.3f}  R {m.recall:.3f}  F1 {m.f1:.3f}"
-    )
-    if asked:
+    _echo_evaluation(result, rubric_set, settings, by)
+    if extra:
         click.echo(
-            f"early stopping asked {asked['rubric_questions_asked']} of {asked['rubric_questions_of_all']} rubric questions"
+            f"early stopping asked {extra['rubric_questions_asked']} of {extra['rubric_questions_of_all']} rubric questions"
             + (
                 f" (approximate: labels may differ from asking all, P(change) ≤ {max_label_change_probability})"
-                if approximate
+                if max_label_change_probability
                 else ""
             )
         )
+
+
+@rubrics.command("compare")
+@click.argument("rubric_set_paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@_labelled_option
+@_evaluation_options
+@click.pass_obj
+def rubrics_compare(
+    obj: _Context,
+    rubric_set_paths: tuple[Path, ...],
+    labelled: Path,
+    as_json: bool,
+    per_conversation: Path | None,
+    by: str | None,
+    resamples: int,
+    seed: int,
+    cache_path: Path | None,
+) -> None:
+    """Compare rubric sets on the same labelled conversations: each one's figures, and each against the first.
+
+    The differences come from a paired bootstrap (the same resampled
+    conversations for both sets) with 95 % intervals and two-sided p-values:
+    an interval that contains 0 means this sample cannot tell the two apart.
+    Rubrics the sets share are judged once; answers go through the cache.
+    """
+    if len(rubric_set_paths) < 2:
+        raise click.UsageError("compare needs two or more rubric-set files (the first is the reference)")
+    obj.judge()  # configuration errors first, before any work
+    rubric_sets = [RubricSet.load(p) for p in rubric_set_paths]
+    versions = [r.version for r in rubric_sets]
+    if len(set(versions)) < len(versions):
+        raise click.UsageError(f"the same rubric set is given twice (versions {versions})")
+    items = load_labelled_jsonl(labelled)
+    require_both_classes(items, str(labelled))
+    positive = np.array([i.positive for i in items])
+    groups = _groups(items, by)
+    scores = _cached_scores(obj, rubric_sets, items, cache_path)
+    settings = BootstrapSettings(samples=resamples, seed=seed)
+    evaluations = [evaluate_rubric_set(r, s.sum(axis=1), positive, groups, settings) for r, s in zip(rubric_sets, scores)]
+    differences = compare_rubric_sets(rubric_sets, [s.sum(axis=1) for s in scores], positive, groups, settings)
+    if per_conversation is not None:
+        ids = [i.conversation.id for i in items]
+        _write_rows(
+            per_conversation, [row for r, s in zip(rubric_sets, scores) for row in conversation_rows(r, ids, positive, s, groups)]
+        )
+        _say(f"wrote {per_conversation}")
+    if as_json:
+        doc = {
+            "reference": versions[0],
+            "rubric_sets": [{"path": str(p), **e.to_dict()} for p, e in zip(rubric_set_paths, evaluations)],
+            "differences_from_reference": {v: {k: d.to_dict() for k, d in ds.items()} for v, ds in differences.items()},
+            "bootstrap": {"samples": resamples, "seed": seed, "stratified_by": ["class", *([by] if by else [])], "paired": True},
+        }
+        click.echo(json.dumps(doc, indent=2, allow_nan=False))
+        return
+    for r, e in zip(rubric_sets, evaluations):
+        _echo_evaluation(e, r, settings, by)
+    for version, ds in differences.items():
+        click.echo(f"{version} minus {versions[0]} (paired bootstrap):")
+        for key, d in ds.items():
+            if d.value is None:
+                click.echo(f"  {_FIGURE_NAMES[key]:<26}— ({d.reason})")
+                continue
+            if d.low is None or d.high is None or d.p_value is None:
+                click.echo(f"  {_FIGURE_NAMES[key]:<26}{d.value:+.3f} ({d.reason})")
+                continue
+            within = "  within noise" if d.low <= 0 <= d.high else ""
+            click.echo(f"  {_FIGURE_NAMES[key]:<26}{d.value:+.3f} ({d.low:+.3f} to {d.high:+.3f}), p = {d.p_value:.3f}{within}")
 
 
 def _early_stopping_scorer(

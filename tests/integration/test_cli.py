@@ -281,9 +281,10 @@ def test_rubrics_fit_and_evaluate_with_the_recorded_judge(tmp_path):
     assert r.returncode == 0, r.stderr
     m = json.loads(r.stdout)
     assert m["n"] == 223 and m["n_positive"] == 210
+    f = {k: v["value"] for k, v in m["figures"].items()}
     # The windows were fitted on this data at P = 0.9, so the confident labels reach that precision here.
-    if m["yield_rate"] > 0:
-        assert m["confident_accuracy"] >= 0.9
+    if f["yield_rate"] > 0:
+        assert f["confident_accuracy"] >= 0.9
 
 
 def test_rubrics_refuse_one_class_data_and_unknown_conversations(tmp_path):
@@ -359,7 +360,8 @@ def test_rubrics_evaluate_keeps_the_judge_budget(tmp_path, scoring_artifacts):
             "CONVOWATCH_SCORING__BUDGET__CALLS_PER_MINUTE": str(n_questions),  # one conversation per window
             "CONVOWATCH_SCORING__BUDGET__MINUTE_S": "2",
         }
-        r = convowatch("rubrics", "evaluate", "--rubric-set", rubric_set, "--labelled", labelled, "--json", env=env)
+        cache = ("--cache", tmp_path / "answers.sqlite")  # a fresh cache: every answer is asked
+        r = convowatch("rubrics", "evaluate", "--rubric-set", rubric_set, "--labelled", labelled, "--json", *cache, env=env)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["n"] == 4
     assert len(arrived) == 4 * n_questions
@@ -389,9 +391,12 @@ def test_rubrics_evaluate_with_early_stopping_gives_the_labels_of_asking_every_r
     )
     assert r.returncode == 0, r.stderr
     early = json.loads(r.stdout)
-    for key in ("n", "n_positive", "yield_rate", "accuracy", "precision", "recall", "f1", "confident_accuracy"):
-        assert early[key] == full[key], key
-    assert early["delta_netsat"] is None and full["delta_netsat"] is not None  # stopped NetSATs are only bounded
+    assert (early["n"], early["n_positive"]) == (full["n"], full["n_positive"])
+    for key in ("yield_rate", "accuracy", "precision", "recall", "f1", "confident_accuracy"):
+        assert early["figures"][key]["value"] == full["figures"][key]["value"], key
+    # stopped NetSATs are only bounded
+    assert early["figures"]["delta_netsat"]["value"] is None and full["figures"]["delta_netsat"]["value"] is not None
+    assert "early stopping" in early["figures"]["delta_netsat"]["reason"]
     n_rubrics = len(json.loads(rubric_set.read_text())["rubrics"])
     assert early["rubric_questions_of_all"] == full["n"] * n_rubrics
     assert 0 < early["rubric_questions_asked"] <= early["rubric_questions_of_all"]
@@ -437,3 +442,88 @@ def test_rubrics_evaluate_approximate_early_stopping_asks_less_and_needs_moments
         "--max-label-change-probability", "0.1", env=recorded(SYNTH_ANSWERS),
     )  # fmt: skip
     assert r.returncode == 2 and "refit it with `convowatch rubrics fit`" in r.stderr
+
+
+# --- rubrics evaluate / compare: answer cache, intervals, groups, paired differences ------------------------------
+
+
+def _real_labelled(tmp_path: Path) -> Path:
+    """The 223 real LLM-Rubric conversations (with their texts), labelled, each with a `cohort` attribute (even/odd)."""
+    real = tmp_path / "real.jsonl"
+    r = convowatch("data", "llm-rubric", "--data-dir", LLM_RUBRIC, "--split", "real", "--labelled-out", real)
+    assert r.returncode == 0, r.stderr
+    items = load_labelled_jsonl(real)
+    for n, item in enumerate(items):
+        item.conversation.attributes["cohort"] = "even" if n % 2 == 0 else "odd"
+    write_labelled_jsonl(real, items)
+    return real
+
+
+def _no_nan(text: str) -> dict:
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_rubrics_evaluate_caches_answers_and_reports_intervals_groups_and_rows(tmp_path, scoring_artifacts):
+    from scorers.statistics import auroc
+
+    rubric_set, _ = scoring_artifacts
+    labelled, cache, rows = _real_labelled(tmp_path), tmp_path / "answers.sqlite", tmp_path / "rows.csv"
+    args = ("rubrics", "evaluate", "--rubric-set", rubric_set, "--labelled", labelled, "--cache", cache, "--json")
+    first = convowatch(*args, "--by", "cohort", "--per-conversation", rows, env=recorded(REAL_ANSWERS))
+    assert first.returncode == 0, first.stderr
+    n_rubrics = len(json.loads(rubric_set.read_text())["rubrics"])
+    assert f"judge: 0 answers from the cache, {223 * n_rubrics} asked" in first.stderr
+    assert "HTTP Request" not in first.stderr and "INFO" not in first.stderr  # quiet by default
+    doc = _no_nan(first.stdout)
+    assert (doc["n"], doc["n_positive"], doc["bootstrap"]["stratified_by"]) == (223, 150, ["class", "cohort"])
+    auc = doc["figures"]["auroc"]
+    assert auc["low"] <= auc["value"] <= auc["high"] and 0 < auc["high"] - auc["low"] < 0.5
+    assert set(doc["groups"]) == {"even", "odd"} and sum(g["n"] for g in doc["groups"].values()) == 223
+
+    # the rows carry what the figures come from: AUROC of their NetSATs for the positives
+    import csv
+
+    with rows.open(encoding="utf-8") as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == 223 and {r["group"] for r in table} == {"even", "odd"}
+    netsat = np.array([float(r["netsat"]) for r in table])
+    assert auc["value"] == pytest.approx(auroc(netsat, np.array([r["human_label"] == "positive" for r in table])))
+    rubric_columns = [k for k in table[0] if k.startswith("rubric:")]
+    assert len(rubric_columns) == n_rubrics
+    assert netsat[0] == pytest.approx(sum(float(table[0][k]) for k in rubric_columns))
+
+    # again: every answer from the cache, the same figures (text output this time)
+    again = convowatch(*args[:-1], "--bootstrap", "200", env=recorded(REAL_ANSWERS))
+    assert again.returncode == 0, again.stderr
+    assert f"judge: {223 * n_rubrics} answers from the cache, 0 asked" in again.stderr
+    assert f"AUROC                     {auc['value']:.3f} (" in again.stdout and "200 bootstrap resamples" in again.stdout
+
+
+def test_rubrics_compare_gives_paired_differences_and_refuses_one_set_or_the_same_twice(tmp_path, scoring_artifacts):
+    rubric_set, _ = scoring_artifacts
+    labelled, cache = _real_labelled(tmp_path), tmp_path / "answers.sqlite"
+    doc = json.loads(rubric_set.read_text())
+    fewer = tmp_path / "fewer.json"
+    subset = {k: v for k, v in doc.items() if k != "version"} | {"rubrics": doc["rubrics"][:3]}
+    fewer.write_text(json.dumps(subset))  # a different set (a new version): three of its rubrics
+    r = convowatch(
+        "rubrics", "compare", rubric_set, fewer, "--labelled", labelled, "--cache", cache, "--json", env=recorded(REAL_ANSWERS)
+    )
+    assert r.returncode == 0, r.stderr
+    assert f"0 answers from the cache, {223 * len(doc['rubrics'])} asked" in r.stderr  # shared rubrics judged once
+    out = _no_nan(r.stdout)
+    reference, other = (s["rubric_set"] for s in out["rubric_sets"])
+    assert out["reference"] == reference != other and out["bootstrap"]["paired"] is True
+    d = out["differences_from_reference"][other]["auroc"]
+    a, b = (s["figures"]["auroc"]["value"] for s in out["rubric_sets"])
+    assert d["value"] == pytest.approx(b - a) and d["low"] <= d["value"] <= d["high"] and 0 <= d["p_value"] <= 1
+
+    r = convowatch("rubrics", "compare", rubric_set, "--labelled", labelled, env=recorded(REAL_ANSWERS))
+    assert r.returncode == 2 and "two or more" in r.stderr
+    same = tmp_path / "same.json"
+    same.write_text(rubric_set.read_text())
+    r = convowatch("rubrics", "compare", rubric_set, same, "--labelled", labelled, env=recorded(REAL_ANSWERS))
+    assert r.returncode == 2 and "the same rubric set is given twice" in r.stderr
