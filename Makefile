@@ -60,6 +60,7 @@ bench: install
 	$(PY) bench/judge_cost_join.py
 	$(PY) bench/starter_rubric_set.py
 	$(PY) bench/early_stopping.py
+	$(PY) bench/alert_detection.py
 	$(PY) bench/behaviour_detection.py --threads 2
 
 clean:

@@ -15,8 +15,9 @@ with this judge and the default calibrator, the mean P(dsat) of the
 conversations humans rated dissatisfied (mean Q0 <= 2) is 0.289 and of the
 others 0.267 (AUROC 0.60, `bench/calibration_transfer.py`; LLM-Rubric's
 network gave 0.283 and 0.281), so a burst of human-dissatisfied conversations
-would barely move this judge's rate. The test proves the alerting path, not
-the judge.
+would barely move this judge's rate: `bench/alert_detection.py` measures that
+no human-labelled burst fires the alert with this judge, and which scorer
+separation it needs. The test proves the alerting path, not the judge.
 
 Then every PromQL expression of every dashboard, recording rule, alert rule and
 Grafana-managed rule runs against that Prometheus, and every SQL panel against
