@@ -38,3 +38,31 @@ def test_a_turns_label_is_the_next_user_turns_median_rating() -> None:
 def test_the_benchmark_asks_the_error_behaviours_only() -> None:
     behaviours = bench.error_behaviours().behaviours
     assert len(behaviours) == 10 and all(b.error for b in behaviours)
+
+
+SLICES = sorted((ROOT / "bench" / "results" / "behaviour_detection_slices").glob("start_*.json"))
+
+
+def test_the_committed_slices_join_into_the_committed_figures() -> None:
+    """Real Qwen answers on the real draw: the join covers every drawn turn once and reproduces the results file."""
+    import json
+
+    joined = bench.join(SLICES)
+    committed = json.loads(bench.OUTPUT.read_text(encoding="utf-8"))
+    assert joined["figures"] == committed["figures"] and joined["figures"]["turns"] == {"n": 100, "problem": 50}
+    assert [r["id"] for r in joined["per_turn"]] == [t.id for t in bench.draw(25, 1)]
+
+
+def test_a_missing_or_foreign_slice_is_refused(tmp_path: Path) -> None:
+    import json
+
+    import pytest
+
+    with pytest.raises(bench.uss.BenchError, match="missing or repeated"):
+        bench.join(SLICES[:-1])
+    foreign = json.loads(SLICES[-1].read_text(encoding="utf-8"))
+    foreign["settings"]["seed"] = 2
+    path = tmp_path / "foreign.json"
+    path.write_text(json.dumps(foreign), encoding="utf-8")
+    with pytest.raises(bench.uss.BenchError, match="seed 2 differs"):
+        bench.join([*SLICES[:-1], path])
