@@ -158,8 +158,11 @@ def _rubric_scores(rubric_set: RubricSet, items: Sequence[LabelledConversation],
 @click.option(
     "--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="Where to write the fitted rubric set."
 )
+@answer_cache_option()
 @click.pass_obj
-def rubrics_fit(obj: _Context, rubric_set_path: Path, labelled: Path, precision: float, out: Path) -> None:
+def rubrics_fit(
+    obj: _Context, rubric_set_path: Path, labelled: Path, precision: float, out: Path, cache_path: Path | None
+) -> None:
     """Fit the threshold θ and the confidence windows of a rubric set on labelled conversations.
 
     Every conversation is scored with the configured judge; θ is the midpoint
@@ -168,10 +171,11 @@ def rubrics_fit(obj: _Context, rubric_set_path: Path, labelled: Path, precision:
     into the set's metadata (``score_moments``), for approximate early stopping.
     """
     judge = obj.judge()  # configuration errors first, before any work
+    _check_output_path(out, "--out")
     rubric_set = RubricSet.load(rubric_set_path)
     items = load_labelled_jsonl(labelled)
     require_both_classes(items, str(labelled))
-    scores = _rubric_scores(rubric_set, items, judge)
+    (scores,) = _cached_scores(judge, [rubric_set], items, _cache_file(obj, cache_path))
     labels = np.array([i.positive for i in items])
     fitted = rubric_set.fit_windows(scores.sum(axis=1), labels, precision=precision)
     moments = ScoreMoments.fit([r.id for r in rubric_set.rubrics], scores)
@@ -222,26 +226,39 @@ def _evaluation_options(fn):
 
 
 def _cached_scores(
-    obj: _Context, rubric_sets: Sequence[RubricSet], items: Sequence[LabelledConversation], cache_path: Path | None
+    judge: Judge, rubric_sets: Sequence[RubricSet], items: Sequence[LabelledConversation], cache_file: Path
 ) -> list[np.ndarray]:
     """Each set's signed rubric scores (conversations × rubrics), the judge asked only what the answer cache lacks."""
     from scorers.learning.score_cache import ScoreCache, rate
 
-    judge = obj.judge()
     conversations = [i.conversation for i in items]
     if any(not c.turns for c in conversations):  # e.g. LLM-Rubric's synthetic split: ids and recorded answers only
         _say("some conversations have no turns: the answer cache (keyed by content) is not used")
-        return [rs.rubric_scores(judge, conversations) for rs in rubric_sets]
-    rubrics = list({r.id: r for rs in rubric_sets for r in rs.rubrics}.values())  # all sets' rubrics, judged once
-    with (
-        ScoreCache(cache_path or obj.settings.cache_dir / SCORE_CACHE_FILE) as cache,
-        click.progressbar(length=len(conversations), label="judging", file=sys.stderr, show_pos=True) as bar,
-    ):
-        ratings = rate(judge, rubrics, conversations, cache, progress=lambda done, total: bar.update(1))
-    stats = ratings.stats
-    _say(f"judge: {stats.cache_hits} answers from the cache, {stats.cache_misses} asked ({stats.judge_requests} requests)")
-    column = {r.id: j for j, r in enumerate(rubrics)}
-    return [np.stack([r.polarity.sign * ratings.matrix[:, column[r.id]] for r in rs.rubrics], axis=1) for rs in rubric_sets]
+        return [_rubric_scores(rs, items, judge) for rs in rubric_sets]
+    scores, hits, misses, requests = [], 0, 0, 0
+    with ScoreCache(cache_file) as cache:
+        for rs in rubric_sets:  # a question two sets share is asked for the first and read from the cache for the next
+            with click.progressbar(length=len(conversations), label="judging", file=sys.stderr, show_pos=True) as bar:
+                ratings = rate(judge, rs.rubrics, conversations, cache, progress=lambda done, total: bar.update(1))
+            scores.append(np.stack([r.polarity.sign * ratings.matrix[:, j] for j, r in enumerate(rs.rubrics)], axis=1))
+            hits, misses = hits + ratings.stats.cache_hits, misses + ratings.stats.cache_misses
+            requests += ratings.stats.judge_requests
+    _say(f"judge: {hits} answers from the cache, {misses} asked ({requests} requests)")
+    return scores
+
+
+def _cache_file(obj: _Context, cache_path: Path | None) -> Path:
+    return cache_path or obj.settings.cache_dir / SCORE_CACHE_FILE
+
+
+def _check_output_path(path: Path | None, option: str) -> None:
+    """Refuse, before any judging, an output path that cannot be written: a directory, or in a missing directory."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise click.UsageError(f"{option} {path}: a directory; give a file name")
+    if not path.parent.is_dir():
+        raise click.UsageError(f"{option} {path}: the directory {path.parent} does not exist")
 
 
 def _groups(items: Sequence[LabelledConversation], by: str | None) -> list[str] | None:
@@ -355,6 +372,7 @@ def rubrics_evaluate(
         raise click.UsageError("--max-label-change-probability needs --rubrics-per-round")
     if rubrics_per_round is not None and per_conversation is not None:
         raise click.UsageError("--per-conversation needs every rubric's score: it cannot go with --rubrics-per-round")
+    _check_output_path(per_conversation, "--per-conversation")
     scorer = _early_stopping_scorer(rubric_set, judge, rubrics_per_round, max_label_change_probability)
     items = load_labelled_jsonl(labelled)
     require_both_classes(items, str(labelled))
@@ -362,7 +380,7 @@ def rubrics_evaluate(
     groups = _groups(items, by)
     extra: dict[str, Any] = {}
     if scorer is None:
-        (scores,) = _cached_scores(obj, [rubric_set], items, cache_path)
+        (scores,) = _cached_scores(judge, [rubric_set], items, _cache_file(obj, cache_path))
         netsats = scores.sum(axis=1)
     else:
         netsats, n_asked = _early_stopped_netsats(scorer, items)
@@ -418,7 +436,8 @@ def rubrics_compare(
     """
     if len(rubric_set_paths) < 2:
         raise click.UsageError("compare needs two or more rubric-set files (the first is the reference)")
-    obj.judge()  # configuration errors first, before any work
+    judge = obj.judge()  # configuration errors first, before any work
+    _check_output_path(per_conversation, "--per-conversation")
     rubric_sets = [RubricSet.load(p) for p in rubric_set_paths]
     versions = [r.version for r in rubric_sets]
     if len(set(versions)) < len(versions):
@@ -427,7 +446,7 @@ def rubrics_compare(
     require_both_classes(items, str(labelled))
     positive = np.array([i.positive for i in items])
     groups = _groups(items, by)
-    scores = _cached_scores(obj, rubric_sets, items, cache_path)
+    scores = _cached_scores(judge, rubric_sets, items, _cache_file(obj, cache_path))
     settings = BootstrapSettings(samples=resamples, seed=seed)
     evaluations = [evaluate_rubric_set(r, s.sum(axis=1), positive, groups, settings) for r, s in zip(rubric_sets, scores)]
     differences = compare_rubric_sets(rubric_sets, [s.sum(axis=1) for s in scores], positive, groups, settings)

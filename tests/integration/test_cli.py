@@ -513,7 +513,8 @@ def test_rubrics_compare_gives_paired_differences_and_refuses_one_set_or_the_sam
         "rubrics", "compare", rubric_set, fewer, "--labelled", labelled, "--cache", cache, "--json", env=recorded(REAL_ANSWERS)
     )
     assert r.returncode == 0, r.stderr
-    assert f"0 answers from the cache, {223 * len(doc['rubrics'])} asked" in r.stderr  # shared rubrics judged once
+    # the three rubrics the second set shares with the first are read from the cache
+    assert f"{223 * 3} answers from the cache, {223 * len(doc['rubrics'])} asked" in r.stderr
     out = _no_nan(r.stdout)
     reference, other = (s["rubric_set"] for s in out["rubric_sets"])
     assert out["reference"] == reference != other and out["bootstrap"]["paired"] is True
@@ -527,3 +528,64 @@ def test_rubrics_compare_gives_paired_differences_and_refuses_one_set_or_the_sam
     same.write_text(rubric_set.read_text())
     r = convowatch("rubrics", "compare", rubric_set, same, "--labelled", labelled, env=recorded(REAL_ANSWERS))
     assert r.returncode == 2 and "the same rubric set is given twice" in r.stderr
+
+
+def test_compare_sets_with_different_answer_scales_from_one_set_of_answers(tmp_path, scoring_artifacts):
+    """The same questions scored on another scale are another set; the judge's answers are shared through the cache."""
+    rubric_set, _ = scoring_artifacts
+    labelled, cache, rows = _real_labelled(tmp_path), tmp_path / "answers.sqlite", tmp_path / "rows.jsonl"
+    doc = json.loads(rubric_set.read_text())
+    harsh = {k: v for k, v in doc.items() if k != "version"}
+    for rubric in harsh["rubrics"]:  # only the top answer earns anything
+        rubric["scale"] = [{**o, "score": 10.0 if i == len(rubric["scale"]) - 1 else 0.0} for i, o in enumerate(rubric["scale"])]
+    other = tmp_path / "harsh.json"
+    other.write_text(json.dumps(harsh))
+    args = ("rubrics", "compare", rubric_set, other, "--labelled", labelled, "--cache", cache, "--per-conversation", rows)
+    r = convowatch(*args, "--json", env=recorded(REAL_ANSWERS))
+    assert r.returncode == 0, r.stderr
+    n = 223 * len(doc["rubrics"])
+    assert f"{n} answers from the cache, {n} asked" in r.stderr  # the harsh set's answers all come from the cache
+    table = [json.loads(line) for line in rows.read_text().splitlines()]
+    by_set: dict[str, dict[str, dict]] = {}
+    for row in table:
+        by_set.setdefault(row["rubric_set"], {})[row["conversation_id"]] = row
+    first, second = by_set.values()
+    cid = next(iter(first))
+    for rid, score in second[cid]["rubric_scores"].items():  # harsh rating = 10 × P(top answer) ≤ the even scale's
+        assert 0 <= score <= first[cid]["rubric_scores"][rid] + 1e-9
+    assert _no_nan(r.stdout)["differences_from_reference"]
+
+
+def test_evaluate_and_compare_refuse_one_class_and_unwritable_rows_before_judging(tmp_path, scoring_artifacts):
+    rubric_set, _ = scoring_artifacts
+    labelled = _real_labelled(tmp_path)
+    items = load_labelled_jsonl(labelled)
+    one_class = tmp_path / "positives.jsonl"
+    write_labelled_jsonl(one_class, [i for i in items if i.positive])
+    for command in (("evaluate", "--rubric-set", rubric_set), ("compare", rubric_set, rubric_set)):
+        r = convowatch("rubrics", *command, "--labelled", one_class, env=recorded(REAL_ANSWERS))
+        assert r.returncode == 2 and "Traceback" not in r.stderr
+    r = convowatch("rubrics", "evaluate", "--rubric-set", rubric_set, "--labelled", one_class, env=recorded(REAL_ANSWERS))
+    assert "needs both positive and negative" in r.stderr
+    for rows, message in ((tmp_path, "a directory"), (tmp_path / "missing" / "rows.csv", "does not exist")):
+        r = convowatch(
+            "rubrics", "evaluate", "--rubric-set", rubric_set, "--labelled", labelled, "--per-conversation", rows,
+            env=recorded(REAL_ANSWERS),
+        )  # fmt: skip
+        assert r.returncode == 2 and message in r.stderr and "judging" not in r.stderr, r.stderr
+
+
+def test_rubrics_fit_judges_through_the_cache(tmp_path, scoring_artifacts):
+    rubric_set, _ = scoring_artifacts
+    labelled, cache = _real_labelled(tmp_path), tmp_path / "answers.sqlite"
+    n = 223 * len(json.loads(rubric_set.read_text())["rubrics"])
+    outs = []
+    for run, expected in enumerate((f"0 answers from the cache, {n} asked", f"{n} answers from the cache, 0 asked")):
+        out = tmp_path / f"fitted-{run}.json"
+        r = convowatch(
+            "rubrics", "fit", "--rubric-set", rubric_set, "--labelled", labelled, "--out", out, "--cache", cache,
+            env=recorded(REAL_ANSWERS),
+        )  # fmt: skip
+        assert r.returncode == 0 and expected in r.stderr, r.stderr
+        outs.append(json.loads(out.read_text()))
+    assert outs[0]["version"] == outs[1]["version"]  # the same answers fit the same θ and windows
