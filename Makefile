@@ -61,6 +61,7 @@ bench: install
 	$(PY) bench/starter_rubric_set.py
 	$(PY) bench/early_stopping.py
 	$(PY) bench/alert_detection.py
+	$(PY) bench/judge_jitter.py --threads 2
 	$(PY) bench/behaviour_detection.py --threads 2
 
 clean:

@@ -36,6 +36,7 @@ def judge_from_settings(settings: JudgeSettings, cache_dir) -> Judge:
             backoff_max_s=settings.backoff_max_s,
             timeout_s=settings.timeout_s,
             max_transcript_chars=settings.max_transcript_chars,
+            prompt_reuse=settings.prompt_reuse,
         )
 
     from scorers.judges.local import LocalJudge

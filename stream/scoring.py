@@ -53,9 +53,11 @@ FEEDBACK_RULES = FeedbackLabelRules(on_conflict="exclude")  # the metric keeps c
 
 
 def judge_identity(judge: Judge) -> str:
-    """``name:model`` for judges that report a model, else the name."""
+    """``name:model`` for judges that report a model, else the name; ``+reuse=none`` (or ``within_conversation``)
+    when the judge limits server prompt reuse, so every stored score says which mode produced it."""
     model = getattr(judge, "model", None)
-    return f"{judge.name}:{model}" if model else judge.name
+    reuse = getattr(judge, "prompt_reuse", "any")
+    return (f"{judge.name}:{model}" if model else judge.name) + (f"+reuse={reuse}" if reuse != "any" else "")
 
 
 def scoring_questions(rubric_set: RubricSet, calibrator: Calibrator | None, questions_file: Path | None) -> tuple[Question, ...]:

@@ -65,6 +65,12 @@ class JudgeSettings(BaseModel):
     backoff_initial_s: float = Field(default=0.5, gt=0)
     backoff_max_s: float = Field(default=30.0, gt=0)
     timeout_s: float = Field(default=60.0, gt=0)
+    prompt_reuse: Literal["any", "within_conversation", "none"] = Field(
+        default="any",
+        description="What a server's prompt cache may reuse: any = whatever it has (fastest; answers vary slightly "
+        "with what was asked before), within_conversation = a reset before each conversation, none = a reset before "
+        "each question (identical answers on repeat, a full prompt evaluation each) (docs/judge-cost.md).",
+    )
     # Local judge (in-process llama.cpp, extra "llama"): a GGUF file; None = packaged Gemma 3 270M.
     local_model: Path | None = None
     # Recorded judge: an LLM-Rubric-style evaluations TSV.

@@ -53,6 +53,23 @@ reports (``usage.prompt_tokens_details.cached_tokens``; OpenAI and vLLM do,
 llama-cpp-python's server does not) are summed into
 ``Provenance.cached_prompt_tokens``, 0 when none are reported.
 
+Prompt reuse (``prompt_reuse``). A server that keeps the last prompt's KV
+cache (llama.cpp) evaluates only the part of a new prompt past the prefix it
+shares with the last one, and the result differs in the last decimals with
+where that split falls: the same question about the same conversation gets
+slightly different probabilities depending on what was asked before.
+``"any"`` (default) lets it reuse whatever it has. ``"none"`` makes every
+answer a function of its prompt alone: before each question the judge sends a
+one-token *reset* request (a fixed prompt, so the server's state is the same
+before every question), and requests go one at a time across all threads of
+this judge; it costs a full prompt evaluation per question, like a server
+without a cache. ``"within_conversation"`` resets once per conversation and
+asks its questions in order, one at a time, so the prefix is reused within a
+conversation but never across. The mode is ``Judgement.extra["prompt_reuse"]``
+and part of the answer cache's judge identity; reset requests are counted in
+``extra["reset_calls"]``, not in the provenance's calls and tokens.
+docs/judge-cost.md has the measured jitter of each mode.
+
 Failures. 429, 408, 5xx, timeouts and connection errors are retried with
 exponential backoff and full jitter (delay before retry r is uniform in
 ``[0, min(backoff_max_s, backoff_initial_s * 2**r)]``), at most
@@ -69,6 +86,7 @@ key is handed to the client and never put in messages, logs or ``repr``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
@@ -77,7 +95,7 @@ import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from openai.types.chat import ChatCompletion
 from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenLogprob, TopLogprob
@@ -108,6 +126,9 @@ from scorers.questions import Question
 log = logging.getLogger(__name__)
 
 JUDGE_NAME = "openai"
+PromptReuse = Literal["any", "within_conversation", "none"]
+PROMPT_REUSE: tuple[PromptReuse, ...] = ("any", "within_conversation", "none")
+RESET_PROMPT = "Reply with one word."  # the fixed prompt of reset requests (module docstring, "Prompt reuse")
 MAX_TOP_LOGPROBS = 20  # the OpenAI API's limit
 SINGLE_MAX_TOKENS = 1
 # A line "12: 3\n" is ~5 tokens, a JSON member ' "12": "3",' ~7, a sequence answer 1; the slack lets a model
@@ -134,6 +155,7 @@ class _BatchResult:
     cached_prompt_tokens: int
     attempts: int
     unread: tuple[Question, ...] = ()  # questions whose answer could not be read: asked again alone
+    resets: int = 0  # reset requests sent before it (prompt_reuse="none")
 
 
 def option_probabilities(top: Sequence[TopLogprob], option_keys: Sequence[str], pad: str | None = None) -> tuple[float, ...]:
@@ -169,6 +191,7 @@ class OpenAIJudge:
         answer_format: AnswerFormat = "lines",
         name: str = JUDGE_NAME,
         rng: random.Random | None = None,
+        prompt_reuse: PromptReuse = "any",
     ) -> None:
         """``answer_format`` says how multi-question replies are asked for and constrained (module docstring:
         ``"lines"``, ``"grammar"``, ``"json_schema"``); ``extra_body`` adds server-specific JSON fields to every
@@ -190,6 +213,9 @@ class OpenAIJudge:
         require(answer_format in ANSWER_FORMATS, "answer_format", answer_format, f"one of {ANSWER_FORMATS}")
         require(1 <= top_logprobs <= MAX_TOP_LOGPROBS, "top_logprobs", top_logprobs, f"in 1..{MAX_TOP_LOGPROBS}")
         require(max_concurrency >= 1, "max_concurrency", max_concurrency, ">= 1")
+        require(prompt_reuse in PROMPT_REUSE, "prompt_reuse", prompt_reuse, f"one of {PROMPT_REUSE}")
+        self.prompt_reuse = prompt_reuse
+        self._in_order = threading.Lock()  # held around a conversation's or a question's requests when reuse is limited
         self.name = name
         self.base_url = base_url
         self.model = model
@@ -227,11 +253,16 @@ class OpenAIJudge:
         size = self.questions_per_call
         batches = [questions[i : i + size] for i in range(0, len(questions), size)]
         started = time.perf_counter()
-        results = self._run_batches(transcript, batches)
-        unread = tuple(q for r in results for q in r.unread)
-        if unread:  # asked again one by one: same transcript prefix, so server prompt caches apply
-            log.info("judge %s: %d answer(s) unreadable in a multi-question reply, asked alone", self.model, len(unread))
-            results += self._run_batches(transcript, [(q,) for q in unread], single=True)
+        resets = 0
+        with self._in_order if self.prompt_reuse != "any" else contextlib.nullcontext():
+            if self.prompt_reuse == "within_conversation":
+                resets += self._reset()
+            results = self._run_batches(transcript, batches)
+            unread = tuple(q for r in results for q in r.unread)
+            if unread:  # asked again one by one: same transcript prefix, so server prompt caches apply
+                log.info("judge %s: %d answer(s) unreadable in a multi-question reply, asked alone", self.model, len(unread))
+                results += self._run_batches(transcript, [(q,) for q in unread], single=True)
+        resets += sum(r.resets for r in results)
         latency = time.perf_counter() - started
         return Judgement(
             conversation_id=conversation.id,
@@ -251,11 +282,13 @@ class OpenAIJudge:
                 "answer_format": self.answer_format,
                 "attempts": str(sum(r.attempts for r in results)),
                 "fallback_questions": str(len(unread)),
+                "prompt_reuse": self.prompt_reuse,
+                "reset_calls": str(resets),
             },
         )
 
     def _run_batches(self, transcript: str, batches: Sequence[tuple[Question, ...]], single: bool = False) -> list[_BatchResult]:
-        if len(batches) <= 1:
+        if len(batches) <= 1 or self.prompt_reuse != "any":  # limited reuse: in order, one at a time
             return [self._ask(transcript, b, single) for b in batches]
         workers = min(self.max_concurrency, len(batches))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="openai-judge") as pool:
@@ -280,6 +313,7 @@ class OpenAIJudge:
             prompt = multi_question_prompt(transcript, batch, reply)
             max_tokens = TOKENS_PER_ANSWER * len(batch) + MULTI_EXTRA_TOKENS
             extra_body = {**constraint_fields(self.answer_format, batch), **self.extra_body}
+        resets = self._reset() if self.prompt_reuse == "none" else 0
         completion, attempts = self._complete(prompt, max_tokens, extra_body)
         content = self._token_logprobs(completion)
         answers, unread = self._single_answer(content, batch[0]) if single else self._multi_answers(content, batch)
@@ -292,6 +326,7 @@ class OpenAIJudge:
             cached_prompt_tokens=int(getattr(details, "cached_tokens", None) or 0),
             attempts=attempts,
             unread=unread,
+            resets=resets,
         )
 
     def _single_answer(self, content: Sequence[ChatCompletionTokenLogprob], question: Question) -> _Reading:
@@ -331,6 +366,11 @@ class OpenAIJudge:
                 f"judge {self.model!r} replied without token logprobs; the endpoint must support logprobs=True with top_logprobs"
             )
         return list(content)
+
+    def _reset(self) -> int:
+        """The reset request of limited prompt reuse (module docstring): one token of a fixed prompt. Returns 1."""
+        self.endpoint.complete({"messages": [{"role": "user", "content": RESET_PROMPT}], "temperature": 0, "max_tokens": 1})
+        return 1
 
     def _complete(self, prompt: str, max_tokens: int, extra_body: Mapping[str, Any]) -> tuple[ChatCompletion, int]:
         """One chat completion under the retry policy; returns it and the number of attempts."""

@@ -64,7 +64,8 @@ class ScoreCacheError(UserError, RuntimeError):
 
 def judge_identity(judge: Judge) -> str:
     """What distinguishes one judge's answers from another's: ``name|model|prompt version|questions per call``
-    (a multi-question judge adds its prompt's version, and ``|fmt=grammar`` when constrained)."""
+    (a multi-question judge adds its prompt's version, and ``|fmt=grammar`` when constrained; limited prompt
+    reuse adds ``|reuse=none`` or ``|reuse=within_conversation``)."""
     model = getattr(judge, "model", "") or ""
     per_call = getattr(judge, "questions_per_call", None)
     parts = [judge.name, str(model), PROMPT_VERSION]
@@ -75,6 +76,9 @@ def judge_identity(judge: Judge) -> str:
         parts.append(MULTI_PROMPT_VERSION)
         if answer_format != "lines":
             parts.append(f"fmt={answer_format}")
+    reuse = getattr(judge, "prompt_reuse", "any")
+    if reuse != "any":
+        parts.append(f"reuse={reuse}")
     return "|".join(parts)
 
 

@@ -47,8 +47,9 @@ from scorers.judges.base import (
     JudgeReplyError,
     JudgeUnavailable,
 )
-from scorers.judges.openai_http import OpenAIJudge, option_probabilities
+from scorers.judges.openai_http import RESET_PROMPT, OpenAIJudge, option_probabilities
 from scorers.judges.prompt import multi_question_prompt, numbered_order, prefix, single_question_prompt
+from scorers.learning.score_cache import judge_identity
 from scorers.questions import Question, likert_question
 from tests.data_paths import LLM_RUBRIC
 from tests.servers import LlamaServer, Received, Reply, ScriptedServer, forward, free_port
@@ -918,3 +919,59 @@ def test_llama_cpp_python_rejects_the_openai_json_schema_shape(llama_server: Lla
     judge = _judge(llama_server.url, llama_server, questions_per_call=len(QUESTIONS), answer_format="json_schema")
     with pytest.raises(JudgeUnavailable, match="500"):
         judge.judge(CONVERSATION, QUESTIONS)
+
+
+# ---------------------------------------------------------------- prompt reuse (judge.prompt_reuse)
+
+
+def _kinds(proxy: ScriptedServer) -> list[str]:
+    """Each request in arrival order: "reset" or the id of the question it asks."""
+    out = []
+    for request in proxy.received:
+        content = json.loads(request.body)["messages"][0]["content"]
+        out.append("reset" if content == RESET_PROMPT else next(q.id for q in QUESTIONS if q.text in content))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        ("any", ["answers", "rude", "code"]),
+        ("within_conversation", ["reset", "answers", "rude", "code"]),
+        ("none", ["reset", "answers", "reset", "rude", "reset", "code"]),
+    ],
+)
+def test_limited_prompt_reuse_resets_the_server_and_asks_one_question_at_a_time(
+    llama_server: LlamaServer, mode: str, expected: list[str]
+) -> None:
+    with ScriptedServer(lambda i, r: forward(_upstream(llama_server), r)) as proxy:
+        judge = _judge(proxy.url + "/v1", llama_server, max_concurrency=3, prompt_reuse=mode)
+        judgement = judge.judge(CONVERSATION, QUESTIONS)
+        kinds = _kinds(proxy)
+        if mode == "any":
+            assert sorted(kinds) == sorted(expected)  # concurrent: any order
+        else:
+            assert kinds == expected and proxy.max_in_flight == 1
+    assert judgement.extra["prompt_reuse"] == mode and judgement.extra["reset_calls"] == str(expected.count("reset"))
+    assert judgement.provenance.calls == len(QUESTIONS)  # resets are not judge calls
+    assert judge_identity(judge).endswith("" if mode == "any" else f"|reuse={mode}")
+
+
+@pytest.mark.slow
+def test_without_prompt_reuse_an_answer_does_not_depend_on_what_was_asked_before(llama_server: LlamaServer) -> None:
+    """The same question about the same conversation, once after another conversation and once after another
+    question of its own: with prompt_reuse="none" the probabilities are identical to the last bit. (Gemma 270M
+    happens to give identical answers here with reuse too; the jitter reuse causes is measured on the Qwen judge
+    by bench/judge_jitter.py.)"""
+    judge = _judge(llama_server.url, llama_server, max_concurrency=1, prompt_reuse="none")
+    judge.judge(OTHER_CONVERSATION, QUESTIONS[:1])
+    first = judge.judge(CONVERSATION, QUESTIONS[:1]).answers[QUESTIONS[0].id]
+    judge.judge(CONVERSATION, QUESTIONS[1:2])
+    second = judge.judge(CONVERSATION, QUESTIONS[:1]).answers[QUESTIONS[0].id]
+    assert first.probabilities == second.probabilities
+
+
+def test_an_unknown_prompt_reuse_is_refused() -> None:
+    with pytest.raises(ValueError, match="prompt_reuse"):
+        OpenAIJudge(base_url="http://127.0.0.1:9/v1", model="m", prompt_reuse="sometimes")  # type: ignore[arg-type]
