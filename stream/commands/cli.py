@@ -312,7 +312,7 @@ def _echo_evaluation(e: Evaluation, rubric_set: RubricSet, settings: BootstrapSe
         click.echo(f"  {name:<26}{_figure_text(f)}")
     for g, ge in e.groups.items():
         figures = "  ".join(f"{k} {_figure_text(ge.figures[k], 2)}" for k in ("accuracy", "auroc", "yield_rate"))
-        click.echo(f"  {by}={g}: {ge.n} conversations ({ge.n_positive} positive)  {figures}")
+        click.echo(f"  {_shown(by or '')}={_shown(g)}: {ge.n} conversations ({ge.n_positive} positive)  {figures}")
 
 
 @rubrics.command("evaluate")
