@@ -137,14 +137,7 @@ class ServedJudge:
 
     def stop(self) -> int:
         """Terminate the server (kill it if it does not stop in time); its exit code."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=STOP_TIMEOUT_S)
-        return int(self.process.returncode)
+        return stop_process(self.process)
 
     def __enter__(self) -> ServedJudge:
         return self
@@ -179,6 +172,18 @@ class ServedJudge:
                 time.sleep(0.5)
         served.stop()
         raise JudgeServerError(f"the judge server was not ready after {READY_TIMEOUT_S:.0f} s: {_tail(log_path)}")
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout_s: float = STOP_TIMEOUT_S) -> int:
+    """Terminate ``process``, kill it if it is still running after ``timeout_s``, wait for it; its exit code."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=timeout_s)
+    return int(process.returncode)
 
 
 def _tail(path: Path, lines: int = 5) -> str:

@@ -29,6 +29,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from scorers.judges.local import default_model_path
+from stream.judge_server import stop_process
 
 LOCALHOST = "127.0.0.1"
 STOP_TIMEOUT_S = 10.0
@@ -89,13 +90,7 @@ class RunningServer:
 
     def stop(self) -> None:
         """Terminate the process (kill it if it ignores that) and wait for it."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=STOP_TIMEOUT_S)
+        stop_process(self.process, STOP_TIMEOUT_S)
 
 
 def start_process(
