@@ -119,9 +119,6 @@ def log(message: str) -> None:
     print(f"[{dt.datetime.now():%H:%M:%S}] {message}", file=sys.stderr, flush=True)
 
 
-# ---------------------------------------------------------------------------- judge model and server
-
-
 # ---------------------------------------------------------------------------- data
 
 
