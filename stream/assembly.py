@@ -204,6 +204,7 @@ class ConversationAssembler:
             for i in indices
         )
         missing = tuple(sorted(set(range(indices[-1] + 1)) - set(indices)))
+        ratings = state.get("feedback", {})  # turn index -> [latest rating, its time]
         closed = ClosedConversation(
             conversation_id=conversation_id,
             turns=turns,
@@ -214,7 +215,7 @@ class ConversationAssembler:
             last_event_at=state["last_event_at"],
             missing_turn_indices=missing,
             negative_feedback=bool(state.get("negative_feedback", False)),
-            feedback_ratings=tuple(state.get("feedback", {})[k][0] for k in sorted(state.get("feedback", {}), key=int)),
+            feedback_ratings=tuple(ratings[k][0] for k in sorted(ratings, key=int)),
         )
         tombstone = {
             "partition": state["partition"],

@@ -98,7 +98,7 @@ def alias(gguf: Path) -> str:
     return gguf.name.removesuffix(".gguf")
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def _free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
@@ -148,7 +148,7 @@ class ServedJudge:
     @classmethod
     def start(cls, gguf: Path, threads: int, log_path: Path, host: str = "127.0.0.1", port: int | None = None) -> ServedJudge:
         """Start the server and wait until it lists its model (`READY_TIMEOUT_S`)."""
-        port = port or free_port(host)
+        port = port or _free_port(host)
         with socket.socket() as probe:
             if probe.connect_ex((host, port)) == 0:
                 raise JudgeServerError(f"{host}:{port} is already in use: choose another --port")

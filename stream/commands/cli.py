@@ -448,8 +448,9 @@ def rubrics_compare(
     groups = _groups(items, by)
     scores = _cached_scores(judge, rubric_sets, items, _cache_file(obj, cache_path))
     settings = BootstrapSettings(samples=resamples, seed=seed)
-    evaluations = [evaluate_rubric_set(r, s.sum(axis=1), positive, groups, settings) for r, s in zip(rubric_sets, scores)]
-    differences = compare_rubric_sets(rubric_sets, [s.sum(axis=1) for s in scores], positive, groups, settings)
+    netsats = [s.sum(axis=1) for s in scores]
+    evaluations = [evaluate_rubric_set(r, n, positive, groups, settings) for r, n in zip(rubric_sets, netsats)]
+    differences = compare_rubric_sets(rubric_sets, netsats, positive, groups, settings)
     if per_conversation is not None:
         ids = [i.conversation.id for i in items]
         _write_rows(
