@@ -13,8 +13,12 @@
   agent, in order.
 * ``refetch_stalled`` (a timer) fetches a partition again when records wait
   in it while its agent idles (`GuardedDelivery`, below).
-* ``score`` scores closed conversations (`ConversationScorer`) and publishes
-  one `ScoreRecord` per conversation, scored or unscored. While the judge
+* ``score`` scores closed conversations with the active scorer version
+  (`ScorerRollout`, stream/rollout.py) and publishes one `ScoreRecord` per
+  conversation, scored or unscored; when a shadow version is rolled out, it
+  scores its share of the judged conversations too and publishes a second
+  record (role ``shadow``). With a scorer registry, the ``scorer_rollout``
+  timer switches versions without a restart. While the judge
   budget (``scoring.budget``) is spent it waits: Faust stops fetching once the
   agent's buffer is full, and offsets of conversations not yet scored stay
   uncommitted, so they wait in the closed topic. A rebalance or a shutdown
@@ -32,6 +36,7 @@ The sink and the store make re-deliveries invisible (idempotent keys).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -47,7 +52,7 @@ from stream.contract import RECORD_HEADROOM_BYTES, DeadLetter, EndEvent, Invalid
 from stream.delivery import GuardedDelivery, in_order
 from stream.metrics import ServiceMetrics
 from stream.records import ClosedConversation, RecordError
-from stream.scoring import ConversationScorer
+from stream.rollout import ScorerRollout
 from stream.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -145,7 +150,7 @@ async def consumer_lag(app: faust.App, partitions: Iterable[TP]) -> dict[tuple[s
     return lags
 
 
-def create_app(settings: Settings, scorer: ConversationScorer, metrics: ServiceMetrics) -> faust.App:
+def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetrics) -> faust.App:
     """Build the worker's Faust app from settings (no module-level globals, so tests can build several)."""
     k = settings.kafka
     app = WorkerApp(
@@ -169,7 +174,7 @@ def create_app(settings: Settings, scorer: ConversationScorer, metrics: ServiceM
     app.fetch_max_wait_ms = int(k.fetch_max_wait_s * 1000)
     app.guarded_topics = frozenset({k.events_topic, k.closed_topic})
     app.on_refetch = lambda topic, reason: metrics.partition_refetches.labels(topic, reason).inc()
-    app.budget = scorer.budget
+    app.budget = rollout.current.active.budget  # every version's scorer shares it (ConversationScorer.for_version)
 
     def raw_topic(name: str) -> faust.TopicT:
         """A topic of raw bytes (keys and values) with ``kafka.partitions`` partitions."""
@@ -274,8 +279,10 @@ def create_app(settings: Settings, scorer: ConversationScorer, metrics: ServiceM
         except RecordError as e:
             await dead_letter("bad_closed_record", str(e), event)
             return True
+        scorers = rollout.current  # one version scores the whole conversation, whatever switches meanwhile
+        key = closed.conversation_id.encode("utf-8")
         try:
-            record = await scorer.score(closed)
+            record = await scorers.active.score(closed)
         except BudgetWaitInterrupted:
             # Not judged and not finished: its offset stays uncommitted and the partition's next owner, or this
             # worker (GuardedDelivery.release hands it back), receives it again.
@@ -283,8 +290,21 @@ def create_app(settings: Settings, scorer: ConversationScorer, metrics: ServiceM
                 "rebalance or shutdown: %s left in the closed topic while waiting for the judge budget", closed.conversation_id
             )
             return False
-        await scores_topic.send(key=closed.conversation_id.encode("utf-8"), value=record.to_json())
+        await scores_topic.send(key=key, value=record.to_json())
+        if scorers.shadow is not None and record.status != "unsampled" and scorers.shadows(closed.conversation_id):
+            try:
+                shadow = await scorers.shadow.score_shadow(closed, record)
+            except BudgetWaitInterrupted:  # the shadow is a sample: skip it rather than judge the active version again
+                log.info("rebalance or shutdown: %s not scored by the shadow version", closed.conversation_id)
+                return True
+            await scores_topic.send(key=key, value=shadow.to_json())
         return True
+
+    if rollout.watches:
+
+        @app.timer(interval=settings.scoring.registry_poll_s, name="scorer_rollout")
+        async def scorer_rollout() -> None:
+            await asyncio.get_running_loop().run_in_executor(None, rollout.refresh)  # loading may take seconds
 
     @app.agent(closed_topic, name="score", concurrency=settings.scoring.concurrency)
     async def score(stream: faust.StreamT) -> None:

@@ -196,6 +196,27 @@ class ServiceMetrics:
             ["scorer_version", "label", "feedback", *attrs],
             registry=r,
         )
+        # Scorer rollout (stream/rollout.py): which versions score, what the shadow says, and refused changes.
+        self.scorer_version_info = Gauge(
+            "convowatch_scorer_version_info",
+            "1 for each scorer version this worker scores with now, by role (active, shadow), registry name and hash.",
+            ["role", "scorer_name", "scorer_version"],
+            registry=r,
+        )
+        self.shadow_conversations = Counter(
+            "convowatch_shadow_conversations",
+            "Conversations a shadow version scored beside the active one, by its name, hash and outcome "
+            "(its label, or unscored); they feed no other metric.",
+            ["scorer_name", "scorer_version", "outcome"],
+            registry=r,
+        )
+        self.rollout_changes = Counter(
+            "convowatch_scorer_rollout_changes",
+            "Changes of the registry's rollout this worker read, by outcome: applied, or refused (a version that cannot "
+            "be loaded; the worker keeps scoring with the versions it has).",
+            ["outcome"],
+            registry=r,
+        )
         # Sampling (stream/sampling.py): every finished conversation, judged or not, and the Horvitz–Thompson sums.
         self.conversations_sampled = Counter(
             "convowatch_conversations_sampled",

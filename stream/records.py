@@ -38,6 +38,8 @@ CloseCause = Literal["end", "idle_timeout", "max_turns", "capacity"]
 ScoreStatus = Literal["scored", "unscored", "unsampled"]  # unsampled: counted (volume), not judged
 CLOSE_CAUSES: tuple[str, ...] = get_args(CloseCause)
 STATUSES: tuple[str, ...] = get_args(ScoreStatus)
+ACTIVE, SHADOW = "active", "shadow"  # which scorer version a record is from: the rollout's active one, or its shadow
+SCORER_ROLES = (ACTIVE, SHADOW)
 POLARITIES = ("sat", "dsat")
 _ROUNDING = 1e-9  # a mixture of distributions may sum a hair past 1
 _EARLIEST, _LATEST = -2_208_988_800, 10_413_792_000  # 1900-01-01 and 2300-01-01 UTC: what DateTime64 stores
@@ -226,6 +228,8 @@ class ScoreRecord:
     judge_latency_s: float = 0.0
     inclusion_probability: float = 1.0  # π: the chance sampling gave it of being judged (weight 1/π)
     sampling_reason: str = ""  # rate | new_model_version | negative_feedback | rated ('' in records written before sampling)
+    scorer_name: str = ""  # the registry's name of the scorer version ('' when configured by file; stream/registry.py)
+    role: str = ACTIVE  # active: feeds metrics, alerts and conversation_scores; shadow: a candidate's, in shadow_scores
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -233,6 +237,7 @@ class ScoreRecord:
         try:
             _check(isinstance(self.conversation, ClosedConversation), "conversation is not a ClosedConversation")
             _check(self.status in STATUSES, f"status {self.status!r} is not one of {STATUSES}")
+            _check(self.role in SCORER_ROLES, f"role {self.role!r} is not one of {SCORER_ROLES}")
             for f in fields(self):  # each plain field holds what its annotation says
                 value = getattr(self, f.name)
                 holds, what = _HOLDS.get(str(f.type), (None, ""))

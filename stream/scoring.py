@@ -42,7 +42,7 @@ from stream.budget import BudgetGate, Cost, transcript_chars
 from stream.cost import judge_cost
 from stream.feedback_labels import FeedbackLabelRules
 from stream.metrics import JUDGED, UNSAMPLED, ServiceMetrics
-from stream.records import BehaviourHit, ClosedConversation, DimensionPrediction, RubricHit, ScoreRecord
+from stream.records import SHADOW, BehaviourHit, ClosedConversation, DimensionPrediction, RubricHit, ScoreRecord
 from stream.sampling import SamplingDecision, SamplingPolicy
 from stream.settings import PriceSettings, ScoringSettings, SettingsError
 
@@ -106,7 +106,9 @@ class ConversationScorer:
         rng: random.Random | None = None,
         price: PriceSettings | None = None,
         behaviour_set: BehaviourSet | None = None,
+        name: str = "",
     ) -> None:
+        self.name = name  # the registry's name of this version ('' when configured by file)
         self.judge = judge
         self.rubric_set = rubric_set
         self.calibrator = calibrator
@@ -139,6 +141,7 @@ class ConversationScorer:
             max_change_probability=settings.max_label_change_probability,
             moments=moments,
         )
+        self.behaviour_set = behaviour_set
         self.behaviour_set_version = ""
         self._behaviour_scorer: BehaviourScorer | None = None
         if behaviour_set is not None:
@@ -150,6 +153,23 @@ class ConversationScorer:
         self.price = price
         self.budget = BudgetGate.from_settings(settings.budget, metrics)  # None: no limit set
         self.sampling = SamplingPolicy.from_settings(settings.sampling)
+
+    def for_version(self, rubric_set: RubricSet, calibrator: Calibrator | None, name: str) -> ConversationScorer:
+        """A scorer of another version (stream/rollout.py): this one's judge, settings and behaviour set, and the same
+        judge budget and sampling state (one budget per worker, one first-N count per model version)."""
+        other = ConversationScorer(
+            self.judge,
+            rubric_set,
+            calibrator,
+            self.settings,
+            self.metrics,
+            rng=self._rng,
+            price=self.price,
+            behaviour_set=self.behaviour_set,
+            name=name,
+        )
+        other.budget, other.sampling = self.budget, self.sampling
+        return other
 
     # -- one attempt ----------------------------------------------------------
 
@@ -256,6 +276,7 @@ class ConversationScorer:
             conversation=closed,
             status=status,  # type: ignore[arg-type]
             scorer_version=self.scorer_version,
+            scorer_name=self.name,
             judge=self.judge_name,
             rubric_set_version=self.rubric_set.version,
             calibrator_version=self.calibrator_version,
@@ -296,6 +317,25 @@ class ConversationScorer:
             record = self.unsampled(closed, decision)
             self.observe(record)
             return record
+        record = replace(
+            await self._judged(closed), inclusion_probability=decision.inclusion_probability, sampling_reason=decision.reason
+        )
+        self.observe(record)
+        return record
+
+    async def score_shadow(self, closed: ClosedConversation, active: ScoreRecord) -> ScoreRecord:
+        """Score a conversation the active scorer judged (``active``), as this shadow version: the same retries and
+        budget, the active record's π and sampling reason, role ``shadow``; counted in the shadow metric only, so the
+        rates and alerts stay the active version's."""
+        record = await self._judged(closed)
+        record = replace(
+            record, role=SHADOW, inclusion_probability=active.inclusion_probability, sampling_reason=active.sampling_reason
+        )
+        self.metrics.shadow_conversations.labels(self.name, self.scorer_version, record.label or record.status).inc()
+        return record
+
+    async def _judged(self, closed: ClosedConversation) -> ScoreRecord:
+        """Judge with retries: a scored record, or an unscored one with the reason."""
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         attempt = 0
@@ -324,8 +364,6 @@ class ConversationScorer:
                 record = self.unscored(closed, f"{type(e).__name__}: {e}", attempt)
                 break
         self.metrics.scoring_latency.observe(time.perf_counter() - started)
-        record = replace(record, inclusion_probability=decision.inclusion_probability, sampling_reason=decision.reason)
-        self.observe(record)
         return record
 
     def observe(self, record: ScoreRecord) -> None:

@@ -7,10 +7,12 @@ import signal
 import threading
 
 from scorers.behaviours import load_behaviour_set
-from scorers.calibrators import load_calibrator
+from scorers.calibrators import Calibrator, load_calibrator
 from scorers.rubrics import RubricSet, starter_rubric_set
 from stream.judge_factory import judge_from_settings
 from stream.metrics import ServiceMetrics
+from stream.registry import ScorerRegistry, ScorerVersion
+from stream.rollout import ScorerRollout
 from stream.scoring import ConversationScorer
 from stream.settings import Settings, SettingsError
 from stream.topics import ensure_topics
@@ -33,12 +35,46 @@ def build_scorer(settings: Settings, metrics: ServiceMetrics) -> ConversationSco
     else:
         rubric_set = RubricSet.load(settings.rubric_set)
     calibrator = load_calibrator(settings.calibrator) if settings.calibrator is not None else None
+    return _scorer(settings, metrics, rubric_set, calibrator)
+
+
+def _scorer(
+    settings: Settings, metrics: ServiceMetrics, rubric_set: RubricSet, calibrator: Calibrator | None, name: str = ""
+) -> ConversationScorer:
     behaviours = settings.scoring.behaviours
     behaviour_set = load_behaviour_set(behaviours) if behaviours is not None else None
     judge = judge_from_settings(settings.judge, settings.cache_dir)
     return ConversationScorer(
-        judge, rubric_set, calibrator, settings.scoring, metrics, price=settings.judge.price, behaviour_set=behaviour_set
+        judge,
+        rubric_set,
+        calibrator,
+        settings.scoring,
+        metrics,
+        price=settings.judge.price,
+        behaviour_set=behaviour_set,
+        name=name,
     )
+
+
+def build_rollout(settings: Settings, metrics: ServiceMetrics) -> ScorerRollout:
+    """The worker's scorers: fixed from the ``rubric_set``/``calibrator`` settings, or following ``scoring.registry``
+    (the first version built from settings, later ones sharing its judge, budget and sampling state)."""
+    if settings.scoring.registry is None:
+        return ScorerRollout.fixed(build_scorer(settings, metrics), metrics)
+    if settings.rubric_set is not None or settings.calibrator is not None:
+        raise SettingsError(
+            "scoring.registry is set, so the rubric set and calibrator come from its active version: "
+            "unset rubric_set and calibrator (CONVOWATCH_RUBRIC_SET, CONVOWATCH_CALIBRATOR)"
+        )
+    first: list[ConversationScorer] = []
+
+    def build(version: ScorerVersion) -> ConversationScorer:
+        if not first:
+            first.append(_scorer(settings, metrics, version.rubric_set, version.calibrator, version.name))
+            return first[0]
+        return first[0].for_version(version.rubric_set, version.calibrator, version.name)
+
+    return ScorerRollout.from_registry(ScorerRegistry(settings.scoring.registry), build, metrics)
 
 
 def new_metrics(settings: Settings) -> ServiceMetrics:
@@ -67,16 +103,18 @@ def run_worker(settings: Settings, loglevel: str = "info") -> None:
     from stream.app import create_app
 
     metrics = new_metrics(settings)
-    scorer = build_scorer(settings, metrics)
+    rollout = build_rollout(settings, metrics)
     ensure_topics(settings.kafka)
-    app = create_app(settings, scorer, metrics)
+    app = create_app(settings, rollout, metrics)
     serve_metrics(settings, metrics)
+    scorer = rollout.current.active
     log.info(
-        "worker: judge %s, rubric set %s, calibrator %s, scorer version %s",
+        "worker: judge %s, rubric set %s, calibrator %s, scorer version %s%s",
         scorer.judge_name,
         scorer.rubric_set.version,
         scorer.calibrator_version,
         scorer.scorer_version,
+        f" ({scorer.name} from {settings.scoring.registry})" if rollout.watches else "",
     )
     worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
     worker.spinner = None  # Faust's terminal spinner would set the root logger to DEBUG (costly per event)

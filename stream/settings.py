@@ -231,6 +231,18 @@ class ScoringSettings(BaseModel):
     )
     sampling: SamplingSettings = Field(default_factory=SamplingSettings)
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
+    registry: Path | None = Field(
+        default=None,
+        description="Scorer registry directory (stream/registry.py, docs/rollout.md): the active rubric set and "
+        "calibrator and an optional shadow version, switched without restarting workers; None = the rubric_set and "
+        "calibrator settings, fixed for the worker's lifetime.",
+    )
+    registry_poll_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="How often workers read the registry's rollout: a promotion applies within this plus the time to "
+        "load the version.",
+    )
 
 
 class StoreSettings(BaseModel):

@@ -25,7 +25,7 @@ from kafka.errors import CommitFailedError, KafkaError
 
 from stream.contract import RECORD_HEADROOM_BYTES, DeadLetter, FeedbackEvent, InvalidEvent, parse_event
 from stream.metrics import ServiceMetrics
-from stream.records import FeedbackRow, RecordError, ScoreRecord
+from stream.records import ACTIVE, FeedbackRow, RecordError, ScoreRecord
 from stream.settings import Settings
 from stream.store import ClickHouseStore, StoreError
 
@@ -126,7 +126,8 @@ class ScoreSink:
             self.metrics.sink_rows.labels(table).inc(n)
         now = time.time()
         for record in batch.scores:
-            self.metrics.end_to_store_latency.observe(max(0.0, now - record.conversation.closed_at))
+            if record.role == ACTIVE:  # a shadow's record follows its active one: the latency is the active's
+                self.metrics.end_to_store_latency.observe(max(0.0, now - record.conversation.closed_at))
         return True
 
     def dead_letter(self, letters: list[DeadLetter]) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Generic, TypeVar
 
-from stream.records import BehaviourHit, DimensionPrediction, FeedbackRow, RubricHit, ScoreRecord
+from stream.records import SHADOW, BehaviourHit, DimensionPrediction, FeedbackRow, RubricHit, ScoreRecord
 
 T = TypeVar("T")
 
@@ -163,10 +163,15 @@ SCORES = Table[ScoreRecord](
         _INCLUSION_PROBABILITY,
         _field("sampling_reason", LOW_CARDINALITY),
         _field("behaviour_set_version", LOW_CARDINALITY),
+        _field("scorer_name", LOW_CARDINALITY),
         Column("extra", "String", lambda r: json.dumps(r.extra, sort_keys=True, ensure_ascii=False)),
     ),
     server_columns=("stored_at", "version"),
 )
+
+# A shadow version's scores (stream/rollout.py): the columns of conversation_scores, in a table of their own so
+# that everything reading conversation_scores (latest_scores, the report, the dashboards) sees the active version only.
+SHADOW_SCORES = Table[ScoreRecord]("shadow_scores", SCORES.columns, SCORES.server_columns)
 
 _PER_PART_TAIL = tuple(_of_record(c) for c in (_PRODUCT, _MODEL_VERSION, _CLOSED_AT, _SCORED_AT))
 
@@ -223,11 +228,16 @@ FEEDBACK = Table[FeedbackRow](
     ),
 )
 
-TABLES: tuple[Table[Any], ...] = (CONVERSATIONS, SCORES, DIMENSIONS, RUBRICS, BEHAVIOURS, FEEDBACK)
+TABLES: tuple[Table[Any], ...] = (CONVERSATIONS, SCORES, SHADOW_SCORES, DIMENSIONS, RUBRICS, BEHAVIOURS, FEEDBACK)
 
 
 def score_rows(records: Sequence[ScoreRecord]) -> Iterator[tuple[Table[Any], list[list[Any]]]]:
-    """Each score table with the rows ``records`` write to it (dimension, rubric and behaviour rows only for their parts)."""
+    """Each score table with the rows ``records`` write to it (dimension, rubric and behaviour rows only for their
+    parts); a shadow version's records write one ``shadow_scores`` row each and nothing else."""
+    shadows = [r for r in records if r.role == SHADOW]
+    if shadows:
+        yield SHADOW_SCORES, [SHADOW_SCORES.row(r) for r in shadows]
+        records = [r for r in records if r.role != SHADOW]
     yield CONVERSATIONS, [CONVERSATIONS.row(r) for r in records]
     yield SCORES, [SCORES.row(r) for r in records]
     yield DIMENSIONS, [DIMENSIONS.row((r, d)) for r in records for d in r.dimensions]
@@ -375,6 +385,16 @@ MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
                 scored_at {_TS}
             ) ENGINE = ReplacingMergeTree(scored_at) ORDER BY (conversation_id, scorer_version, turn_index, behaviour_id)""",
             "CREATE OR REPLACE VIEW " + _LATEST_SCORES_VIEW,
+        ),
+    ),
+    (
+        "0005_scorer_rollout",
+        (
+            f"""ALTER TABLE {{db}}.conversation_scores
+                ADD COLUMN IF NOT EXISTS scorer_name {_LC} AFTER behaviour_set_version""",
+            "CREATE OR REPLACE VIEW " + _LATEST_SCORES_VIEW,
+            # The same columns and engine; a later migration adding a score column adds it to both tables.
+            "CREATE TABLE IF NOT EXISTS {db}.shadow_scores AS {db}.conversation_scores",
         ),
     ),
 )

@@ -57,6 +57,8 @@ from stream.budget import BudgetedJudge
 from stream.commands.dashboards import dashboards
 from stream.commands.judge import judge
 from stream.commands.learn import SCORE_CACHE_FILE, _say, answer_cache_option, learn, uss_command
+from stream.commands.scorers import scorers
+from stream.commands.terminal import shown
 from stream.judge_factory import judge_from_settings
 from stream.settings import Settings, load_settings
 from stream.topics import ensure_topics
@@ -312,7 +314,7 @@ def _echo_evaluation(e: Evaluation, rubric_set: RubricSet, settings: BootstrapSe
         click.echo(f"  {name:<26}{_figure_text(f)}")
     for g, ge in e.groups.items():
         figures = "  ".join(f"{k} {_figure_text(ge.figures[k], 2)}" for k in ("accuracy", "auroc", "yield_rate"))
-        click.echo(f"  {_shown(by or '')}={_shown(g)}: {ge.n} conversations ({ge.n_positive} positive)  {figures}")
+        click.echo(f"  {shown(by or '')}={shown(g)}: {ge.n} conversations ({ge.n_positive} positive)  {figures}")
 
 
 @rubrics.command("evaluate")
@@ -893,6 +895,7 @@ def data_llm_rubric(data_dir: Path, split: str, negative_max_q0: float, labelled
 cli.add_command(learn)
 cli.add_command(dashboards)
 cli.add_command(judge)
+cli.add_command(scorers)
 data.add_command(uss_command)
 
 
@@ -993,9 +996,9 @@ def replay_cmd(
         )
         bad = invalid_items(items)
         if bad and not skip_invalid:
-            shown = "; ".join(f"{i.where}: {i.error.reason}" for i in bad[:5] if i.error is not None)
+            problems = "; ".join(f"{i.where}: {i.error.reason}" for i in bad[:5] if i.error is not None)
             _fail(
-                f"{len(bad)} of {len(items)} lines break the event contract ({shown}{' ...' if len(bad) > 5 else ''}); "
+                f"{len(bad)} of {len(items)} lines break the event contract ({problems}{' ...' if len(bad) > 5 else ''}); "
                 "fix them or pass --skip-invalid"
             )
     elif source == "llm-rubric":
@@ -1035,11 +1038,11 @@ def summary_cmd(obj: _Context, group_by: str, worst: int, as_json: bool) -> None
         return
     total = sum(summary.by_label.values())
     click.echo(f"{total} conversations: " + ", ".join(f"{label} {n}" for label, n in summary.by_label.items()))
-    click.echo(f"\nby {_shown(group_by)}:")
+    click.echo(f"\nby {shown(group_by)}:")
     click.echo(f"  {'value':<12}{'n':>6}{'dsat':>8}{'uncertain':>11}{'calibrated sat':>16}{'calibrated P(dsat)':>20}")
     for v in summary.variants:
         click.echo(
-            f"  {_shown(v.variant) or '(none)':<12}{v.n:>6}{_pct(v.dsat_rate):>8}{_pct(v.uncertain_rate):>11}"
+            f"  {shown(v.variant) or '(none)':<12}{v.n:>6}{_pct(v.dsat_rate):>8}{_pct(v.uncertain_rate):>11}"
             f"{_num(v.calibrated_satisfaction):>16}{_pct(v.calibrated_dissatisfaction):>20}"
         )
     click.echo(
@@ -1049,16 +1052,10 @@ def summary_cmd(obj: _Context, group_by: str, worst: int, as_json: bool) -> None
     if summary.worst:
         click.echo("\nworst conversations (highest calibrated P(dsat), then lowest NetSAT):")
         for w in summary.worst:
-            hits = "; ".join(f"{_shown(h.rubric_id)} {h.score:+.1f}" for h in w.dsat_hits) or "-"
+            hits = "; ".join(f"{shown(h.rubric_id)} {h.score:+.1f}" for h in w.dsat_hits) or "-"
             click.echo(
-                f"  {_shown(w.conversation_id)}  NetSAT {_num(w.netsat)}  {_shown(w.label):<9}  P(dsat) {_pct(w.dissatisfaction_probability)}  [{hits}]"
+                f"  {shown(w.conversation_id)}  NetSAT {_num(w.netsat)}  {shown(w.label):<9}  P(dsat) {_pct(w.dissatisfaction_probability)}  [{hits}]"
             )
-
-
-def _shown(text: str) -> str:
-    """A stored string as the terminal may print it: control characters (an ESC or BEL in a conversation id or an
-    attribute could clear the screen or retitle the terminal) written as escapes, ``\\x1b``."""
-    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
 @cli.command("report")

@@ -24,7 +24,7 @@ from stream.records import (
 )
 from stream.report.summary import summarize
 from stream.store import ClickHouseStore, StoreError
-from stream.tables import MIGRATIONS
+from stream.tables import MIGRATIONS, SCORES, SHADOW_SCORES
 from stream.tables import TABLES as DECLARED_TABLES
 from tests.chdb_fixture import chdb_dsn, chdb_store, store_factory  # noqa: F401
 
@@ -39,6 +39,7 @@ TABLES = [
     "latest_scores",
     "rubric_scores",
     "schema_migrations",
+    "shadow_scores",
 ]
 
 
@@ -159,6 +160,7 @@ def test_the_migrated_tables_have_exactly_the_declared_columns_and_types(store_f
 
 def test_the_schema_document_lists_every_declared_column_with_its_type() -> None:
     text = (REPO / "docs" / "clickhouse-schema.md").read_text(encoding="utf-8")
+    assert SHADOW_SCORES.columns == SCORES.columns  # its types are documented as "as in conversation_scores"
     for table in DECLARED_TABLES:
         section = text.split(f"### `{table.name}`", 1)[1].split("\n### ", 1)[0]
         documented: dict[str, str] = {}
@@ -167,7 +169,8 @@ def test_the_schema_document_lists_every_declared_column_with_its_type() -> None
             documented |= dict(zip(names, types if len(types) == len(names) else types * len(names)))
         for column in table.columns:
             assert column.name in documented, f"{table.name}.{column.name} is not in docs/clickhouse-schema.md"
-            assert documented[column.name].startswith(column.type), f"{table.name}.{column.name}: {documented[column.name]}"
+            if table is not SHADOW_SCORES:
+                assert documented[column.name].startswith(column.type), f"{table.name}.{column.name}: {documented[column.name]}"
 
 
 def test_a_database_of_the_first_schema_is_upgraded_and_keeps_its_rows(store_factory, monkeypatch) -> None:
@@ -212,12 +215,18 @@ def test_a_database_before_sampling_is_upgraded_and_its_rows_count_with_weight_o
         "writing old rows",
     )
     monkeypatch.setattr(store_module, "MIGRATIONS", MIGRATIONS)
-    assert store.migrate() == ["0003_sampling", "0004_behaviours"]
+    assert store.migrate() == ["0003_sampling", "0004_behaviours", "0005_scorer_rollout"]
     rows = store.query(
-        "SELECT conversation_id, status, inclusion_probability, sampling_reason, behaviour_set_version "
+        "SELECT conversation_id, status, inclusion_probability, sampling_reason, behaviour_set_version, scorer_name "
         "FROM latest_scores ORDER BY conversation_id"
     )
-    old = {"status": "scored", "inclusion_probability": 1.0, "sampling_reason": "", "behaviour_set_version": ""}
+    old = {
+        "status": "scored",
+        "inclusion_probability": 1.0,
+        "sampling_reason": "",
+        "behaviour_set_version": "",
+        "scorer_name": "",
+    }
     assert rows == [{"conversation_id": "old-dsat", **old}, {"conversation_id": "old-sat", **old}]
     assert store.query("SELECT count() AS n FROM behaviour_turns") == [{"n": 0}]
     [v] = summarize(store, group_by="product").variants
@@ -279,6 +288,7 @@ def test_write_and_read_back_every_field(store_factory) -> None:
         judge_latency_s=4.25,
         inclusion_probability=0.25,
         sampling_reason="rate",
+        scorer_name="2024-02-rubrics",
         extra={"note": "x"},
     )
     assert store.write_scores([record]) == {
@@ -343,6 +353,7 @@ def test_write_and_read_back_every_field(store_factory) -> None:
         "inclusion_probability": 0.25,
         "sampling_reason": "rate",
         "behaviour_set_version": "bs-1",
+        "scorer_name": "2024-02-rubrics",
         "extra": '{"note": "x"}',
     }
     dims = store.query("SELECT * FROM dimension_predictions FINAL ORDER BY question_id")
@@ -444,6 +455,35 @@ def test_count_conversations_per_scorer_version(store_factory) -> None:
     assert store.count_conversations("v9") == 0
     latest = store.query("SELECT conversation_id, scorer_version FROM latest_scores ORDER BY conversation_id")
     assert latest == [{"conversation_id": "a", "scorer_version": "v2"}, {"conversation_id": "b", "scorer_version": "v1"}]
+
+
+def test_a_shadow_versions_records_go_to_shadow_scores_only(store_factory) -> None:
+    """Shadow rows sit beside the active ones, never in what the report, summary and dashboards read."""
+    store = store_factory()
+    dims = (DimensionPrediction("Q0", (0.5, 0.5), 1.5),)
+    hits = (RubricHit("d1", "dsat", -2.5),)
+    active = [replace(scored(c, "sat", 3.0, 0.2, 3.0, dimensions=dims, rubrics=hits), scorer_name="v1") for c in "ab"]
+    shadow = replace(
+        scored("a", "dsat", -3.0, 0.8, 1.5, scorer_version="v2", dimensions=dims, rubrics=hits),
+        scorer_name="candidate",
+        role="shadow",
+        inclusion_probability=0.5,
+    )
+    written = store.write_scores([*active, shadow])
+    assert written["shadow_scores"] == 1 and written["conversation_scores"] == 2 and written["conversations"] == 2
+    store.write_scores([shadow])  # re-delivered: deduplicated like the active rows
+    assert final_counts(store) == {
+        "conversations": 2,
+        "conversation_scores": 2,
+        "dimension_predictions": 2,
+        "rubric_scores": 2,
+        "behaviour_turns": 0,
+    }
+    assert store.query("SELECT scorer_name, label, inclusion_probability FROM shadow_scores FINAL") == [
+        {"scorer_name": "candidate", "label": "dsat", "inclusion_probability": 0.5}
+    ]
+    assert {r["scorer_name"] for r in store.query("SELECT scorer_name FROM latest_scores")} == {"v1"}
+    assert summarize(store).by_label["dsat"] == 0
 
 
 # --- summary ------------------------------------------------------------------------------------
