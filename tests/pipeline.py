@@ -90,8 +90,8 @@ class Pipeline:
 
     root: Path
     bootstrap: str
-    rubric_set: Path
-    calibrator: Path
+    rubric_set: Path | None  # None for both: a scorer registry (scoring.registry in extra_env) names them
+    calibrator: Path | None
     partitions: int = 4
     extra_env: dict[str, str] = field(default_factory=dict)
     processes: list[Process] = field(default_factory=list)
@@ -116,8 +116,8 @@ class Pipeline:
             **TANSU_SETTINGS,
             "CONVOWATCH_JUDGE__BACKEND": "recorded",
             "CONVOWATCH_JUDGE__RECORDED_ANSWERS": str(RECORDED_REAL_ANSWERS),
-            "CONVOWATCH_RUBRIC_SET": str(self.rubric_set),
-            "CONVOWATCH_CALIBRATOR": str(self.calibrator),
+            **({"CONVOWATCH_RUBRIC_SET": str(self.rubric_set)} if self.rubric_set is not None else {}),
+            **({"CONVOWATCH_CALIBRATOR": str(self.calibrator)} if self.calibrator is not None else {}),
             "CONVOWATCH_SCORING__QUESTIONS": str(LLM_RUBRIC_DATA / "questions.json"),
             "CONVOWATCH_STORE__DSN": f"chdb://{self.store_dir}",
             "CONVOWATCH_STORE__FLUSH_INTERVAL_S": "0.5",
