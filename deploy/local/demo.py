@@ -1,15 +1,26 @@
 """`make demo`: the whole service on the embedded stack, replaying the 223 real LLM-Rubric conversations.
 
-    python -m deploy.local.demo start   # stack + artifacts + worker + sink, replay, summary (leaves it running)
+    python -m deploy.local.demo start   # stack + artifacts + worker + sink, the loop below, summary (leaves it running)
     python -m deploy.local.demo stop    # worker, sink and the stack
 
-Steps: start tansu, Prometheus (scraping the worker and the sink) and
-Alertmanager; make a rubric set and a calibrator with the scoring-core
-commands from LLM-Rubric's synthetic data; start a worker and the sink with
-the **recorded** GPT-3.5 judge (its stored answers for these conversations:
-no model runs); replay the conversations; wait until the sink has stored them;
-print `convowatch summary` next to the human judges' own ratings; leave the
-worker, sink and stack running and print their URLs.
+Steps: start tansu, Prometheus (scraping the worker and the sink, evaluating
+the production alert rules) and Alertmanager; make a rubric set and a
+calibrator with the scoring-core commands from LLM-Rubric's synthetic data and
+register them as scorer version ``synthetic`` (docs/rollout.md); start a
+worker and the sink with the **recorded** GPT-3.5 judge (its stored answers
+for these conversations: no model runs). Then the loop a team runs:
+
+1. replay half of the conversations (a fixed split by id) with a thumbs up or
+   down from their "users" — the human judges' own verdict (mean Q0 > 2: up),
+   standing in for a product's thumbs;
+2. learn a rubric set from those stored thumbs (``convowatch learn
+   --from-store``) and roll it out as a shadow of ``synthetic``;
+3. replay the other half, with its thumbs: both versions score it;
+4. compare the two on that half (``convowatch scorers compare``), including
+   their agreement with the users, and show the alert state.
+
+Finally print ``convowatch summary`` next to the human judges' ratings and
+leave the worker, sink and stack running with their URLs.
 """
 
 from __future__ import annotations
@@ -22,9 +33,14 @@ import subprocess
 import sys
 import time
 import urllib.request
+from datetime import UTC, datetime
 from pathlib import Path
 
 from deploy.local import processes, stack
+from scorers.datasets.llm_rubric import load_split, satisfaction_labels
+from stream.contract import EndEvent, FeedbackEvent, TurnEvent, encode_event
+from stream.replay.sources import llm_rubric_events
+from stream.sampling import unit_hash
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "data" / "llm-rubric"
@@ -33,6 +49,9 @@ RULES = REPO / "dashboards" / "alerts" / "convowatch.rules.yml"  # the productio
 WORKER_PORT, SINK_PORT = 9464, 9465
 PYTHONS = ("python", "python3", f"python{sys.version_info.major}.{sys.version_info.minor}")
 N_CONVERSATIONS = 223
+REGISTRY = STATE / "registry"
+ACTIVE = "synthetic"  # the rubric set and calibrator made from synthetic data
+SPLIT_SALT = "demo-split"  # which half is learned from, which half compares
 
 
 def _settings_env() -> dict[str, str]:
@@ -47,8 +66,8 @@ def _settings_env() -> dict[str, str]:
         "CONVOWATCH_KAFKA__FETCH_MAX_WAIT_S": "0.1",
         "CONVOWATCH_JUDGE__BACKEND": "recorded",
         "CONVOWATCH_JUDGE__RECORDED_ANSWERS": str(DATA / "gpt-3.5-turbo-16k_real_evaluations_FIXED.tsv"),
-        "CONVOWATCH_RUBRIC_SET": str(STATE / "rubricset.json"),
-        "CONVOWATCH_CALIBRATOR": str(STATE / "calibrator"),
+        "CONVOWATCH_SCORING__REGISTRY": str(REGISTRY),
+        "CONVOWATCH_SCORING__REGISTRY_POLL_S": "2",
         "CONVOWATCH_SCORING__QUESTIONS": str(DATA / "questions.json"),
         "CONVOWATCH_STORE__DSN": f"chdb://{STATE / 'clickhouse'}",
     }
@@ -114,6 +133,110 @@ def make_artifacts() -> None:
         "--out",
         str(STATE / "calibrator"),
     )
+
+
+def register_active() -> None:
+    """Register the synthetic-data rubric set and calibrator (once) and make them the active scorer version."""
+    if ACTIVE not in [p.name for p in (REGISTRY / "versions").glob("*")]:
+        _cw(
+            "scorers",
+            "register",
+            ACTIVE,
+            "--rubric-set",
+            str(STATE / "rubricset.json"),
+            "--calibrator",
+            str(STATE / "calibrator"),
+            env=_settings_env(),
+        )
+    _cw("scorers", "shadow", "--off", env=_settings_env(), quiet=True)
+    _cw("scorers", "promote", ACTIVE, env=_settings_env())
+
+
+def write_half(path: Path, learning_half: bool) -> int:
+    """One half of the real conversations as contract events (JSONL), each with its users' thumbs on the last
+    assistant turn before it ends: up when the human judges' mean Q0 is above 2, down otherwise."""
+    thumbs = satisfaction_labels(load_split(DATA, "real"))
+    conversations: dict[str, list] = {}
+    for item in llm_rubric_events(DATA / "real_data.json"):
+        assert item.event is not None
+        cid = item.event.conversation_id
+        if (unit_hash(SPLIT_SALT, cid) < 0.5) == learning_half:
+            conversations.setdefault(cid, []).append(item.event)
+    with path.open("wb") as f:
+        for cid, events in conversations.items():
+            turns = [e for e in events if isinstance(e, TurnEvent) and e.role == "assistant"]
+            end = next(e for e in events if isinstance(e, EndEvent))
+            if cid in thumbs and turns:
+                rating = "up" if thumbs[cid] else "down"
+                events.insert(events.index(end), FeedbackEvent(cid, turns[-1].turn_index, rating, end.timestamp - 1))
+            f.writelines(encode_event(e) + b"\n" for e in events)
+    return len(conversations)
+
+
+def replay_half(learning_half: bool) -> int:
+    """Replay one half with its thumbs and wait until the sink has stored it; returns how many conversations."""
+    path = STATE / ("learning-half.jsonl" if learning_half else "comparison-half.jsonl")
+    n = write_half(path, learning_half)
+    already = _metric(SINK_PORT, "convowatch_sink_rows_total", table="conversation_scores")
+    _cw("replay", "jsonl", str(path), env=_settings_env(), quiet=True)
+    _wait(
+        "the sink to store the replayed conversations",
+        lambda: _metric(SINK_PORT, "convowatch_sink_rows_total", table="conversation_scores") >= already + n,
+        300,
+    )
+    return n
+
+
+def learn_from_feedback(since: str) -> str:
+    """Learn a rubric set from the thumbs stored since ``since``, register it, and shadow the active version with it."""
+    domain = STATE / "domain.md"
+    domain.write_text("An assistant answers a user's questions in a conversation, citing web sources.\n", encoding="utf-8")
+    learned = STATE / "from-feedback.json"
+    _cw(
+        "learn",
+        "--from-store",
+        "--since",
+        since,
+        "--candidates",
+        str(STATE / "unfitted-rubricset.json"),
+        "--n-sat",
+        "4",
+        "--n-dsat",
+        "0",
+        "--domain",
+        str(domain),
+        "--out",
+        str(learned),
+        "--cache",
+        str(STATE / "rubric-scores.sqlite"),
+        env=_settings_env(),
+    )
+    name = "from-feedback-" + json.loads(learned.read_text(encoding="utf-8"))["version"][:8]
+    if not (REGISTRY / "versions" / name).exists():
+        _cw(
+            "scorers",
+            "register",
+            name,
+            "--rubric-set",
+            str(learned),
+            "--calibrator",
+            str(STATE / "calibrator"),
+            env=_settings_env(),
+        )
+    _cw("scorers", "shadow", name, "--rate", "1", env=_settings_env())
+    return name
+
+
+def alert_state() -> str:
+    """The alerts Prometheus has pending or firing now, one per line (or that none is)."""
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:9090/api/v1/alerts", timeout=5) as r:
+            alerts = json.load(r)["data"]["alerts"]
+    except (OSError, ValueError, KeyError) as e:
+        return f"  (Prometheus did not answer: {e})"
+    if not alerts:
+        return "  none pending or firing"
+    return "\n".join(f"  {a['labels'].get('alertname')} {a['state']} {a['labels']}" for a in alerts)
 
 
 def _metric(port: int, name: str, **labels: str) -> float:
@@ -192,21 +315,39 @@ def start() -> None:
     for service in stack.start_all(cfg).values():
         print(f"  {service.name:<13}{service.url}")
     make_artifacts()
+    register_active()
     start_service("sink", "sink", SINK_PORT)
     start_service("worker", "run", WORKER_PORT)
     _wait("the worker to own its partitions", lambda: _metric(WORKER_PORT, "convowatch_assigned_partitions") > 0, 120)
 
-    already = _metric(SINK_PORT, "convowatch_sink_rows_total", table="conversation_scores")
-    print(f"- replaying the {N_CONVERSATIONS} real LLM-Rubric conversations")
-    _cw("replay", "llm-rubric", env=_settings_env())
-    _wait(
-        "the sink to store every conversation",
-        lambda: _metric(SINK_PORT, "convowatch_sink_rows_total", table="conversation_scores") >= already + N_CONVERSATIONS,
-        300,
-    )
-
-    # The embedded ClickHouse opens in one process only: pause the sink while `summary` reads it.
+    started = datetime.now(UTC).isoformat()
+    n = replay_half(learning_half=True)
+    print(f"- replayed {n} of the {N_CONVERSATIONS} real conversations with their users' thumbs (scored by {ACTIVE})")
+    # The embedded ClickHouse opens in one process only: pause the sink while a command reads it.
     stop_service("sink")
+    print("- learning a rubric set from the stored thumbs (convowatch learn --from-store) and shadowing with it")
+    candidate = learn_from_feedback(started)
+    start_service("sink", "sink", SINK_PORT)
+    _wait(
+        "the worker to take the shadow",
+        lambda: _metric(WORKER_PORT, "convowatch_scorer_version_info", role="shadow", scorer_name=candidate) == 1,
+        60,
+    )
+    second_half = datetime.now(UTC).isoformat()
+    n = replay_half(learning_half=False)
+    print(f"- replayed the other {n} conversations with their thumbs: scored by {ACTIVE} and, as its shadow, {candidate}")
+    _wait(
+        "the shadow's scores",
+        lambda: _metric(SINK_PORT, "convowatch_sink_rows_total", table="shadow_scores") >= n,
+        120,
+    )
+    stop_service("sink")
+    print("\n=== convowatch scorers compare (the half not learned from; users' thumbs = human judges' verdicts) ===")
+    print(_cw("scorers", "compare", "--since", second_half, env=_settings_env(), quiet=True).stdout)
+    print("alerts (Prometheus, dashboards/alerts/convowatch.rules.yml):")
+    print(alert_state())
+    print(f"promote it with: CONVOWATCH_SCORING__REGISTRY={REGISTRY} convowatch scorers promote {candidate}")
+
     print("\n=== convowatch summary (recorded GPT-3.5 judge; rubric set and calibrator trained on synthetic data) ===")
     print(_cw("summary", env=_settings_env(), quiet=True).stdout)
     print("human judges on the same conversations (not used for scoring; for comparison):")
