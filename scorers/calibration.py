@@ -57,6 +57,7 @@ FORMAT_NAME = "convowatch-llm-rubric-calibrator"
 FORMAT_VERSION = 1
 WEIGHTS_FILE = "weights.safetensors"
 METADATA_FILE = "calibrator.json"
+PROVENANCE_FILE = "provenance.json"  # where an adapted calibrator's labels came from (not part of its version)
 VERSION_HEX_CHARS = 16
 # The network is tiny: intra-op parallelism costs more than it gains (a fit measured 1.6 s on one
 # thread vs 31 s on two threads of a busy 2-core machine), and one thread keeps results identical

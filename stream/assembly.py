@@ -38,6 +38,9 @@ Rules (documented in the README's "Conversation assembly" section):
   conversation (it has been sampled already: late feedback cannot change the
   decision) and feedback before the first turn leave the state as it is. The
   sink stores every feedback event in the ``feedback`` table either way.
+* A ``rating`` (a score for the whole conversation) leaves the state as it
+  is, whenever it comes: the sink stores it in ``conversation_ratings``, where
+  ``convowatch calibrate adapt --from-store`` reads it.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeGuard
 
-from stream.contract import NEGATIVE_RATINGS, EndEvent, Event, FeedbackEvent, TurnEvent
+from stream.contract import NEGATIVE_RATINGS, EndEvent, Event, FeedbackEvent, RatingEvent, TurnEvent
 from stream.records import ClosedConversation, TurnRecord
 from stream.settings import AssemblySettings
 
@@ -94,6 +97,8 @@ class ConversationAssembler:
             return self._end(state, event, now)
         if isinstance(event, FeedbackEvent):
             return self._feedback(state, event)
+        if isinstance(event, RatingEvent):
+            return Step(state, "accepted")
         raise TypeError(f"not an event: {event!r}")
 
     def due(self, state: State, now: float) -> Literal["idle_timeout", "retention"] | None:

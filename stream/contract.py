@@ -1,8 +1,9 @@
 """The event contract: what the chat product publishes to the events topic, and what is refused.
 
 Events are JSON objects, one per Kafka record, keyed by the UTF-8 bytes of
-their ``conversation_id``. Three types: ``turn`` (one message), ``end`` (the
-conversation is over) and ``feedback`` (thumbs up/down on a turn). The
+their ``conversation_id``. Four types: ``turn`` (one message), ``end`` (the
+conversation is over), ``feedback`` (thumbs up/down on a turn) and ``rating``
+(a score for the whole conversation on a scale the event declares). The
 published form is the JSON Schema ``stream/schemas/events.schema.json``;
 `parse_event` enforces the same rules with hand-written checks (a JSON Schema
 validator per event is too slow for the worker), plus the few the schema
@@ -46,6 +47,7 @@ MAX_ATTRIBUTES = 32
 MAX_ATTRIBUTE_KEY_CHARS = 64
 MAX_ATTRIBUTE_VALUE_CHARS = 256
 END_CAUSES: tuple[str, ...] = ("end", "idle_timeout", "retention", "capacity")
+MAX_RATING_SCALE = 100  # a conversation rating's scale: 1..scale, 2 <= scale <= this
 RATINGS: tuple[str, ...] = ("up", "down")
 NEGATIVE_RATINGS: frozenset[str] = frozenset({"down"})  # ratings that make sampling judge the conversation
 DEAD_LETTER_VERSION = 1
@@ -71,11 +73,11 @@ REASON_DESCRIPTIONS: dict[str, str] = {
     "not_json": "the value is not JSON (or is empty/null, or uses NaN/Infinity)",
     "not_object": "the JSON value is not an object",
     "unsupported_schema_version": f"schema_version is not {SCHEMA_VERSION}",
-    "unknown_type": "type is not turn, end or feedback",
+    "unknown_type": "type is not turn, end, feedback or rating",
     "missing_field": "a required field is absent",
     "unknown_field": "a field the event type does not have",
     "wrong_type": "a field has the wrong JSON type (booleans are not integers)",
-    "invalid_value": "a field has the right type but a bad value (empty or long id, bad timestamp, rating, cause, attributes, lone surrogate)",
+    "invalid_value": "a field has the right type but a bad value (empty or long id, bad timestamp, rating, cause, score or scale, attributes, lone surrogate)",
     "unknown_role": f"a turn's role is not one of {', '.join(ROLES)}",
     "negative_turn_index": "turn_index is below 0",
     "oversized_text": "a turn's text is larger than max_text_bytes (UTF-8)",
@@ -137,7 +139,20 @@ class FeedbackEvent:
     attributes: dict[str, str] = field(default_factory=dict)
 
 
-Event = TurnEvent | EndEvent | FeedbackEvent
+@dataclass(frozen=True, slots=True)
+class RatingEvent:
+    """A user's score for the whole conversation: ``score`` in 1..``scale`` (e.g. 4 of 5 stars)."""
+
+    conversation_id: str
+    score: int
+    scale: int
+    timestamp: float
+    comment: str = ""
+    attributes: dict[str, str] = field(default_factory=dict)
+
+
+Event = TurnEvent | EndEvent | FeedbackEvent | RatingEvent
+EVENT_TYPES = (TurnEvent, EndEvent, FeedbackEvent, RatingEvent)
 
 _COMMON = ("schema_version", "type", "conversation_id", "timestamp")
 _FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {  # type -> (allowed, required)
@@ -149,6 +164,10 @@ _FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {  # type -> (allowe
     "feedback": (
         frozenset({*_COMMON, "turn_index", "rating", "comment", "attributes"}),
         frozenset({*_COMMON, "turn_index", "rating"}),
+    ),
+    "rating": (
+        frozenset({*_COMMON, "score", "scale", "comment", "attributes"}),
+        frozenset({*_COMMON, "score", "scale"}),
     ),
 }
 _ROLES = frozenset(ROLES)
@@ -338,10 +357,25 @@ def _parse_feedback(obj: dict[str, Any], max_text_bytes: int) -> FeedbackEvent:
     return FeedbackEvent(cid, index, rating, ts, comment, attrs)
 
 
+def _parse_rating(obj: dict[str, Any], max_text_bytes: int) -> RatingEvent:
+    cid = _conversation_id("rating", obj["conversation_id"])
+    scale = _integer("rating", "scale", obj["scale"])
+    if not 2 <= scale <= MAX_RATING_SCALE:
+        raise InvalidEvent("invalid_value", f"rating event: scale must be 2..{MAX_RATING_SCALE} (answers 1..scale), got {scale}")
+    score = _integer("rating", "score", obj["score"])
+    if not 1 <= score <= scale:
+        raise InvalidEvent("invalid_value", f"rating event: score must be 1..{scale} (its scale), got {score}")
+    ts = _timestamp("rating", obj["timestamp"])
+    comment = _string("rating", "comment", obj["comment"]) if "comment" in obj else ""
+    attrs = _attributes("rating", obj["attributes"]) if "attributes" in obj else {}
+    return RatingEvent(cid, score, scale, ts, comment, attrs)
+
+
 _PARSERS: dict[str, Callable[[dict[str, Any], int], Event]] = {
     "turn": _parse_turn,
     "end": _parse_end,
     "feedback": _parse_feedback,
+    "rating": _parse_rating,
 }
 
 
@@ -349,7 +383,7 @@ def _strings(event: Event) -> list[tuple[str, str]]:
     out = [("conversation_id", event.conversation_id)]
     if isinstance(event, TurnEvent):
         out.append(("text", event.text))
-    elif isinstance(event, FeedbackEvent):
+    elif isinstance(event, (FeedbackEvent, RatingEvent)):
         out.append(("comment", event.comment))
     for k, v in event.attributes.items():
         out += [("attribute name", k), (f"attributes[{k!r}]", v)]
@@ -357,7 +391,8 @@ def _strings(event: Event) -> list[tuple[str, str]]:
 
 
 def _kind(event: Event) -> str:
-    return "turn" if isinstance(event, TurnEvent) else "end" if isinstance(event, EndEvent) else "feedback"
+    kinds = {TurnEvent: "turn", EndEvent: "end", FeedbackEvent: "feedback", RatingEvent: "rating"}
+    return kinds[type(event)]
 
 
 def parse_event(
@@ -443,8 +478,12 @@ def event_to_dict(event: Event) -> dict[str, Any]:
         d.update(turn_index=event.turn_index, role=event.role, text=event.text, timestamp=ts)
     elif isinstance(event, EndEvent):
         d.update(timestamp=ts, cause=event.cause)
-    else:
+    elif isinstance(event, FeedbackEvent):
         d.update(turn_index=event.turn_index, rating=event.rating, timestamp=ts)
+        if event.comment:
+            d["comment"] = event.comment
+    else:
+        d.update(score=event.score, scale=event.scale, timestamp=ts)
         if event.comment:
             d["comment"] = event.comment
     if event.attributes:
@@ -458,7 +497,7 @@ def encode_event(event: Event) -> bytes:
     The result parses back (`parse_event`) to an equal event. Size limits are
     the worker's settings and are not applied here.
     """
-    if not isinstance(event, (TurnEvent, EndEvent, FeedbackEvent)):
+    if not isinstance(event, EVENT_TYPES):
         raise TypeError(f"not an event: {type(event).__name__}")
     try:
         for name, s in _strings(event):

@@ -321,6 +321,29 @@ class FeedbackRow:
             raise RecordError(f"feedback for conversation {self.conversation_id!r}: {e}") from None
 
 
+@dataclass(frozen=True)
+class RatingRow:
+    """A user's score for a whole conversation (a ``rating`` event), as stored in ``conversation_ratings``."""
+
+    conversation_id: str
+    score: int
+    scale: int
+    comment: str
+    timestamp: float
+    attributes: dict[str, str] = field(default_factory=dict)
+    received_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        try:
+            _check(isinstance(self.conversation_id, str) and self.conversation_id != "", "conversation_id is empty")
+            _check(_count(self.scale) and self.scale >= 2, f"scale {self.scale!r} is not a count >= 2")
+            _check(_count(self.score) and 1 <= self.score <= self.scale, f"score {self.score!r} is not in 1..{self.scale}")
+            _time(self.timestamp, "timestamp")
+            _time(self.received_at, "received_at")
+        except RecordError as e:
+            raise RecordError(f"rating of conversation {self.conversation_id!r}: {e}") from None
+
+
 def _check(ok: bool, problem: str) -> None:
     if not ok:
         raise RecordError(problem)

@@ -1,4 +1,4 @@
-"""The sink: scores topic (and feedback events) → ClickHouse, committing offsets only after the write.
+"""The sink: scores topic (and feedback and rating events) → ClickHouse, committing offsets only after the write.
 
 Why a separate process: scoring scales out over many workers, but the
 embedded ClickHouse engine (chDB) can be opened by one process only. Workers
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.errors import CommitFailedError, KafkaError
 
-from stream.contract import RECORD_HEADROOM_BYTES, DeadLetter, FeedbackEvent, InvalidEvent, parse_event
+from stream.contract import RECORD_HEADROOM_BYTES, DeadLetter, FeedbackEvent, InvalidEvent, RatingEvent, parse_event
 from stream.metrics import ServiceMetrics
-from stream.records import ACTIVE, FeedbackRow, RecordError, ScoreRecord
+from stream.records import ACTIVE, FeedbackRow, RatingRow, RecordError, ScoreRecord
 from stream.settings import Settings
 from stream.store import ClickHouseStore, StoreError
 
@@ -38,11 +38,12 @@ class SinkBatch:
 
     scores: list[ScoreRecord]
     feedback: list[FeedbackRow]
+    ratings: list[RatingRow]
     bad: list[DeadLetter]
 
 
 class ScoreSink:
-    """Consumes the scores topic and feedback events and writes them to the store in batches."""
+    """Consumes the scores topic and the feedback and rating events and writes them to the store in batches."""
 
     def __init__(self, settings: Settings, store: ClickHouseStore, metrics: ServiceMetrics) -> None:
         self.settings = settings
@@ -72,7 +73,7 @@ class ScoreSink:
 
     def decode(self, messages) -> SinkBatch:
         k = self.settings.kafka
-        batch = SinkBatch([], [], [])
+        batch = SinkBatch([], [], [], [])
         for m in messages:
             if m.topic == k.scores_topic:
                 try:
@@ -90,13 +91,25 @@ class ScoreSink:
                     max_event_bytes=self.settings.assembly.max_event_bytes,
                 )
             except InvalidEvent:
-                continue  # the workers dead-letter invalid events; the sink only needs valid feedback
+                continue  # the workers dead-letter invalid events; the sink only needs valid feedback and ratings
             if isinstance(event, FeedbackEvent):  # a valid event makes a valid row: the contract checks more than it
                 batch.feedback.append(
                     FeedbackRow(
                         conversation_id=event.conversation_id,
                         turn_index=event.turn_index,
                         rating=event.rating,
+                        comment=event.comment,
+                        timestamp=event.timestamp,
+                        attributes=dict(event.attributes),
+                        received_at=time.time(),
+                    )
+                )
+            elif isinstance(event, RatingEvent):
+                batch.ratings.append(
+                    RatingRow(
+                        conversation_id=event.conversation_id,
+                        score=event.score,
+                        scale=event.scale,
                         comment=event.comment,
                         timestamp=event.timestamp,
                         attributes=dict(event.attributes),
@@ -114,6 +127,8 @@ class ScoreSink:
                 rows = self.store.write_scores(batch.scores) if batch.scores else {}
                 if batch.feedback:
                     rows["feedback"] = self.store.write_feedback(batch.feedback)
+                if batch.ratings:
+                    rows["conversation_ratings"] = self.store.write_ratings(batch.ratings)
                 break
             except StoreError as e:
                 self.metrics.sink_errors.inc()
@@ -149,7 +164,7 @@ class ScoreSink:
             batch = self.decode(messages)
             if batch.bad:
                 self.dead_letter(batch.bad)
-            if (batch.scores or batch.feedback) and not self.write(batch, stop):
+            if (batch.scores or batch.feedback or batch.ratings) and not self.write(batch, stop):
                 break
             try:
                 self.consumer.commit()

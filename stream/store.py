@@ -31,8 +31,8 @@ import clickhouse_connect
 from clickhouse_connect.driver.exceptions import Error as ClickHouseDriverError
 
 from scorers.errors import ServiceError
-from stream.records import FeedbackRow, ScoreRecord
-from stream.tables import FEEDBACK, MIGRATIONS, MIGRATIONS_TABLE, score_rows
+from stream.records import FeedbackRow, RatingRow, ScoreRecord
+from stream.tables import CONVERSATION_RATINGS, FEEDBACK, MIGRATIONS, MIGRATIONS_TABLE, score_rows
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -130,6 +130,13 @@ class ClickHouseStore:
                 self._insert(table.name, rows, table.column_names)
             written[table.name] = len(rows)
         return written
+
+    def write_ratings(self, items: Sequence[RatingRow]) -> int:
+        """Insert conversation ratings in one batch; returns how many."""
+        rows = [CONVERSATION_RATINGS.row(r) for r in items]
+        if rows:
+            self._insert(CONVERSATION_RATINGS.name, rows, CONVERSATION_RATINGS.column_names)
+        return len(rows)
 
     def write_feedback(self, items: Sequence[FeedbackRow]) -> int:
         """Insert feedback rows in one batch; returns how many."""

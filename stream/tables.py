@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Generic, TypeVar
 
-from stream.records import SHADOW, BehaviourHit, DimensionPrediction, FeedbackRow, RubricHit, ScoreRecord
+from stream.records import SHADOW, BehaviourHit, DimensionPrediction, FeedbackRow, RatingRow, RubricHit, ScoreRecord
 
 T = TypeVar("T")
 
@@ -228,7 +228,31 @@ FEEDBACK = Table[FeedbackRow](
     ),
 )
 
-TABLES: tuple[Table[Any], ...] = (CONVERSATIONS, SCORES, SHADOW_SCORES, DIMENSIONS, RUBRICS, BEHAVIOURS, FEEDBACK)
+CONVERSATION_RATINGS = Table[RatingRow](
+    "conversation_ratings",
+    (
+        _field("conversation_id", "String"),
+        _field("score", "UInt8"),
+        _field("scale", "UInt8"),
+        _field("comment", "String"),
+        _field("timestamp", TIMESTAMP),
+        Column("attributes", "Map(String, String)", lambda f: {str(k): str(v) for k, v in f.attributes.items()}),
+        Column("product", LOW_CARDINALITY, lambda f: str(f.attributes.get("product", ""))),
+        Column("model_version", LOW_CARDINALITY, lambda f: str(f.attributes.get("model_version", ""))),
+        _field("received_at", TIMESTAMP),
+    ),
+)
+
+TABLES: tuple[Table[Any], ...] = (
+    CONVERSATIONS,
+    SCORES,
+    SHADOW_SCORES,
+    DIMENSIONS,
+    RUBRICS,
+    BEHAVIOURS,
+    FEEDBACK,
+    CONVERSATION_RATINGS,
+)
 
 
 def score_rows(records: Sequence[ScoreRecord]) -> Iterator[tuple[Table[Any], list[list[Any]]]]:
@@ -395,6 +419,22 @@ MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "CREATE OR REPLACE VIEW " + _LATEST_SCORES_VIEW,
             # The same columns and engine; a later migration adding a score column adds it to both tables.
             "CREATE TABLE IF NOT EXISTS {db}.shadow_scores AS {db}.conversation_scores",
+        ),
+    ),
+    (
+        "0006_conversation_ratings",
+        (
+            f"""CREATE TABLE IF NOT EXISTS {{db}}.conversation_ratings (
+                conversation_id String,
+                score UInt8,
+                scale UInt8,
+                comment String,
+                timestamp {_TS},
+                attributes Map(String, String),
+                product {_LC},
+                model_version {_LC},
+                received_at {_TS}
+            ) ENGINE = ReplacingMergeTree(received_at) ORDER BY (conversation_id, timestamp)""",
         ),
     ),
 )

@@ -18,6 +18,7 @@ import click
 import numpy as np
 
 from scorers.conversation import Conversation
+from scorers.datasets.answer_labels import AnswerLabels, load_answer_labels
 from scorers.datasets.labelled import (
     LabelledConversation,
     load_labelled_jsonl,
@@ -50,13 +51,22 @@ from scorers.evaluation import (
     evaluate_rubric_set,
     group_values,
 )
+from scorers.json_file import write_json
 from scorers.judges.base import Judge
-from scorers.questions import load_questions
+from scorers.questions import Question, load_questions
 from scorers.rubrics import DEFAULT_PRECISION, RubricSet
 from stream.budget import BudgetedJudge
 from stream.commands.dashboards import dashboards
 from stream.commands.judge import judge
-from stream.commands.learn import SCORE_CACHE_FILE, _say, answer_cache_option, learn, uss_command
+from stream.commands.learn import (
+    SCORE_CACHE_FILE,
+    _say,
+    answer_cache_option,
+    learn,
+    store_window,
+    store_window_options,
+    uss_command,
+)
 from stream.commands.scorers import scorers
 from stream.commands.terminal import shown
 from stream.judge_factory import judge_from_settings
@@ -65,6 +75,7 @@ from stream.topics import ensure_topics
 
 if TYPE_CHECKING:
     from scorers.calibrators import Calibrator  # imports torch: only where a calibrator is used
+    from stream.feedback_labels import StoreAnswers
 
 
 class _Context:
@@ -702,7 +713,21 @@ def calibrate_train(
     default=None,
     help="With --labels: the questions file with the calibrator's question texts [default: scoring.questions].",
 )
-@answer_cache_option("With --labels: the ")
+@click.option(
+    "--from-store",
+    is_flag=True,
+    help="Adapt to the scores users gave whole conversations (rating events, stored in conversation_ratings) on a "
+    "1..K scale, as answers to --question; the judge is asked about those conversations (cached). Needs --since.",
+)
+@store_window_options
+@click.option(
+    "--question",
+    "store_question",
+    default=None,
+    help="With --from-store: the calibrator question the users' scores answer [default: its main question]; scores on "
+    "a scale other than its number of options are left out.",
+)
+@answer_cache_option("With --labels or --from-store: the ")
 @_calibration_options(required=False)
 @click.option(
     "--strength",
@@ -722,6 +747,11 @@ def calibrate_adapt(
     calibrator: Path,
     labels_path: Path | None,
     questions_path: Path | None,
+    from_store: bool,
+    since: str | None,
+    until: str | None,
+    where_items: tuple[str, ...],
+    store_question: str | None,
     cache_path: Path | None,
     judge_answers: Path | None,
     human_labels: Path | None,
@@ -738,26 +768,38 @@ def calibrate_adapt(
     people who labelled get offsets of their own. Needs at least 10
     conversations labelled on the main question (13 to choose --strength by
     CV). The labels come as --labels FILE (the judge is asked about those
-    conversations) or as recorded judge answers with human labels
-    (--judge-answers, --human-labels). docs/calibration.md shows the measured
-    learning curve.
+    conversations), as the scores users gave whole conversations in the store
+    (--from-store --since 30d: rating events, as one annotator "users"), or as
+    recorded judge answers with human labels (--judge-answers, --human-labels).
+    docs/calibration.md shows the measured learning curve.
     """
+    from scorers.calibration import PROVENANCE_FILE
     from scorers.calibration_selection import select_adaptation_strength
     from scorers.calibrators import load_calibrator
     from scorers.ordinal_calibration import OrdinalCalibrator
 
     files = judge_answers is not None or human_labels is not None
-    if (labels_path is None) == (not files) or (files and (judge_answers is None or human_labels is None)):
-        raise click.UsageError("give either --labels FILE or both --judge-answers and --human-labels")
-    if labels_path is None and (questions_path is not None or cache_path is not None):
-        raise click.UsageError("--questions and --cache go with --labels")
+    sources = (labels_path is not None) + files + from_store
+    if sources != 1 or (files and (judge_answers is None or human_labels is None)):
+        raise click.UsageError("give one of --labels FILE, --from-store, or both --judge-answers and --human-labels")
+    if files and (questions_path is not None or cache_path is not None):
+        raise click.UsageError("--questions and --cache go with --labels or --from-store")
+    if not from_store and (since is not None or until is not None or where_items or store_question is not None):
+        raise click.UsageError("--since, --until, --where and --question select stored ratings: use them with --from-store")
     model = load_calibrator(calibrator)
     if not isinstance(model, OrdinalCalibrator):
         raise click.UsageError(
             f"{calibrator} holds a calibration network; only an ordinal calibrator can be adapted (retrain instead)"
         )
+    provenance: dict[str, Any] | None = None
     if labels_path is not None:
-        data = _judged_calibration_data(ctx, model, labels_path, questions_path, cache_path)
+        questions = _calibrator_questions(ctx, model, questions_path)
+        data = _judged_calibration_data(ctx, model, questions, load_answer_labels(labels_path, model.n_options_), cache_path)
+    elif from_store:
+        questions = _calibrator_questions(ctx, model, questions_path)
+        found = _stored_answers(ctx, model, since, until, where_items, store_question)
+        provenance = found.metadata()
+        data = _judged_calibration_data(ctx, model, questions, found.labels, cache_path)
     else:
         assert judge_answers is not None and human_labels is not None
         data = _load_calibration_data(judge_answers, human_labels, dict(model.n_options_), optional_questions)
@@ -766,21 +808,50 @@ def calibrate_adapt(
         click.echo(f"chosen by {folds}-fold CV on these labels: strength {strength:g}; RMSE by strength {scores}", err=True)
     adapted = model.adapt(data, strength)
     adapted.save(out)
+    if provenance is not None:  # not part of the calibrator (its version hashes the model alone): a file beside it
+        write_json(out / PROVENANCE_FILE, {"adapted_from": model.version_, "strength": strength, "labels": provenance})
     click.echo(f"wrote calibrator {adapted.version_} (adapted from {model.version_}) to {out}")
 
 
-def _judged_calibration_data(
-    ctx: _Context, model: Calibrator, labels_path: Path, questions_path: Path | None, cache_path: Path | None
-) -> RubricData:
-    """A labels file's answers with the configured judge's answers to the calibrator's questions about the same
-    conversations (asked once: the answer cache `learn` uses)."""
-    from scorers.datasets.answer_labels import calibration_data, load_answer_labels
-    from scorers.learning.score_cache import ScoreCache, answer_all
+def _stored_answers(
+    ctx: _Context,
+    model: Calibrator,
+    since: str | None,
+    until: str | None,
+    where_items: tuple[str, ...],
+    question: str | None,
+) -> StoreAnswers:
+    """The users' stored scores of whole conversations as answers to ``question``; refuses a window without two
+    different scores (nothing to tell apart)."""
+    from stream.feedback_labels import answers_from_store
+    from stream.store import ClickHouseStore
 
-    settings = ctx.settings
-    source = questions_path or settings.scoring.questions
+    question = question or model.main_question
+    if question not in model.n_options_:
+        raise click.BadParameter(f"{question!r} is not one of the calibrator's questions: {', '.join(model.n_options_)}")
+    k = model.n_options_[question]
+    window, where, span = store_window(since, until, where_items)
+    with ClickHouseStore.open(ctx.settings.store) as store:
+        found = answers_from_store(store, window.since, window.until, question, k, where)
+    scores = sorted({label.answer for label in found.labels.labels})
+    click.echo(
+        f"from the store: {len(found.labels.conversations)} conversations {span} scored on 1..{k} (scores {scores}); "
+        f"{found.other_scale} scored on another scale, left out",
+        err=True,
+    )
+    if len(scores) < 2:
+        what = "no conversation" if not scores else f"every conversation scored {scores[0]}"
+        raise RubricDataError(
+            f"{what} on a 1..{k} scale in the store ({span}): adapting {question} needs at least two different scores"
+        )
+    return found
+
+
+def _calibrator_questions(ctx: _Context, model: Calibrator, questions_path: Path | None) -> list[Question]:
+    """The calibrator's questions with their texts (--questions or scoring.questions), checked against it."""
+    source = questions_path or ctx.settings.scoring.questions
     if source is None:
-        raise click.UsageError("--labels needs the calibrator's question texts: --questions FILE or scoring.questions")
+        raise click.UsageError("the judge needs the calibrator's question texts: --questions FILE or scoring.questions")
     defined = load_questions(source)
     missing = [q for q in model.question_ids_ if q not in defined]
     if missing:
@@ -791,7 +862,18 @@ def _judged_calibration_data(
     ]
     if wrong:
         raise RubricDataError(f"{source}: option counts differ from the calibrator's: {', '.join(wrong)}")
-    labelled = load_answer_labels(labels_path, model.n_options_)
+    return questions
+
+
+def _judged_calibration_data(
+    ctx: _Context, model: Calibrator, questions: list[Question], labelled: AnswerLabels, cache_path: Path | None
+) -> RubricData:
+    """People's answers with the configured judge's answers to the calibrator's questions about the same
+    conversations (asked once: the answer cache `learn` uses)."""
+    from scorers.datasets.answer_labels import calibration_data
+    from scorers.learning.score_cache import ScoreCache, answer_all
+
+    settings = ctx.settings
     judge = ctx.judge()
     with ScoreCache(cache_path or settings.cache_dir / SCORE_CACHE_FILE) as cache:
         with _progress(None, "judging", length=len(labelled.conversations)) as bar:

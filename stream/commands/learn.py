@@ -13,7 +13,7 @@ import hashlib
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
@@ -27,6 +27,9 @@ from scorers.rubrics import DEFAULT_PRECISION, RubricSet
 from stream.budget import BudgetedJudge
 from stream.judge_factory import judge_from_settings
 from stream.settings import Settings, SettingsError
+
+if TYPE_CHECKING:
+    from stream.report.data import Window
 
 SCORE_CACHE_FILE = "rubric-scores.sqlite"
 PREFLIGHT_PROMPT = "Reply with the single word OK."
@@ -166,6 +169,44 @@ def answer_cache_option(condition: str = "") -> Callable[[Callable[..., Any]], C
     )
 
 
+def store_window_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--since, --until and --where: which stored conversations a --from-store command reads."""
+    for option in reversed(
+        (
+            click.option(
+                "--since", default=None, help="With --from-store: conversations closed since (30m, 6h, 7d, 2w or ISO 8601)."
+            ),
+            click.option("--until", default=None, help="With --from-store: ... and before (same forms; default: now)."),
+            click.option(
+                "--where",
+                "where_items",
+                multiple=True,
+                metavar="KEY=VALUE",
+                help="With --from-store: only conversations with this attribute value (repeatable), e.g. product=help-bot.",
+            ),
+        )
+    ):
+        command = option(command)
+    return command
+
+
+def store_window(since: str | None, until: str | None, where_items: tuple[str, ...]) -> tuple[Window, dict[str, str], str]:
+    """The window and attribute filter of --since/--until/--where, and how to say it; `UsageError` without --since."""
+    from stream.report.data import resolve_window
+
+    if since is None:
+        raise click.UsageError("--from-store needs --since (e.g. --since 30d)")
+    where: dict[str, str] = {}
+    for item in where_items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--where")
+        where[key] = value
+    window = resolve_window(since, until)
+    span = f"closed {window.since.isoformat()} .. {window.until.isoformat()}" + "".join(f", {k}={v}" for k, v in where.items())
+    return window, where, span
+
+
 @click.command("learn")
 @click.option(
     "--data",
@@ -179,15 +220,7 @@ def answer_cache_option(condition: str = "") -> Callable[[Callable[..., Any]], C
     is_flag=True,
     help="Learn from the stored conversations users rated (thumbs up/down) instead of --data; needs --since.",
 )
-@click.option("--since", default=None, help="With --from-store: conversations closed since (30m, 6h, 7d, 2w or ISO 8601).")
-@click.option("--until", default=None, help="With --from-store: ... and before (same forms; default: now).")
-@click.option(
-    "--where",
-    "where_items",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="With --from-store: only conversations with this attribute value (repeatable), e.g. product=help-bot.",
-)
+@store_window_options
 @click.option(
     "--on-conflict",
     type=click.Choice(["exclude", "negative"]),
@@ -400,22 +433,12 @@ def _training_data(
         if store_options:
             raise click.UsageError("--since, --until and --where select stored conversations: use them with --from-store")
         return load_labelled_jsonl(data_path), {"where": str(data_path), "metadata": {"training_file": data_path.name}}
-    if since is None:
-        raise click.UsageError("--from-store needs --since (e.g. --since 30d)")
-    where: dict[str, str] = {}
-    for item in where_items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--where")
-        where[key] = value
     from stream.feedback_labels import FeedbackLabelRules, OnConflict, labelled_from_store
-    from stream.report.data import resolve_window
     from stream.store import ClickHouseStore
 
-    window = resolve_window(since, until)
+    window, where, span = store_window(since, until, where_items)
     with ClickHouseStore.open(settings.store) as store:
         found = labelled_from_store(store, window.since, window.until, where, FeedbackLabelRules(cast(OnConflict, on_conflict)))
-    span = f"closed {window.since.isoformat()} .. {window.until.isoformat()}" + "".join(f", {k}={v}" for k, v in where.items())
     _say(
         f"from the store: {len(found.conversations)} rated conversations {span} "
         f"({sum(c.positive for c in found.conversations)} positive; {found.conflicts} rated both up and down, excluded)"

@@ -1,8 +1,10 @@
-"""Labels from user feedback in the store, and `convowatch learn --from-store`, on the real chDB engine.
+"""Labels from user feedback in the store, `convowatch learn --from-store` and `convowatch calibrate adapt
+--from-store`, on the real chDB engine.
 
 The command tests write the store in a child process (the embedded store is one-process, as after `convowatch
 sink`): the 223 real LLM-Rubric conversations, each rated by its human label (negative: thumbs-down on an
-assistant turn; positive: thumbs-up), learned from with the recorded GPT-3.5 judge.
+assistant turn; positive: thumbs-up) and scored as a whole by its human judge's Q0 (a rating event on a 1..4
+scale), learned from with the recorded GPT-3.5 judge.
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ from pathlib import Path
 import pytest
 
 from scorers.datasets.llm_rubric import load_real_conversations, load_split, satisfaction_labels
+from scorers.ordinal_calibration import OrdinalCalibrator
 from scorers.rubrics import RubricSet
-from stream.feedback_labels import FeedbackLabelRules, labelled_from_store
-from stream.records import ClosedConversation, FeedbackRow, ScoreRecord, TurnRecord
+from stream.feedback_labels import USERS, FeedbackLabelRules, answers_from_store, labelled_from_store
+from stream.records import ClosedConversation, FeedbackRow, RatingRow, ScoreRecord, TurnRecord
 from stream.store import ClickHouseStore
 from tests.chdb_fixture import chdb_dsn, chdb_store, store_factory  # noqa: F401
 from tests.data_paths import LLM_RUBRIC
 from tests.infra import convowatch
+from tests.integration.test_cli import QUESTIONS, calibrator  # noqa: F401
 from tests.integration.test_learn_cli import domain, error_line, llm_rubric_files, recorded  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
@@ -120,6 +124,47 @@ def test_conflicts_can_count_as_negative_and_filters_and_window_select(rated_sto
     assert [c.conversation.id for c in last_week.conversations] == ["last-week"]
 
 
+def score(cid: str, score: int, scale: int = 4, at: float = T0) -> RatingRow:
+    return RatingRow(cid, score, scale, "", at, {}, at + 1)
+
+
+def test_scores_of_whole_conversations_become_answers_on_their_scale(rated_store: ClickHouseStore) -> None:
+    rated_store.write_ratings(
+        [
+            score("down", 1),
+            score("up", 4),
+            score("changed-mind", 2, at=T0),
+            score("changed-mind", 3, at=T0 + 30),  # the latest score counts
+            score("both", 5, scale=5),  # another scale: left out, counted
+            score("last-week", 1),
+            score("other-product", 4),
+        ]
+    )
+    rated_store.write_ratings([score("down", 1)])  # redelivered: counted once
+    found = answers_from_store(rated_store, utc(T0 - DAY), utc(T0 + DAY), "Q0", 4, {"product": "chat"})
+    assert [(c.id, c.turns[1].text) for c in found.labels.conversations] == [
+        ("changed-mind", "It ships today."),
+        ("down", "It ships today."),
+        ("up", "It ships today."),
+    ]
+    assert {(lab.text_id, lab.question, lab.judge, lab.answer) for lab in found.labels.labels} == {
+        ("changed-mind", "Q0", USERS, 3),
+        ("down", "Q0", USERS, 1),
+        ("up", "Q0", USERS, 4),
+    }
+    assert found.other_scale == 1
+    meta = found.metadata()
+    assert (meta["source"], meta["question"], meta["conversations"], meta["scores"]) == (
+        "store",
+        "Q0",
+        3,
+        {"1": 1, "3": 1, "4": 1},
+    )
+    assert meta["other_scale_excluded"] == 1 and len(meta["data_sha256"]) == 64
+    on_five = answers_from_store(rated_store, utc(T0 - DAY), utc(T0 + DAY), "Q0", 5)
+    assert [lab.answer for lab in on_five.labels.labels] == [5] and on_five.other_scale == 4
+
+
 def test_the_data_hash_changes_with_the_labels_and_only_with_them(rated_store: ClickHouseStore) -> None:
     window = (utc(T0 - DAY), utc(T0 + DAY))
     first = labelled_from_store(rated_store, *window)
@@ -132,10 +177,13 @@ def test_the_data_hash_changes_with_the_labels_and_only_with_them(rated_store: C
 
 
 def write_llm_rubric_store(dsn: str, only_negative: str = "") -> None:
-    """The real LLM-Rubric conversations with one rating each from their human label (child process)."""
-    human = satisfaction_labels(load_split(LLM_RUBRIC, "real"))
+    """The real LLM-Rubric conversations with one thumb each from their human label and their human judge's Q0 as
+    a rating on 1..4; ten of them scored again on a 1..5 scale, later (child process)."""
+    real = load_split(LLM_RUBRIC, "real")
+    human = satisfaction_labels(real)
+    q0 = {lab.text_id: lab.answer for lab in real.labels if lab.question == "Q0"}
     conversations = load_real_conversations(LLM_RUBRIC / "real_data.json")
-    records, feedback = [], []
+    records, feedback, scores = [], [], []
     for cid, positive in sorted(human.items()):
         if only_negative and positive:
             continue
@@ -143,10 +191,13 @@ def write_llm_rubric_store(dsn: str, only_negative: str = "") -> None:
         records.append(record(cid, turns, {"product": "research"}))
         last_assistant = max(i for i, (role, _) in enumerate(turns) if role == "assistant")
         feedback.append(rating(cid, last_assistant, "up" if positive else "down"))
+        scores.append(score(cid, q0[cid]))
+    scores += [score(r.conversation_id, 5, scale=5, at=T0 + 60) for r in records[:10]]
     with ClickHouseStore(dsn) as store:
         store.migrate()
         store.write_scores(records)
         store.write_feedback(feedback)
+        store.write_ratings(scores)
 
 
 def _store(tmp_path: Path, only_negative: bool = False) -> dict[str, str]:
@@ -214,3 +265,40 @@ def test_learn_refuses_bad_source_options(tmp_path, domain, args, message) -> No
     )
     assert message in r.stderr, r.stderr
     assert r.returncode == 2
+
+
+def test_calibrate_adapt_from_the_store_asks_the_judge_and_records_where_its_labels_came_from(tmp_path, calibrator) -> None:
+    cache = tmp_path / "answers.sqlite"
+    adapt = ["calibrate", "adapt", "--calibrator", calibrator, "--from-store", *WINDOW, "--where", "product=research"]
+    r = convowatch(*adapt, "--questions", QUESTIONS, "--strength", "10", "--cache", cache, "--out", tmp_path / "adapted",
+                   env=_store(tmp_path))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    real = load_split(LLM_RUBRIC, "real")
+    q0 = [lab.answer for lab in real.labels if lab.question == "Q0"]
+    assert f"from the store: {len(q0) - 10} conversations" in r.stderr and "10 scored on another scale, left out" in r.stderr
+    adapted = OrdinalCalibrator.load(tmp_path / "adapted")
+    assert adapted.adaptation_[-1]["conversations"] == len(q0) - 10 and USERS in adapted.judges_
+    provenance = json.loads((tmp_path / "adapted" / "provenance.json").read_text())
+    assert provenance["adapted_from"] in r.stdout and provenance["strength"] == 10
+    labels = provenance["labels"]
+    assert (labels["source"], labels["question"], labels["conversations"], labels["other_scale_excluded"]) == (
+        "store", "Q0", len(q0) - 10, 10
+    )  # fmt: skip
+    assert sum(labels["scores"].values()) == len(q0) - 10 and len(labels["scores"]) >= 3
+    assert labels["query_parameters"]["v0"] == "research" and len(labels["data_sha256"]) == 64
+
+
+def test_calibrate_adapt_from_the_store_refuses_a_window_with_one_score_and_bad_options(tmp_path, calibrator) -> None:
+    env = _store(tmp_path)
+    adapt = ["calibrate", "adapt", "--calibrator", calibrator, "--questions", QUESTIONS, "--out", tmp_path / "x"]
+    assert "no conversation on a 1..4 scale" in error_line(convowatch(*adapt, "--from-store", "--since", "2020-01-01",
+                                                                      "--until", "2020-01-02", env=env))  # fmt: skip
+    one_score = convowatch(*adapt, "--from-store", *WINDOW, "--question", "Q8", env=env)  # Q8 has 3 options: none on 1..3
+    assert "no conversation on a 1..3 scale" in error_line(one_score)
+    assert "'Q9' is not one of the calibrator's questions" in error_line(
+        convowatch(*adapt, "--from-store", *WINDOW, "--question", "Q9", env=env)
+    )
+    assert "--from-store needs --since" in error_line(convowatch(*adapt, "--from-store", env=env))
+    assert "use them with --from-store" in error_line(convowatch(*adapt, "--labels", QUESTIONS, *WINDOW, env=env))
+    assert "give one of --labels FILE, --from-store" in error_line(convowatch(*adapt, env=env))
+    assert not (tmp_path / "x").exists()

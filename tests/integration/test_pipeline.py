@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from kafka import KafkaAdminClient
 
-from stream.contract import DeadLetter, EndEvent, FeedbackEvent, InvalidEvent, TurnEvent, encode_event, parse_event
+from stream.contract import DeadLetter, EndEvent, FeedbackEvent, InvalidEvent, RatingEvent, TurnEvent, encode_event, parse_event
 from stream.records import ScoreRecord
 from stream.replay.sources import ReplayItem, llm_rubric_events
 from tests.infra import free_port, wait_for
@@ -116,18 +116,19 @@ def test_replayed_conversations_are_scored_in_clickhouse_and_metrics(pipeline: P
     assert f"sent {N_REAL_TURNS + N_REAL} events" in done.stdout
 
     feedback = tmp_path / "feedback.jsonl"
-    feedback.write_text(
-        "".join(
-            encode_event(FeedbackEvent(conversation_id=cid, turn_index=1, rating=rating, timestamp=1.7e9 + i)).decode() + "\n"
-            for i, (cid, rating) in enumerate([(ids[0], "up"), (ids[1], "down"), (ids[2], "down")])
-        )
-    )
+    thumbs = [
+        FeedbackEvent(cid, 1, rating, 1.7e9 + i)
+        for i, (cid, rating) in enumerate([(ids[0], "up"), (ids[1], "down"), (ids[2], "down")])
+    ]
+    scores = [RatingEvent(ids[0], 4, 5, 1.7e9 + 10, "quick"), RatingEvent(ids[3], 1, 4, 1.7e9 + 11)]  # after the close
+    feedback.write_text("".join(encode_event(e).decode() + "\n" for e in [*thumbs, *scores]))
     pipeline.replay("jsonl", str(feedback))
 
     wait_for(
         lambda: (
             sink.metric_sum("convowatch_sink_rows_total", table="conversation_scores") >= N_REAL
             and sink.metric_sum("convowatch_sink_rows_total", table="feedback") >= 3
+            and sink.metric_sum("convowatch_sink_rows_total", table="conversation_ratings") >= 2
         ),
         timeout=180,
         what="sink rows",
@@ -135,6 +136,7 @@ def test_replayed_conversations_are_scored_in_clickhouse_and_metrics(pipeline: P
 
     # Worker metrics: every event counted by type and outcome, every conversation closed and scored once.
     assert worker.metric_sum("convowatch_events_total", type="turn", outcome="accepted") == N_REAL_TURNS
+    assert worker.metric_sum("convowatch_events_total", type="rating", outcome="accepted") == 2
     assert worker.metric_sum("convowatch_conversations_closed_total", cause="end") == N_REAL
     assert worker.metric_sum("convowatch_conversations_scored_total") == N_REAL
     assert worker.metric_sum("convowatch_calibrated_conversations_total") == N_REAL
@@ -168,6 +170,13 @@ def test_replayed_conversations_are_scored_in_clickhouse_and_metrics(pipeline: P
         {"conversation_id": ids[0], "rating": "up"},
         {"conversation_id": ids[1], "rating": "down"},
         {"conversation_id": ids[2], "rating": "down"},
+    ]
+    stored = pipeline.query_store(
+        "SELECT conversation_id, score, scale, comment FROM convowatch.conversation_ratings FINAL ORDER BY conversation_id"
+    )
+    assert stored == [
+        {"conversation_id": ids[0], "score": 4, "scale": 5, "comment": "quick"},
+        {"conversation_id": ids[3], "score": 1, "scale": 4, "comment": ""},
     ]
     # The calibrated dissatisfaction in the metrics is the sum of the stored probabilities.
     [s] = pipeline.query_store("SELECT sum(dissatisfaction_probability) AS p FROM convowatch.conversation_scores FINAL")

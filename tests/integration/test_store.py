@@ -18,6 +18,8 @@ from stream.records import (
     ClosedConversation,
     DimensionPrediction,
     FeedbackRow,
+    RatingRow,
+    RecordError,
     RubricHit,
     ScoreRecord,
     TurnRecord,
@@ -32,6 +34,7 @@ REPO = Path(__file__).resolve().parents[2]
 T0 = 1_707_480_000.0  # 2024-02-09 12:00 UTC
 TABLES = [
     "behaviour_turns",
+    "conversation_ratings",
     "conversation_scores",
     "conversations",
     "dimension_predictions",
@@ -215,7 +218,7 @@ def test_a_database_before_sampling_is_upgraded_and_its_rows_count_with_weight_o
         "writing old rows",
     )
     monkeypatch.setattr(store_module, "MIGRATIONS", MIGRATIONS)
-    assert store.migrate() == ["0003_sampling", "0004_behaviours", "0005_scorer_rollout"]
+    assert store.migrate() == [m[0] for m in MIGRATIONS[2:]]
     rows = store.query(
         "SELECT conversation_id, status, inclusion_probability, sampling_reason, behaviour_set_version, scorer_name "
         "FROM latest_scores ORDER BY conversation_id"
@@ -598,6 +601,26 @@ def test_feedback_rows_are_written_and_deduplicated(store_factory) -> None:
         },
     ]  # fmt: skip
     assert store.write_feedback([]) == 0
+
+
+def test_conversation_ratings_are_written_and_deduplicated(store_factory) -> None:
+    store = store_factory()
+    items = [
+        RatingRow("c1", 2, 5, "slow", T0 + 5, {"product": "chat", "model_version": "m-7"}, T0 + 6),
+        RatingRow("c1", 4, 5, "", T0 + 50, {}, T0 + 51),  # the user changed their mind
+    ]
+    assert store.write_ratings(items) == 2
+    assert store.write_ratings(items[:1]) == 1  # redelivered
+    rows = store.query("SELECT * FROM conversation_ratings FINAL ORDER BY timestamp")
+    assert rows == [
+        {"conversation_id": "c1", "score": 2, "scale": 5, "comment": "slow", "timestamp": utc(T0 + 5),
+         "attributes": {"product": "chat", "model_version": "m-7"}, "product": "chat", "model_version": "m-7",
+         "received_at": utc(T0 + 6)},
+        {"conversation_id": "c1", "score": 4, "scale": 5, "comment": "", "timestamp": utc(T0 + 50), "attributes": {},
+         "product": "", "model_version": "", "received_at": utc(T0 + 51)},
+    ]  # fmt: skip
+    with pytest.raises(RecordError, match="score 6 is not in 1..5"):
+        RatingRow("c1", 6, 5, "", T0, {}, T0)
 
 
 # --- batching and bad input ---------------------------------------------------------------------

@@ -19,6 +19,7 @@ from jsonschema import Draft202012Validator
 from scorers.conversation import ROLES
 from stream.contract import (
     END_CAUSES,
+    MAX_RATING_SCALE,
     MAX_TURN_INDEX,
     REASONS,
     RECORD_HEADROOM_BYTES,
@@ -29,6 +30,7 @@ from stream.contract import (
     EndEvent,
     FeedbackEvent,
     InvalidEvent,
+    RatingEvent,
     TurnEvent,
     encode_event,
     event_key,
@@ -63,7 +65,15 @@ FEEDBACK = {
     "timestamp": "2024-02-09T05:15:00Z",
     "comment": "did not help",
 }
-BASES = {"turn": TURN, "end": END, "feedback": FEEDBACK}
+RATING = {
+    "schema_version": 1,
+    "type": "rating",
+    "conversation_id": "conv-1",
+    "score": 4,
+    "scale": 5,
+    "timestamp": "2024-02-09T05:16:00Z",
+}
+BASES = {"turn": TURN, "end": END, "feedback": FEEDBACK, "rating": RATING}
 
 
 def dump(obj: Any) -> bytes:
@@ -76,6 +86,13 @@ def with_(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
 
 
 _DROP = object()
+
+
+def schema_accepts(obj: Any) -> bool:
+    """The schema's verdict with the one value rule it cannot express and documents: a rating's score <= its scale."""
+    if not VALIDATOR.is_valid(obj):
+        return False
+    return not (obj.get("type") == "rating" and obj["score"] > obj["scale"])
 
 
 def python_accepts(obj: Any) -> bool:
@@ -113,6 +130,24 @@ def test_feedback_event_parses() -> None:
     assert isinstance(e, FeedbackEvent)
     assert (e.turn_index, e.rating, e.comment, e.attributes) == (1, "down", "did not help", {})
     assert parse_event(dump(with_(FEEDBACK, comment=_DROP))).comment == ""
+
+
+def test_rating_event_parses_and_its_score_stays_on_its_scale() -> None:
+    e = parse_event(dump(RATING))
+    assert e == RatingEvent("conv-1", 4, 5, datetime(2024, 2, 9, 5, 16, tzinfo=UTC).timestamp())
+    assert parse_event(dump(with_(RATING, score=2.0, scale=2, comment="meh"))) == RatingEvent("conv-1", 2, 2, e.timestamp, "meh")
+    for bad, detail in [
+        (with_(RATING, score=6), "score must be 1..5"),
+        (with_(RATING, score=0), "score must be 1..5"),
+        (with_(RATING, scale=1, score=1), "scale must be 2..100"),
+        (with_(RATING, scale=101), "scale must be 2..100"),
+        (with_(RATING, score=True), "score must be an integer"),
+        (with_(RATING, scale=_DROP), "missing field(s) 'scale'"),
+        (with_(RATING, turn_index=0), "unknown field(s) 'turn_index'"),
+    ]:
+        with pytest.raises(InvalidEvent) as info:
+            parse_event(dump(bad))
+        assert detail in info.value.detail, (bad, info.value)
 
 
 def test_every_role_is_accepted_and_non_ascii_keys_match() -> None:
@@ -265,7 +300,7 @@ json_values = st.recursive(
 )
 field_names = st.sampled_from(sorted({k for b in BASES.values() for k in b} | {"cause", "comment", "rating", "extra"}))
 field_values = json_values | st.sampled_from(
-    [-1, 0, 1, 1.0, 2**31, True, "", "up", "end", "retention", "user", "tool", "turn", "end", "feedback",
+    [-1, 0, 1, 1.0, 2, 5, 6, 100, 101, 2**31, True, "", "up", "end", "retention", "user", "tool", "turn", "end", "feedback", "rating",
      "2024-02-29T00:00:00Z", "2023-02-29T00:00:00Z", "2024-01-01T00:00:00", "x" * 257, {"a": "b"}, {"a": 1}]
 )  # fmt: skip
 
@@ -320,6 +355,9 @@ events = st.one_of(
         micros_timestamps,
         st.text(),
         attributes,
+    ),
+    st.integers(2, 100).flatmap(
+        lambda scale: st.builds(RatingEvent, ids, st.integers(1, scale), st.just(scale), micros_timestamps, st.text(), attributes)
     ),
 )
 
@@ -437,6 +475,15 @@ CORPUS: list[tuple[str, dict[str, Any]]] = [
     ("numeric comment", with_(FEEDBACK, comment=5)),
     ("feedback without index", with_(FEEDBACK, turn_index=_DROP)),
     ("feedback with text", with_(FEEDBACK, text="hi")),
+    ("rating", RATING),
+    ("rating 1 of 2 with a comment", with_(RATING, score=1, scale=2, comment="no")),
+    ("rating above its scale", with_(RATING, score=6)),
+    ("rating of 0", with_(RATING, score=0)),
+    ("rating scale 1", with_(RATING, scale=1, score=1)),
+    ("rating scale 101", with_(RATING, scale=101, score=3)),
+    ("rating with a turn index", with_(RATING, turn_index=1)),
+    ("rating without scale", with_(RATING, scale=_DROP)),
+    ("fractional score", with_(RATING, score=3.5)),
     ("turn with a comment", with_(TURN, comment="hi")),
     ("not an object", [TURN]),  # type: ignore[list-item]
     ("a string", "turn"),  # type: ignore[list-item]
@@ -445,7 +492,7 @@ CORPUS: list[tuple[str, dict[str, Any]]] = [
 
 @pytest.mark.parametrize(("name", "obj"), CORPUS, ids=[n for n, _ in CORPUS])
 def test_schema_and_parser_agree_on_corpus(name: str, obj: Any) -> None:
-    assert VALIDATOR.is_valid(obj) == python_accepts(obj)
+    assert schema_accepts(obj) == python_accepts(obj)
 
 
 def test_corpus_has_both_verdicts() -> None:
@@ -456,7 +503,7 @@ def test_corpus_has_both_verdicts() -> None:
 @settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
 @given(mutated_events())
 def test_schema_and_parser_agree_on_mutated_events(obj: dict[str, Any]) -> None:
-    assert VALIDATOR.is_valid(obj) == python_accepts(obj)
+    assert schema_accepts(obj) == python_accepts(obj)
 
 
 def test_rules_beyond_the_schema_are_the_documented_ones() -> None:
@@ -468,7 +515,8 @@ def test_rules_beyond_the_schema_are_the_documented_ones() -> None:
     for edge in ("2199-12-31T23:30:00-01:00", "1900-01-01T00:30:00+01:00"):  # in range locally, not in UTC
         obj = with_(END, timestamp=edge)
         assert VALIDATOR.is_valid(obj) and not python_accepts(obj)
-    for phrase in ("max_event_bytes", "max_text_bytes", "key", "surrogate", "converted to UTC"):
+    assert VALIDATOR.is_valid(with_(RATING, score=6)) and not python_accepts(with_(RATING, score=6))
+    for phrase in ("max_event_bytes", "max_text_bytes", "key", "surrogate", "converted to UTC", "score must not exceed"):
         assert phrase in SCHEMA["description"]
 
 
@@ -481,7 +529,8 @@ def test_schema_file_is_valid_and_matches_the_module() -> None:
     assert tuple(defs["end"]["properties"]["cause"]["enum"]) == END_CAUSES
     assert tuple(defs["deadLetterReason"]["enum"]) == REASONS
     assert defs["turnIndex"]["maximum"] == MAX_TURN_INDEX
-    assert {b["$ref"] for b in SCHEMA["oneOf"]} == {"#/$defs/turn", "#/$defs/end", "#/$defs/feedback"}
+    assert {b["$ref"] for b in SCHEMA["oneOf"]} == {"#/$defs/turn", "#/$defs/end", "#/$defs/feedback", "#/$defs/rating"}
+    assert defs["rating"]["properties"]["scale"]["maximum"] == MAX_RATING_SCALE
 
 
 def test_docs_list_every_reason_code() -> None:

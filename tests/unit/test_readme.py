@@ -201,7 +201,7 @@ def test_repository_paths_named_in_code_exist() -> None:
 
 SCHEMA_FILE = SCHEMAS / "events.schema.json"
 CONTRACT_DOC = DOCS / "event-contract.md"
-RECORDS = ("turn", "end", "feedback", "deadLetter")
+RECORDS = ("turn", "end", "feedback", "rating", "deadLetter")
 
 
 def _schema() -> dict[str, Any]:
