@@ -10,7 +10,7 @@ import dataclasses
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -522,6 +522,14 @@ def _early_stopped_netsats(scorer: EarlyStoppingScorer, items: Sequence[Labelled
 _FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 
 
+_FROM_STORE_OPTION = click.option(
+    "--from-store",
+    is_flag=True,
+    help="Learn from the scores users gave whole conversations (rating events, stored in conversation_ratings) on a "
+    "1..K scale, as answers to one question; the judge is asked about those conversations (cached). Needs --since.",
+)
+
+
 def _calibration_options(required: bool = True):
     """Options shared by the `calibrate` commands: the recorded judge answers and human labels (files)."""
     also = "" if required else " (with --human-labels, instead of --labels)"
@@ -587,12 +595,16 @@ _CALIBRATOR_OPTION = click.option(
 
 
 @calibrate.command("train")
-@_calibration_options()
+@_calibration_options(required=False)
+@_FROM_STORE_OPTION
+@store_window_options
+@answer_cache_option("With --from-store: the ")
 @click.option(
     "--questions",
     type=_FILE,
     required=True,
-    help="questions.json: every question's options (the calibrator's inputs and outputs).",
+    help="questions.json: every question's options (the calibrator's inputs and outputs) and, with --from-store, "
+    "the texts the judge is asked.",
 )
 @click.option("--main-question", default="Q0", show_default=True, help="The question that matters most (overall satisfaction).")
 @click.option(
@@ -626,9 +638,16 @@ _CALIBRATOR_OPTION = click.option(
 @click.option(
     "--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Directory to write the calibrator to."
 )
+@click.pass_obj
 def calibrate_train(
-    judge_answers: Path,
-    human_labels: Path,
+    ctx: _Context,
+    judge_answers: Path | None,
+    human_labels: Path | None,
+    from_store: bool,
+    since: str | None,
+    until: str | None,
+    where_items: tuple[str, ...],
+    cache_path: Path | None,
     questions: Path,
     main_question: str,
     optional_questions: str,
@@ -640,6 +659,10 @@ def calibrate_train(
     out: Path,
 ) -> None:
     """Train a calibrator on judge answers paired with human labels.
+
+    The labels come as recorded files (--judge-answers, --human-labels) or, with --from-store --since 30d, as
+    the scores users gave whole conversations (rating events on --main-question's scale; the configured judge
+    is asked --questions about those conversations, cached): an ordinal model of --main-question alone.
 
     \b
     1. choose hyperparameters by k-fold cross-validation on --main-question (--grid),
@@ -658,12 +681,25 @@ def calibrate_train(
     from scorers.calibration_selection import NAMED_GRIDS, parameter_grid, select_hyperparameters
     from scorers.ordinal_calibration import PENALTY_GRID, OrdinalCalibrator
 
-    n_options = {q.id: q.n_options for q in load_questions(questions).values()}
+    defined = load_questions(questions)
+    n_options = {q.id: q.n_options for q in defined.values()}
     if main_question not in n_options:
         raise RubricDataError(f"--main-question {main_question!r} is not in {questions} ({', '.join(n_options)})")
     if kind == "ordinal" and (grid in ("paper", "small") or members != 1):
         raise click.UsageError("--grid paper/small and --members are options of --model network")
-    data = _load_calibration_data(judge_answers, human_labels, n_options, optional_questions)
+    _check_label_source(
+        judge_answers, human_labels, from_store, since, until, where_items, None, cache_path, None, takes_labels_file=False
+    )
+    provenance: dict[str, Any] | None = None
+    if from_store:
+        if kind != "ordinal":
+            raise click.UsageError("--from-store trains --model ordinal: users' scores label the main question only")
+        found = _stored_answers(ctx, n_options, main_question, since, until, where_items)
+        provenance = found.metadata()
+        data = _judged_calibration_data(ctx, list(defined.values()), n_options, found.labels, cache_path)
+    else:
+        assert judge_answers is not None and human_labels is not None
+        data = _load_calibration_data(judge_answers, human_labels, n_options, optional_questions)
     base: CalibrationNetwork | OrdinalCalibrator
     if kind == "ordinal":
         base = OrdinalCalibrator(main_question=main_question)
@@ -693,6 +729,8 @@ def calibrate_train(
             network.fit(data, progress=lambda p: bar.update(1))
         model = network
     model.save(out)
+    if provenance is not None:
+        _write_provenance(out, {"labels": provenance})
     click.echo(f"wrote calibrator {model.version_} to {out}")
 
 
@@ -713,12 +751,7 @@ def calibrate_train(
     default=None,
     help="With --labels: the questions file with the calibrator's question texts [default: scoring.questions].",
 )
-@click.option(
-    "--from-store",
-    is_flag=True,
-    help="Adapt to the scores users gave whole conversations (rating events, stored in conversation_ratings) on a "
-    "1..K scale, as answers to --question; the judge is asked about those conversations (cached). Needs --since.",
-)
+@_FROM_STORE_OPTION
 @store_window_options
 @click.option(
     "--question",
@@ -773,33 +806,36 @@ def calibrate_adapt(
     recorded judge answers with human labels (--judge-answers, --human-labels).
     docs/calibration.md shows the measured learning curve.
     """
-    from scorers.calibration import PROVENANCE_FILE
     from scorers.calibration_selection import select_adaptation_strength
     from scorers.calibrators import load_calibrator
     from scorers.ordinal_calibration import OrdinalCalibrator
 
-    files = judge_answers is not None or human_labels is not None
-    sources = (labels_path is not None) + files + from_store
-    if sources != 1 or (files and (judge_answers is None or human_labels is None)):
-        raise click.UsageError("give one of --labels FILE, --from-store, or both --judge-answers and --human-labels")
-    if files and (questions_path is not None or cache_path is not None):
-        raise click.UsageError("--questions and --cache go with --labels or --from-store")
-    if not from_store and (since is not None or until is not None or where_items or store_question is not None):
-        raise click.UsageError("--since, --until, --where and --question select stored ratings: use them with --from-store")
+    _check_label_source(
+        judge_answers,
+        human_labels,
+        from_store,
+        since,
+        until,
+        where_items,
+        labels_path,
+        cache_path,
+        questions_path,
+        store_question,
+    )
     model = load_calibrator(calibrator)
     if not isinstance(model, OrdinalCalibrator):
         raise click.UsageError(
             f"{calibrator} holds a calibration network; only an ordinal calibrator can be adapted (retrain instead)"
         )
     provenance: dict[str, Any] | None = None
-    if labels_path is not None:
+    if labels_path is not None or from_store:
         questions = _calibrator_questions(ctx, model, questions_path)
-        data = _judged_calibration_data(ctx, model, questions, load_answer_labels(labels_path, model.n_options_), cache_path)
-    elif from_store:
-        questions = _calibrator_questions(ctx, model, questions_path)
-        found = _stored_answers(ctx, model, since, until, where_items, store_question)
-        provenance = found.metadata()
-        data = _judged_calibration_data(ctx, model, questions, found.labels, cache_path)
+        if labels_path is not None:
+            labelled = load_answer_labels(labels_path, model.n_options_)
+        else:
+            found = _stored_answers(ctx, model.n_options_, store_question or model.main_question, since, until, where_items)
+            labelled, provenance = found.labels, found.metadata()
+        data = _judged_calibration_data(ctx, questions, model.n_options_, labelled, cache_path)
     else:
         assert judge_answers is not None and human_labels is not None
         data = _load_calibration_data(judge_answers, human_labels, dict(model.n_options_), optional_questions)
@@ -808,28 +844,58 @@ def calibrate_adapt(
         click.echo(f"chosen by {folds}-fold CV on these labels: strength {strength:g}; RMSE by strength {scores}", err=True)
     adapted = model.adapt(data, strength)
     adapted.save(out)
-    if provenance is not None:  # not part of the calibrator (its version hashes the model alone): a file beside it
-        write_json(out / PROVENANCE_FILE, {"adapted_from": model.version_, "strength": strength, "labels": provenance})
+    if provenance is not None:
+        _write_provenance(out, {"adapted_from": model.version_, "strength": strength, "labels": provenance})
     click.echo(f"wrote calibrator {adapted.version_} (adapted from {model.version_}) to {out}")
+
+
+def _check_label_source(
+    judge_answers: Path | None,
+    human_labels: Path | None,
+    from_store: bool,
+    since: str | None,
+    until: str | None,
+    where_items: tuple[str, ...],
+    labels_path: Path | None,
+    cache_path: Path | None,
+    questions_path: Path | None,
+    store_question: str | None = None,
+    takes_labels_file: bool = True,
+) -> None:
+    """One source of labels, and only the options that go with it (`UsageError` otherwise)."""
+    files = judge_answers is not None or human_labels is not None
+    if (labels_path is not None) + files + from_store != 1 or (files and (judge_answers is None or human_labels is None)):
+        names = "--labels FILE, --from-store" if takes_labels_file else "--from-store"
+        raise click.UsageError(f"give one of {names}, or both --judge-answers and --human-labels")
+    if files and (questions_path is not None or cache_path is not None):
+        raise click.UsageError("--questions and --cache go with --labels or --from-store")
+    if not from_store and (since is not None or until is not None or where_items or store_question is not None):
+        raise click.UsageError("--since, --until, --where and --question select stored ratings: use them with --from-store")
+
+
+def _write_provenance(out: Path, provenance: dict[str, Any]) -> None:
+    """Where a calibrator's labels came from, beside it (not part of the calibrator: its version hashes the model)."""
+    from scorers.calibration import PROVENANCE_FILE
+
+    write_json(out / PROVENANCE_FILE, provenance)
 
 
 def _stored_answers(
     ctx: _Context,
-    model: Calibrator,
+    n_options: Mapping[str, int],
+    question: str,
     since: str | None,
     until: str | None,
     where_items: tuple[str, ...],
-    question: str | None,
 ) -> StoreAnswers:
-    """The users' stored scores of whole conversations as answers to ``question``; refuses a window without two
-    different scores (nothing to tell apart)."""
+    """The users' stored scores of whole conversations as answers to ``question`` (of the questions ``n_options``
+    lists); refuses a window without two different scores (nothing to tell apart)."""
     from stream.feedback_labels import answers_from_store
     from stream.store import ClickHouseStore
 
-    question = question or model.main_question
-    if question not in model.n_options_:
-        raise click.BadParameter(f"{question!r} is not one of the calibrator's questions: {', '.join(model.n_options_)}")
-    k = model.n_options_[question]
+    if question not in n_options:
+        raise click.BadParameter(f"{question!r} is not one of the calibrator's questions: {', '.join(n_options)}")
+    k = n_options[question]
     window, where, span = store_window(since, until, where_items)
     with ClickHouseStore.open(ctx.settings.store) as store:
         found = answers_from_store(store, window.since, window.until, question, k, where)
@@ -866,7 +932,7 @@ def _calibrator_questions(ctx: _Context, model: Calibrator, questions_path: Path
 
 
 def _judged_calibration_data(
-    ctx: _Context, model: Calibrator, questions: list[Question], labelled: AnswerLabels, cache_path: Path | None
+    ctx: _Context, questions: list[Question], n_options: Mapping[str, int], labelled: AnswerLabels, cache_path: Path | None
 ) -> RubricData:
     """People's answers with the configured judge's answers to the calibrator's questions about the same
     conversations (asked once: the answer cache `learn` uses)."""
@@ -879,7 +945,7 @@ def _judged_calibration_data(
         with _progress(None, "judging", length=len(labelled.conversations)) as bar:
             answers = answer_all(judge, questions, labelled.conversations, cache, progress=lambda done, total: bar.update(1))
     stats = answers.stats
-    data = calibration_data(labelled, answers.by_conversation, model.n_options_, model.question_ids_)
+    data = calibration_data(labelled, answers.by_conversation, n_options, [q.id for q in questions])
     click.echo(
         f"{len(data.features)} conversations, {len(data.labels)} labels from {len(data.judges)} annotators; judge: "
         f"{stats.cache_misses} answers asked ({stats.judge_calls} calls), {stats.cache_hits} from the cache",

@@ -213,9 +213,9 @@ def test_calibrate_adapt_with_a_labels_file_asks_the_judge_once_and_matches_the_
 
     # One clear error each: both forms, neither, a label file with a bad line, k below the minimum.
     r = convowatch(*with_labels, "--human-labels", many, "--out", tmp_path / "x", env=recorded(REAL_ANSWERS))
-    assert r.returncode == 2 and "give either --labels FILE or both --judge-answers and --human-labels" in r.stderr
+    assert r.returncode == 2 and "give one of --labels FILE, --from-store, or both --judge-answers and --human-labels" in r.stderr
     r = convowatch(*adapt, "--out", tmp_path / "x")
-    assert r.returncode == 2 and "give either --labels FILE" in r.stderr
+    assert r.returncode == 2 and "give one of --labels FILE" in r.stderr
     bad = tmp_path / "bad.jsonl"
     bad.write_text(labels_file.read_text().replace('"question": "Q0", "answer": ', '"question": "Q0", "answer": 4', 1))
     r = convowatch(*adapt, "--labels", bad, "--questions", QUESTIONS, "--out", tmp_path / "x", env=recorded(REAL_ANSWERS))

@@ -302,3 +302,18 @@ def test_calibrate_adapt_from_the_store_refuses_a_window_with_one_score_and_bad_
     assert "use them with --from-store" in error_line(convowatch(*adapt, "--labels", QUESTIONS, *WINDOW, env=env))
     assert "give one of --labels FILE, --from-store" in error_line(convowatch(*adapt, env=env))
     assert not (tmp_path / "x").exists()
+
+
+def test_calibrate_train_from_the_store_fits_the_main_question_on_the_users_scores(tmp_path) -> None:
+    train = ["calibrate", "train", "--from-store", *WINDOW, "--questions", QUESTIONS, "--grid", "none"]
+    r = convowatch(*train, "--cache", tmp_path / "answers.sqlite", "--out", tmp_path / "trained", env=_store(tmp_path))
+    assert r.returncode == 0, r.stderr
+    model = OrdinalCalibrator.load(tmp_path / "trained")
+    assert model.main_question == "Q0" and list(model.judges_) == [USERS] and model.version_ in r.stdout
+    provenance = json.loads((tmp_path / "trained" / "provenance.json").read_text())["labels"]
+    assert (provenance["source"], provenance["question"], provenance["other_scale_excluded"]) == ("store", "Q0", 10)
+    assert "fitted questions Q0" in r.stderr
+    network = convowatch(*train, "--model", "network", "--out", tmp_path / "n", env=_store(tmp_path))
+    assert "--from-store trains --model ordinal" in network.stderr and network.returncode == 2
+    both = convowatch(*train, "--judge-answers", QUESTIONS, "--out", tmp_path / "b", env=_store(tmp_path))
+    assert "give one of --from-store, or both --judge-answers and --human-labels" in both.stderr
