@@ -5,7 +5,8 @@ Events in (by type and outcome) and dead letters (by reason); assembly
 the broker reports it); the judge (calls, errors, latency, tokens); scoring
 (latency, retries, unscored); the sink (rows, errors, batch latency, close to
 store latency); the judge budget (which limit holds scoring back, for how
-long) and cost (tokens and cost per judged conversation). These metrics carry no product / model-version labels (they
+long) and cost (tokens and cost per judged conversation); the scorer rollout (which versions the workers score
+with, the shadow's label shares, refused rollouts). These metrics carry no product / model-version labels (they
 are per process), so the dashboard has no such variables.
 """
 
@@ -37,6 +38,7 @@ def dashboard() -> dict[str, Any]:
             ("Judge", _judge()),
             ("Scoring and sink", _scoring_and_sink()),
             ("Judge budget and cost", _budget_and_cost()),
+            ("Scorer rollout", _rollout()),
         ],
     )
     return p.finish(board)
@@ -219,5 +221,41 @@ def _budget_and_cost() -> list:
             "short",
             span=12,
             min_value=0,
+        ),
+    ]
+
+
+def _rollout() -> list:
+    return [
+        p.time_series(
+            "Workers per scorer version",
+            "Workers scoring with each registered version (docs/rollout.md), as active or shadow: a promotion shows as the "
+            "workers moving from one version to the next within scoring.registry_poll_s.",
+            [
+                p.promql(
+                    promql.gauge_sum(promql.SCORER_VERSION_INFO, by="role, scorer_name, scorer_version"),
+                    "{{role}} {{scorer_name}} ({{scorer_version}})",
+                )
+            ],
+            "short",
+            span=8,
+        ),
+        p.time_series(
+            "Shadow version: share of conversations by label",
+            "What the shadow version says about the conversations it scores beside the active one; compare with the "
+            "active version's label shares on the Overview, and in full with `convowatch scorers compare`.",
+            [p.promql(promql.shadow_outcome_share(W), "{{scorer_name}} {{outcome}}")],
+            "percentunit",
+            span=8,
+            min_value=0,
+            max_value=1,
+        ),
+        p.time_series(
+            "Rollout changes / s",
+            "Rollouts the workers read from the registry: applied, or refused (a version that cannot be loaded; the "
+            "worker keeps scoring with the versions it has and logs why).",
+            [p.promql(promql.rate(promql.ROLLOUT_CHANGES, W, by="outcome"), "{{outcome}}")],
+            "cps",
+            span=8,
         ),
     ]

@@ -250,6 +250,19 @@ SINK_LATENCY = "convowatch_sink_latency_seconds"
 CLOSE_TO_STORE_LATENCY = "convowatch_close_to_store_latency_seconds"
 
 
+# --- scorer rollout (stream/rollout.py) ------------------------------------------------------------
+
+SCORER_VERSION_INFO = "convowatch_scorer_version_info"
+SHADOW_CONVERSATIONS = "convowatch_shadow_conversations_total"
+ROLLOUT_CHANGES = "convowatch_scorer_rollout_changes_total"
+
+
+def shadow_outcome_share(window: str) -> str:
+    """Each shadow version's share of conversations per outcome (label, or unscored) over ``window``."""
+    by_outcome = rate(SHADOW_CONVERSATIONS, window, by="scorer_name, outcome")
+    return f"{by_outcome} / ignoring (outcome) group_left {rate(SHADOW_CONVERSATIONS, window, by='scorer_name')}"
+
+
 def gauge_sum(metric: str, matchers: str = "", by: str = "") -> str:
     """A gauge summed over the processes that export it (per ``by`` group)."""
     return f"sum{_by(by)}({metric}{{{matchers}}})"
