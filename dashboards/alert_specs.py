@@ -35,6 +35,7 @@ DEAD_LETTER_SURGE = "ConvowatchDeadLetterSurge"
 JUDGE_BUDGET_EXHAUSTED = "ConvowatchJudgeBudgetExhausted"
 BEHAVIOUR_RISE = "ConvowatchBehaviourRise"
 USER_AGREEMENT_DROP = "ConvowatchUserAgreementDrop"
+BROKER_LOST_DATA = "ConvowatchBrokerLostData"
 ALERT_NAMES = (
     DSAT_SPIKE,
     DSAT_ABOVE_YESTERDAY,
@@ -45,6 +46,7 @@ ALERT_NAMES = (
     PIPELINE_STALLED,
     DEAD_LETTER_SURGE,
     JUDGE_BUDGET_EXHAUSTED,
+    BROKER_LOST_DATA,
 )
 
 RUNBOOKS = "docs/runbooks.md"
@@ -138,6 +140,7 @@ def series(w: AlertWindows) -> dict[str, Series]:
         "budget_wait_share": Series(q.budget_wait_share(short), f"convowatch:judge_budget_wait:ratio_rate{short}"),
         # Not recorded: each is read by one alert only.
         "closing_events": Series(q.increase(q.EVENTS, w.stall_for, 'outcome="closed"')),
+        "lost_data": Series(q.increase(q.BROKER_LOST_DATA, w.lost_data_for, by="topic")),
         # Finished work: scored, stored unscored, or left out by sampling (also a decision on a closed conversation).
         "finished": Series(
             f"({q.increase(q.SCORED, w.stall_for)} or vector(0)) + ({q.increase(q.UNSCORED, w.stall_for)} or vector(0))"
@@ -392,5 +395,17 @@ def alert_specs(w: AlertWindows, s: Lookup) -> list[AlertSpec]:
             f"A worker waited for the judge budget ({{{{ $labels.limit }}}}) {{P:{pct}}} of the last {w.short} "
             f"(threshold {_percent(w.budget_wait_share)}, for {w.for_}). Conversations wait in the closed topic: none is "
             "lost, but scores arrive late and the closed topic's lag grows.",
+        ),
+        AlertSpec(
+            BROKER_LOST_DATA,
+            "page",
+            ("topic",),
+            {"L": s("lost_data")},
+            (Clause("L", ">", "0"),),
+            "The Kafka broker lost records of {{ $labels.topic }}",
+            f"A worker or the sink found the log of {{{{ $labels.topic }}}} shorter than what it had consumed "
+            f"({{L:{count}}} time(s) over the last {w.lost_data_for}): the broker lost records (a restart without "
+            "durable storage, or a lost disk). Conversations and scores from before the loss that were not yet processed "
+            "are gone; reconcile and replay from the source (runbook).",
         ),
     ]

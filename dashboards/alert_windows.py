@@ -54,6 +54,9 @@ class AlertWindows:
     """How long a condition must hold before its alert fires (Prometheus ``for:``)."""
     stall_for: str = "15m"
     """Pipeline stalled: conversations closed during this window and none was scored or stored unscored."""
+    lost_data_for: str = "1h"
+    """Broker lost data: a worker or the sink found a partition's log shorter than its position during this window
+    (it keeps firing this long after the last such finding, longer than ``for_``)."""
     grafana_interval: str = "1m"
     """How often Grafana evaluates its rule group (Grafana needs one per group). The Prometheus rules set
     none: they run at Prometheus' global ``evaluation_interval`` (15s in deploy/production/prometheus.yml)."""

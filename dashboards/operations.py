@@ -2,7 +2,8 @@
 
 Events in (by type and outcome) and dead letters (by reason); assembly
 (open conversations, closes by cause, owned partitions, consumer lag where
-the broker reports it); the judge (calls, errors, latency, tokens); scoring
+the broker reports it, closed against stored conversations, records the
+broker lost); the judge (calls, errors, latency, tokens); scoring
 (latency, retries, unscored); the sink (rows, errors, batch latency, close to
 store latency); the judge budget (which limit holds scoring back, for how
 long) and cost (tokens and cost per judged conversation); the scorer rollout (which versions the workers score
@@ -100,6 +101,27 @@ def _events() -> list:
             [p.promql(promql.gauge_sum(promql.CONSUMER_LAG, by="topic, partition"), "{{topic}}/{{partition}}")],
             "short",
             span=16,
+        ),
+        p.time_series(
+            "Reconciliation: conversations closed vs stored (per hour)",
+            "Conversations the workers closed, score rows the sink wrote, and closed records dead-lettered, each over "
+            "the hour before; the lines move together when nothing is lost (rows also count re-deliveries written "
+            "again). A lasting gap with no lag is what went missing in between, e.g. after the broker lost data.",
+            [
+                p.promql(promql.increase(promql.CONVERSATIONS_CLOSED, "1h"), "closed"),
+                p.promql(promql.increase(promql.SINK_ROWS, "1h", 'table="conversation_scores"'), "stored"),
+                p.promql(promql.increase(promql.DEAD_LETTERS, "1h", 'reason="bad_closed_record"'), "dead-lettered"),
+            ],
+            "short",
+            span=8,
+        ),
+        p.time_series(
+            "Broker lost data",
+            "Partitions a worker or the sink found with a log shorter than what it had consumed: the broker lost "
+            "records (alert ConvowatchBrokerLostData, docs/runbooks.md).",
+            [p.promql(promql.increase(promql.BROKER_LOST_DATA, W, by="topic"), "{{topic}}")],
+            "short",
+            span=8,
         ),
         p.time_series(
             "Partition refetches / s",

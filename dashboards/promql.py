@@ -248,6 +248,7 @@ SINK_ROWS = "convowatch_sink_rows_total"
 SINK_ERRORS = "convowatch_sink_errors_total"
 SINK_LATENCY = "convowatch_sink_latency_seconds"
 CLOSE_TO_STORE_LATENCY = "convowatch_close_to_store_latency_seconds"
+BROKER_LOST_DATA = "convowatch_broker_lost_data_total"
 
 
 # --- scorer rollout (stream/rollout.py) ------------------------------------------------------------

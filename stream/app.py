@@ -47,6 +47,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, EventT
 
 from stream.assembly import ConversationAssembler, is_closed
+from stream.broker_loss import BrokerLossWatch
 from stream.budget import BudgetGate, BudgetWaitInterrupted
 from stream.contract import RECORD_HEADROOM_BYTES, DeadLetter, EndEvent, InvalidEvent, encode_event, parse_event
 from stream.delivery import GuardedDelivery, in_order
@@ -240,6 +241,7 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
         await app.guarded_consumer.refetch_stalled(k.refetch_idle_s)
 
     requested: dict[str, float] = {}
+    loss_watch = BrokerLossWatch(metrics, "worker", (k.events_topic, k.closed_topic))
 
     async def request_end(key: str, cause: str, partition: int, now: float) -> None:
         """Publish a worker ``end`` for ``key`` unless one was requested lately (it is on its way)."""
@@ -267,7 +269,9 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
             await request_end(key, "capacity", partitions[key], now)
         metrics.open_conversations.set(len(open_last_seen))
         metrics.assigned_partitions.set(sum(1 for tp in actives if tp.topic == k.events_topic))
-        metrics.set_consumer_lag(await consumer_lag(app, actives))
+        lags = await consumer_lag(app, actives)
+        metrics.set_consumer_lag(lags)
+        loss_watch.check(lags)  # logged and counted; the runbook says how to recover
         for key, at in list(requested.items()):
             if now - at > a.idle_check_interval_s * 10:
                 del requested[key]

@@ -154,6 +154,13 @@ class ServiceMetrics:
             registry=r,
         )
         self._lag_partitions: set[tuple[str, str]] = set()
+        self.broker_lost_data = Counter(
+            "convowatch_broker_lost_data",
+            "Partitions whose log was found to end below this consumer's position: the broker lost records "
+            "(stream/broker_loss.py).",
+            ["topic"],
+            registry=r,
+        )
         self.partition_refetches = Counter(
             "convowatch_partition_refetches",
             "Partitions fetched again from the next offset to process, by topic and reason "

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.errors import CommitFailedError, KafkaError
 
+from stream.broker_loss import BrokerLossWatch
 from stream.contract import RECORD_HEADROOM_BYTES, DeadLetter, FeedbackEvent, InvalidEvent, RatingEvent, parse_event
 from stream.metrics import ServiceMetrics
 from stream.records import ACTIVE, FeedbackRow, RatingRow, RecordError, ScoreRecord
@@ -64,6 +65,7 @@ class ScoreSink:
             max_poll_interval_ms=int(k.max_poll_interval_s * 1000),
             fetch_max_wait_ms=int(k.fetch_max_wait_s * 1000),
         )
+        self.loss_watch = BrokerLossWatch(metrics, "sink", (k.scores_topic, k.events_topic))
         self.producer = KafkaProducer(
             bootstrap_servers=k.bootstrap_servers.split(","),
             client_id="convowatch-sink",
@@ -173,13 +175,17 @@ class ScoreSink:
                 log.warning("offset commit failed after a durable write (will be re-delivered, deduplicated): %s", e)
 
     def report_lag(self) -> None:
-        """Consumer lag per assigned partition, where the broker has reported a high-water mark."""
+        """Consumer lag per assigned partition, where the broker has reported a high-water mark; a partition whose
+        log ends below the position lost records (stream/broker_loss.py) and is read again from its beginning."""
         lags = {}
-        for tp in self.consumer.assignment():
+        assigned = {(tp.topic, tp.partition): tp for tp in self.consumer.assignment()}
+        for key, tp in assigned.items():
             highwater = self.consumer.highwater(tp)
             if highwater is not None:
-                lags[(tp.topic, tp.partition)] = highwater - self.consumer.position(tp)
+                lags[key] = highwater - self.consumer.position(tp)
         self.metrics.set_consumer_lag(lags)
+        for key in self.loss_watch.check(lags):
+            self.consumer.seek_to_beginning(assigned[key])
 
     def close(self) -> None:
         self.consumer.close()

@@ -186,10 +186,16 @@ class Pipeline:
 
     def produce(self, records: Iterable[tuple[bytes | None, bytes | None]], max_request_size: int = 1_048_576) -> int:
         """Send raw (key, value) records to the events topic, byte for byte."""
+        return self.produce_to("events", records, max_request_size)
+
+    def produce_to(
+        self, topic: str, records: Iterable[tuple[bytes | None, bytes | None]], max_request_size: int = 1_048_576
+    ) -> int:
+        """Send raw (key, value) records to this pipeline's ``topic`` (events, closed, scores, dead_letter)."""
         producer = KafkaProducer(bootstrap_servers=self.bootstrap, acks="all", max_request_size=max_request_size)
         n = 0
         for key, value in records:
-            producer.send(self.topic("events"), key=key, value=value)
+            producer.send(self.topic(topic), key=key, value=value)
             n += 1
         producer.flush()
         producer.close()

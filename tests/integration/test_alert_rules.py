@@ -293,6 +293,7 @@ def _fed_exporter() -> set[str]:
     m.behaviour_hits_squared_variance.labels("ignore", *attrs).inc(1)
     m.behaviour_error.labels("ignore").set(1)
     m.user_feedback_conversations.labels("s1", "dsat", "negative", *attrs).inc()
+    m.broker_lost_data.labels("convowatch.scores").inc()
     return set(metric_names(m))
 
 
@@ -321,8 +322,10 @@ def test_label_values_in_the_rules_are_ones_the_service_emits() -> None:
         "behaviour",
         "behaviour, product, model_version",
         "scorer_version, product, model_version",
+        "topic",
     }
     m = ServiceMetrics()
+    assert m.broker_lost_data._labelnames == ("topic",)
     assert "judge" in m.judge_errors._labelnames and "judge" in m.judge_latency._labelnames
     assert {"product", "model_version"} <= set(m.calibrated_conversations._labelnames)
     assert {"behaviour", "product", "model_version"} <= set(m.behaviour_hits_squared_variance._labelnames)

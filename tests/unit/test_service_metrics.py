@@ -46,6 +46,7 @@ def every_series(metrics: ServiceMetrics) -> None:
     m.scorer_version_info.labels("active", "v1", "s1").set(1)
     m.shadow_conversations.labels("v2", "s2", "dsat").inc()
     m.rollout_changes.labels("applied").inc()
+    m.broker_lost_data.labels("convowatch.events").inc()
     m.netsat.labels(*attrs).observe(12.5)
     m.dimension.labels("Q0", *attrs).observe(3.2)
     m.scoring_attempts.labels("JudgeUnavailable").inc()

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 OUT = Path(__file__).with_name("convowatch.rules.test.yml")
 AGREEMENT_OUT = Path(__file__).with_name("convowatch.agreement.test.yml")
-SHORT, BASE, DAY, FOR, STALL = 10, 360, 1440, 10, 15  # minutes
+SHORT, BASE, DAY, FOR, STALL, LOST = 10, 360, 1440, 10, 15, 60  # minutes
 Z, LIFT, UNCERTAIN_LIFT = 3.0, 0.05, 0.15
 MIN_CONVERSATIONS, JUDGE_RATIO, JUDGE_MIN, DL_RATIO, DL_MIN = 50, 0.10, 20, 0.05, 200
 BUDGET_WAIT_SHARE = 0.5
@@ -926,6 +926,51 @@ def dead_letter_tests() -> str:
     )
 
 
+# --- broker lost data ------------------------------------------------------------------------------
+
+
+def lost_data_tests() -> str:
+    """The sink finds the scores topic's log shorter than its position at minute 31 (a broker restart)."""
+    found = seg(M3, [(31, 31, 1)])
+    out = [
+        header(
+            "broker lost data: the sink finds the scores topic shorter than its position at minute 31",
+            [
+                "The counter exists at 0 from the start (the sink creates it for every topic it reads), so the",
+                "first finding is an increase Prometheus can see.",
+            ],
+        ),
+        series("convowatch_broker_lost_data_total", found, topic="convowatch.scores", instance="sink-1:9465"),
+        series("convowatch_broker_lost_data_total", seg(M3, []), topic="convowatch.events"),
+        "    alert_rule_test:\n",
+    ]
+    for t, firing, comment in [
+        (30, False, "nothing lost yet"),
+        (35, False, "found at minute 31: pending"),
+        (45, True, "fires"),
+        (80, True, "keeps firing within the hour after the finding"),
+        (100, False, "resolved an hour later; the events topic never fired"),
+    ]:
+        assert (state_at(lambda u: window(found, u, LOST) > 0, t, 0) == "firing") == firing, t
+        alerts = (
+            [
+                {
+                    "labels": {"severity": "page", "topic": "convowatch.scores"},
+                    "summary": "The Kafka broker lost records of convowatch.scores",
+                    "description": "A worker or the sink found the log of convowatch.scores shorter than what it had "
+                    "consumed (1 time(s) over the last 1h): the broker lost records (a restart without durable storage, "
+                    "or a lost disk). Conversations and scores from before the loss that were not yet processed are gone; "
+                    "reconcile and replay from the source (runbook).",
+                    "runbook_url": "docs/runbooks.md#convowatchbrokerlostdata",
+                }
+            ]
+            if firing
+            else []
+        )
+        out.append(alert_test(t, "ConvowatchBrokerLostData", alerts, comment))
+    return "".join(out)
+
+
 # --- judge budget --------------------------------------------------------------------------------
 
 BUDGET_WAITS = {  # (limit, instance) -> seconds waited per minute
@@ -1018,6 +1063,7 @@ def text() -> str:
         + stall_tests()
         + dead_letter_tests()
         + budget_tests()
+        + lost_data_tests()
     )
 
 
