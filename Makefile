@@ -63,6 +63,7 @@ bench: install
 	$(PY) bench/alert_detection.py
 	$(PY) bench/judge_jitter.py --threads 2
 	$(PY) bench/behaviour_detection.py --threads 2
+	$(PY) bench/redaction.py --seeds 5
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -203,6 +203,12 @@ class ServiceMetrics:
             ["scorer_version", "label", "feedback", *attrs],
             registry=r,
         )
+        self.redactions = Counter(
+            "convowatch_redactions",
+            "Personal data items replaced before a conversation's text left for the judge (redaction.kinds), by kind.",
+            ["kind"],
+            registry=r,
+        )
         # Scorer rollout (stream/rollout.py): which versions score, what the shadow says, and refused changes.
         self.scorer_version_info = Gauge(
             "convowatch_scorer_version_info",

@@ -37,6 +37,7 @@ from scorers.conversation import Conversation
 from scorers.early_stopping import EarlyStoppedScore, EarlyStoppingScorer, ScoreMoments
 from scorers.judges.base import Judge, JudgeError, Provenance
 from scorers.questions import Question, load_questions
+from scorers.redaction import redactor
 from scorers.rubrics import RubricSet, RubricSetError
 from stream.budget import BudgetGate, Cost, transcript_chars
 from stream.cost import judge_cost
@@ -44,7 +45,7 @@ from stream.feedback_labels import FeedbackLabelRules
 from stream.metrics import JUDGED, UNSAMPLED, ServiceMetrics
 from stream.records import SHADOW, BehaviourHit, ClosedConversation, DimensionPrediction, RubricHit, ScoreRecord
 from stream.sampling import SamplingDecision, SamplingPolicy
-from stream.settings import PriceSettings, ScoringSettings, SettingsError
+from stream.settings import PriceSettings, RedactionSettings, ScoringSettings, SettingsError
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,7 @@ class ConversationScorer:
         price: PriceSettings | None = None,
         behaviour_set: BehaviourSet | None = None,
         name: str = "",
+        redaction: RedactionSettings | None = None,
     ) -> None:
         self.name = name  # the registry's name of this version ('' when configured by file)
         self.judge = judge
@@ -153,6 +155,8 @@ class ConversationScorer:
         self.price = price
         self.budget = BudgetGate.from_settings(settings.budget, metrics)  # None: no limit set
         self.sampling = SamplingPolicy.from_settings(settings.sampling)
+        self.redaction = redaction or RedactionSettings()
+        self._redactor = redactor(self.redaction.kinds, self.redaction.phone_region)
 
     def for_version(self, rubric_set: RubricSet, calibrator: Calibrator | None, name: str) -> ConversationScorer:
         """A scorer of another version (stream/rollout.py): this one's judge, settings and behaviour set, and the same
@@ -167,6 +171,7 @@ class ConversationScorer:
             price=self.price,
             behaviour_set=self.behaviour_set,
             name=name,
+            redaction=self.redaction,
         )
         other.budget, other.sampling = self.budget, self.sampling
         return other
@@ -314,7 +319,7 @@ class ConversationScorer:
             closed.conversation_id, closed.attributes, closed.negative_feedback, rated=bool(closed.feedback_ratings)
         )
         if not decision.scored:
-            record = self.unsampled(closed, decision)
+            record = self.unsampled(self._redacted(closed) if self.redaction.stored else closed, decision)
             self.observe(record)
             return record
         record = replace(
@@ -334,8 +339,26 @@ class ConversationScorer:
         self.metrics.shadow_conversations.labels(self.name, self.scorer_version, record.label or record.status).inc()
         return record
 
+    def _redacted(self, closed: ClosedConversation) -> ClosedConversation:
+        """``closed`` with the personal data of ``redaction.kinds`` replaced in every turn (counted by kind)."""
+        if self._redactor is None:
+            return closed
+        turns = []
+        for turn in closed.turns:
+            done = self._redactor.redact(turn.text)
+            for kind, n in done.counts.items():
+                self.metrics.redactions.labels(kind).inc(n)
+            turns.append(replace(turn, text=done.text) if done.counts else turn)
+        return replace(closed, turns=tuple(turns))
+
     async def _judged(self, closed: ClosedConversation) -> ScoreRecord:
-        """Judge with retries: a scored record, or an unscored one with the reason."""
+        """Judge (the redacted text, with ``redaction.kinds``) with retries: a scored record, or an unscored one with the
+        reason; it carries the redacted conversation with ``redaction.stored``, else ``closed`` as it came."""
+        redacted = self._redacted(closed)
+        record = await self._judged_with_retries(redacted)
+        return record if self.redaction.stored else replace(record, conversation=closed)
+
+    async def _judged_with_retries(self, closed: ClosedConversation) -> ScoreRecord:
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         attempt = 0

@@ -53,6 +53,7 @@ def _scorer(
         price=settings.judge.price,
         behaviour_set=behaviour_set,
         name=name,
+        redaction=settings.redaction,
     )
 
 

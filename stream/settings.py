@@ -245,6 +245,27 @@ class ScoringSettings(BaseModel):
     )
 
 
+class RedactionSettings(BaseModel):
+    """Personal data replaced before a conversation's text leaves for the judge (scorers/redaction.py); off by default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kinds: list[Literal["email", "phone", "card", "key"]] = Field(
+        default_factory=list,
+        description="What to replace with a placeholder ([EMAIL], [PHONE], [CARD], [KEY]) before the judge reads a "
+        "conversation: e-mail addresses, phone numbers, payment card numbers (Luhn-checked), API keys and private "
+        "keys; empty = off.",
+    )
+    phone_region: str = Field(
+        default="US", description="Region whose national phone numbers are recognised without a country code (ISO 3166)."
+    )
+    stored: bool = Field(
+        default=False,
+        description="Also store (and publish on the scores topic) the redacted text; false = the store keeps what the "
+        "users wrote and only the judge sees the redacted text.",
+    )
+
+
 class StoreSettings(BaseModel):
     """Where scores are written (ClickHouse)."""
 
@@ -284,6 +305,7 @@ class Settings(BaseSettings):
     scoring: ScoringSettings = Field(default_factory=ScoringSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    redaction: RedactionSettings = Field(default_factory=RedactionSettings)
     rubric_set: Path | None = None
     calibrator: Path | None = None
     cache_dir: Path = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "convowatch"
