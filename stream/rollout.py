@@ -22,7 +22,6 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from scorers.errors import ConvowatchError
 from stream.metrics import ServiceMetrics
 from stream.records import ACTIVE, SHADOW
 from stream.registry import RegistryError, Rollout, ScorerRegistry, ScorerVersion
@@ -96,9 +95,10 @@ class ScorerRollout:
         try:
             rollout = self.registry.rollout()
             if rollout == self._rollout:
+                self._refused = None  # back to what it scores with: a bad rollout written again is reported again
                 return False
             scorers = _load(self.registry, self._build, rollout, self.current)
-        except ConvowatchError as e:
+        except Exception as e:  # whatever the registry holds, the worker keeps scoring with the versions it has
             if str(e) != self._refused:  # reported once, not at every poll
                 self._refused = str(e)
                 self.metrics.rollout_changes.labels("refused").inc()
@@ -124,7 +124,8 @@ def _load(registry: ScorerRegistry, build: BuildScorer, rollout: Rollout, curren
     def scorer(name: str) -> ConversationScorer:
         return have[name] if name in have else build(registry.version(name))
 
-    assert rollout.active is not None
+    if rollout.active is None:
+        raise RegistryError(f"the rollout in {registry.root} names no active version")
     active = scorer(rollout.active)
     shadow = scorer(rollout.shadow) if rollout.shadow is not None else None
     return Scorers(active, shadow, rollout.shadow_rate if shadow is not None else 0.0)

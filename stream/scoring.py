@@ -11,6 +11,11 @@ With a behaviour set (``scoring.behaviours``, scorers/behaviours.py) the judge
 also answers its yes/no questions about every assistant turn; what they cost is
 counted with the rest of the conversation's judge cost.
 
+With ``redaction.kinds`` the judge reads the conversation with personal data
+replaced by placeholders (scorers/redaction.py); the record keeps the text as
+it came unless ``redaction.stored``. A scorer of a registered version
+(``name``, stream/rollout.py) may also score as a *shadow* (`score_shadow`).
+
 A judge budget (``scoring.budget``, stream/budget.py) makes each attempt wait
 while it is spent. The one exception `score` lets out is
 `BudgetWaitInterrupted`: a rebalance called the wait off, the conversation was
