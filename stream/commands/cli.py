@@ -530,9 +530,11 @@ _FROM_STORE_OPTION = click.option(
 )
 
 
-def _calibration_options(required: bool = True):
-    """Options shared by the `calibrate` commands: the recorded judge answers and human labels (files)."""
-    also = "" if required else " (with --human-labels, instead of --labels)"
+def _calibration_options(instead_of: str = ""):
+    """Options shared by the `calibrate` commands: the recorded judge answers and human labels (files), required
+    unless the command has another source of labels (``instead_of``)."""
+    required = not instead_of
+    also = f" (together, instead of {instead_of})" if instead_of else ""
 
     def add(fn):
         fn = click.option(
@@ -595,7 +597,7 @@ _CALIBRATOR_OPTION = click.option(
 
 
 @calibrate.command("train")
-@_calibration_options(required=False)
+@_calibration_options(instead_of="--from-store")
 @_FROM_STORE_OPTION
 @store_window_options
 @answer_cache_option("With --from-store: the ")
@@ -761,7 +763,7 @@ def calibrate_train(
     "a scale other than its number of options are left out.",
 )
 @answer_cache_option("With --labels or --from-store: the ")
-@_calibration_options(required=False)
+@_calibration_options(instead_of="--labels or --from-store")
 @click.option(
     "--strength",
     type=click.FloatRange(min=0, min_open=True),
