@@ -271,7 +271,12 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
         metrics.assigned_partitions.set(sum(1 for tp in actives if tp.topic == k.events_topic))
         lags = await consumer_lag(app, actives)
         metrics.set_consumer_lag(lags)
-        loss_watch.check(lags)  # logged and counted; the runbook says how to recover
+        # Records the broker lost are logged and counted (the runbook says how to recover): a partition whose log ends
+        # below this worker's position, or one that came back after a rebalance without the offsets this worker committed.
+        consumer = app.guarded_consumer
+        committed = {tp: await consumer.committed_offsets(TP(*tp)) for tp in loss_watch.suspects(lags)}
+        committed |= {(tp.topic, tp.partition): c for tp, c in (await consumer.committed_since_assignment()).items()}
+        loss_watch.confirm(committed)
         for key, at in list(requested.items()):
             if now - at > a.idle_check_interval_s * 10:
                 del requested[key]

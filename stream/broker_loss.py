@@ -1,18 +1,28 @@
 """Noticing that the broker lost records: a partition whose log now ends below what this process consumed.
 
 A broker that keeps nothing across a restart (tansu's ``memory://`` engine, the
-embedded default) or that lost a disk comes back with shorter logs, or none.
+embedded default) or whose topic was deleted and recreated comes back with
+shorter logs, or none, and without the consumer groups' committed offsets.
 Producers recreate the topics and write from offset 0 again, while a consumer
 that survived keeps its position: it sits past the new end of the log, reads
-nothing, and no error says so — the records before the restart and the new
-ones alike are lost in silence. So the worker and the sink check, with every
-lag report, whether a partition's high-water mark fell below their position
-(a negative lag): then the broker lost records. Each such partition is logged
-(ERROR) and counted once in ``convowatch_broker_lost_data_total{topic}``
-(alert ``ConvowatchBrokerLostData``, docs/runbooks.md), and counted again only
-after it recovered and lost records anew. The sink then reads the partition
-again from its beginning (the records still there are new, or stored again
-idempotently); the worker reports it (docs/service.md says what to do).
+nothing, and no error says so — the records before the loss and the new ones
+alike are lost in silence.
+
+So the worker and the sink check, with every lag report, for partitions whose
+high-water mark fell below their position (a negative lag) — *suspects* — and
+confirm each by asking the broker for the group's committed offset: lost when
+the broker no longer has it, or has one below the offset this process last
+committed. The worker asks the same once for every partition that comes back
+to it after a rebalance (a restarted broker makes its consumers rejoin, and
+Faust then starts the partition from whatever the broker says). Both are needed: a negative lag alone is also what tansu reports for
+topics written in batches of several records (it understates the high-water
+mark, DESIGN.md), and a missing committed offset alone is also what a group's
+expired offsets look like. A confirmed partition is logged (ERROR) and counted
+once in ``convowatch_broker_lost_data_total{topic}`` (alert
+``ConvowatchBrokerLostData``, docs/runbooks.md), and again only after it
+recovered and lost records anew. The sink then reads the partition again from
+its beginning (the records still there are new, or stored again idempotently);
+a worker whose group rejoined starts from the broker's new log start anyway.
 """
 
 from __future__ import annotations
@@ -28,7 +38,7 @@ Partition = tuple[str, int]
 
 
 class BrokerLossWatch:
-    """Finds partitions whose high-water mark fell below this consumer's position, and reports each once."""
+    """Finds partitions whose records the broker lost (see the module), and reports each once."""
 
     def __init__(self, metrics: ServiceMetrics, who: str, topics: Iterable[str]) -> None:
         self.metrics = metrics
@@ -37,21 +47,31 @@ class BrokerLossWatch:
         for topic in topics:  # at 0 from the start: Prometheus sees the first finding as an increase
             metrics.broker_lost_data.labels(topic)
 
-    def check(self, lags: Mapping[Partition, int]) -> list[Partition]:
-        """The partitions that newly lost records, from ``lags`` (high-water mark − position, per partition)."""
-        lost = {tp for tp, lag in lags.items() if lag < 0}
-        new = sorted(lost - self._lost)
-        self._lost = lost | (self._lost - set(lags))  # a partition not reported now keeps its state
-        for topic, partition in new:
+    def suspects(self, lags: Mapping[Partition, int]) -> list[Partition]:
+        """Partitions whose high-water mark is below this consumer's position (``lags``: high-water mark − position),
+        not already reported; partitions whose lag is back at 0 or above may be reported again."""
+        self._lost -= {tp for tp, lag in lags.items() if lag >= 0}
+        return sorted(tp for tp, lag in lags.items() if lag < 0 and tp not in self._lost)
+
+    def confirm(self, committed: Mapping[Partition, tuple[int | None, int | None]]) -> list[Partition]:
+        """The partitions the broker lost records of: ``committed[tp]`` = (the broker's committed offset of the group,
+        the offset this process last committed); lost when the first is missing or below the second."""
+        lost = []
+        for tp, (broker, own) in sorted(committed.items()):
+            if own is None or (broker is not None and broker >= own) or tp in self._lost:
+                continue
+            lost.append(tp)
+            self._lost.add(tp)
+            topic, partition = tp
             self.metrics.broker_lost_data.labels(topic).inc()
             log.error(
-                "%s: the broker lost records of %s[%d]: its log now ends %d records before this %s's position "
-                "(a broker restart without durable storage, or a lost disk); records from before the loss that were not "
-                "yet processed are gone (docs/runbooks.md#convowatchbrokerlostdata)",
+                "%s: the broker lost records of %s[%d]: it has %s of the group's committed offset %d (a broker restart "
+                "without durable storage, a lost disk, or the topic recreated); records from before the loss that were "
+                "not yet processed are gone (docs/runbooks.md#convowatchbrokerlostdata)",
                 self.who,
                 topic,
                 partition,
-                -lags[(topic, partition)],
-                self.who,
+                "none" if broker is None else f"only {broker}",
+                own,
             )
-        return new
+        return lost

@@ -50,6 +50,7 @@ class GuardedDelivery:
         self._gone_below: dict[TP, int] = {}  # the earliest offset, when records past the committed one were deleted
         self._in_flight: defaultdict[str, int] = defaultdict(int)  # events taken and not yet released, per topic
         self._last_activity: dict[str, float] = {}  # monotonic time of the last take or release, per topic
+        self._committed_before: dict[TP, int] = {}  # what this consumer had committed when a partition came (back)
 
     # -------------------------------------------------------------- what the agents call
 
@@ -114,11 +115,13 @@ class GuardedDelivery:
     # -------------------------------------------------------------- Faust's hooks
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
+        self._remember_committed(revoked)
         self._forget(revoked)
         await super().on_partitions_revoked(revoked)  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
         # Every rebalance ends with Faust seeking each assigned partition to its committed offset.
+        self._remember_committed(assigned)
         self._forget(set(self._next_offset) | set(assigned))
         await super().on_partitions_assigned(assigned, generation_id)  # type: ignore[misc]
 
@@ -172,9 +175,31 @@ class GuardedDelivery:
         gone = self._gone_below.get(tp)
         return floor if gone is None or floor is None else max(floor, gone)
 
+    async def committed_offsets(self, tp: TP) -> tuple[int | None, int | None]:
+        """(the broker's committed offset of ``tp`` for this group, the offset this consumer last committed)."""
+        own = self._committed_offset.get(tp)  # type: ignore[attr-defined]
+        return await self._broker_committed(tp), own if own is not None else self._committed_before.get(tp)
+
+    async def committed_since_assignment(self) -> dict[TP, tuple[int | None, int]]:
+        """Once per partition that came (back) after this consumer had committed in it: (the broker's committed
+        offset now, what this consumer had committed). A broker that lost its records lost these offsets too."""
+        found = {}
+        for tp in [tp for tp in self._committed_before if tp in self.assignment()]:  # type: ignore[attr-defined]
+            found[tp] = (await self._broker_committed(tp), self._committed_before.pop(tp))
+        return found
+
+    def _remember_committed(self, tps: set[TP]) -> None:
+        for tp in tps:
+            offset = self._committed_offset.get(tp)  # type: ignore[attr-defined]
+            if offset is not None:
+                self._committed_before[tp] = max(offset, self._committed_before.get(tp, offset))
+
+    async def _broker_committed(self, tp: TP) -> int | None:
+        return await self._thread.call_thread(self._thread._ensure_consumer().committed, tp)  # type: ignore[attr-defined]
+
     async def _start_offset(self, tp: TP) -> int | None:
         """The broker's committed offset of ``tp``, else its earliest offset (where Faust starts reading)."""
-        committed = await self._thread.call_thread(self._thread._ensure_consumer().committed, tp)  # type: ignore[attr-defined]
+        committed = await self._broker_committed(tp)
         if committed is None:
             committed = (await self.earliest_offsets(tp)).get(tp)  # type: ignore[attr-defined]
         if committed is not None and tp not in self._next_offset:

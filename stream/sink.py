@@ -66,6 +66,7 @@ class ScoreSink:
             fetch_max_wait_ms=int(k.fetch_max_wait_s * 1000),
         )
         self.loss_watch = BrokerLossWatch(metrics, "sink", (k.scores_topic, k.events_topic))
+        self._committed: dict[tuple[str, int], int] = {}  # what this sink last committed, per partition
         self.producer = KafkaProducer(
             bootstrap_servers=k.bootstrap_servers.split(","),
             client_id="convowatch-sink",
@@ -170,13 +171,16 @@ class ScoreSink:
                 break
             try:
                 self.consumer.commit()
+                self._committed.update(
+                    {(tp.topic, tp.partition): self.consumer.position(tp) for tp in self.consumer.assignment()}
+                )
             except (CommitFailedError, KafkaError) as e:
                 # A rebalance took the partitions: the batch is re-delivered to their new owner and rewritten idempotently.
                 log.warning("offset commit failed after a durable write (will be re-delivered, deduplicated): %s", e)
 
     def report_lag(self) -> None:
         """Consumer lag per assigned partition, where the broker has reported a high-water mark; a partition whose
-        log ends below the position lost records (stream/broker_loss.py) and is read again from its beginning."""
+        records the broker lost (stream/broker_loss.py) is read again from its beginning."""
         lags = {}
         assigned = {(tp.topic, tp.partition): tp for tp in self.consumer.assignment()}
         for key, tp in assigned.items():
@@ -184,8 +188,11 @@ class ScoreSink:
             if highwater is not None:
                 lags[key] = highwater - self.consumer.position(tp)
         self.metrics.set_consumer_lag(lags)
-        for key in self.loss_watch.check(lags):
-            self.consumer.seek_to_beginning(assigned[key])
+        suspects = self.loss_watch.suspects(lags)
+        if suspects:
+            committed = {key: (self.consumer.committed(assigned[key]), self._committed.get(key)) for key in suspects}
+            for key in self.loss_watch.confirm(committed):
+                self.consumer.seek_to_beginning(assigned[key])
 
     def close(self) -> None:
         self.consumer.close()

@@ -1,0 +1,39 @@
+"""`BrokerLossWatch`: a negative lag is a suspect; the broker's committed offset decides (tests/integration/
+test_broker_loss.py restarts a real broker)."""
+
+from __future__ import annotations
+
+from stream.broker_loss import BrokerLossWatch
+from stream.metrics import ServiceMetrics
+
+EVENTS, SCORES = "convowatch.events", "convowatch.scores"
+
+
+def lost_count(metrics: ServiceMetrics, topic: str) -> float | None:
+    return metrics.registry.get_sample_value("convowatch_broker_lost_data_total", {"topic": topic})
+
+
+def test_a_negative_lag_is_lost_data_only_when_the_broker_forgot_the_committed_offset() -> None:
+    metrics = ServiceMetrics()
+    watch = BrokerLossWatch(metrics, "sink", (EVENTS, SCORES))
+    assert lost_count(metrics, EVENTS) == lost_count(metrics, SCORES) == 0  # exported at 0 from the start
+    lags = {(EVENTS, 0): -8, (EVENTS, 1): -3, (SCORES, 0): 5}
+    assert watch.suspects(lags) == [(EVENTS, 0), (EVENTS, 1)]
+    # partition 0: the broker has no committed offset (it restarted empty); partition 1: it still has ours (tansu
+    # understating the high-water mark of a topic written in batches): not lost.
+    assert watch.confirm({(EVENTS, 0): (None, 120), (EVENTS, 1): (40, 40)}) == [(EVENTS, 0)]
+    assert lost_count(metrics, EVENTS) == 1
+    assert watch.suspects(lags) == [(EVENTS, 1)]  # reported once
+    assert watch.confirm({(SCORES, 1): (3, 9)}) == [(SCORES, 1)]  # a committed offset gone backwards
+    assert watch.confirm({(EVENTS, 1): (None, None)}) == []  # nothing committed: no evidence
+
+
+def test_a_partition_that_caught_up_is_reported_again_when_it_loses_records_again() -> None:
+    metrics = ServiceMetrics()
+    watch = BrokerLossWatch(metrics, "worker", (EVENTS,))
+    watch.confirm({(EVENTS, 0): (None, 10)})
+    assert watch.suspects({(EVENTS, 0): -10}) == []
+    assert watch.suspects({(EVENTS, 0): 0}) == []  # read again from the start: caught up
+    assert watch.suspects({(EVENTS, 0): -4}) == [(EVENTS, 0)]
+    watch.confirm({(EVENTS, 0): (None, 4)})
+    assert lost_count(metrics, EVENTS) == 2
