@@ -156,8 +156,8 @@ class ServiceMetrics:
         self._lag_partitions: set[tuple[str, str]] = set()
         self.broker_lost_data = Counter(
             "convowatch_broker_lost_data",
-            "Partitions whose log was found to end below this consumer's position: the broker lost records "
-            "(stream/broker_loss.py).",
+            "Partitions whose records the broker was found to have lost: the group's committed offset gone or gone "
+            "backwards (stream/broker_loss.py).",
             ["topic"],
             registry=r,
         )
