@@ -58,7 +58,7 @@ class BrokerLossWatch:
         the offset this process last committed); lost when the first is missing or below the second."""
         lost = []
         for tp, (broker, own) in sorted(committed.items()):
-            if own is None or (broker is not None and broker >= own) or tp in self._lost:
+            if not own or (broker is not None and broker >= own) or tp in self._lost:  # 0 committed: nothing to lose
                 continue
             lost.append(tp)
             self._lost.add(tp)
