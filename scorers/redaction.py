@@ -24,11 +24,10 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import phonenumbers
 
-from scorers.conversation import Conversation
 from scorers.errors import UserError
 
 REDACTION_KINDS = ("key", "email", "card", "phone")  # in the order they are applied
@@ -95,16 +94,6 @@ class Redactor:
                 if n:
                     counts[kind] += n
         return Redacted(text, counts)
-
-    def redact_conversation(self, conversation: Conversation) -> tuple[Conversation, Counter[str]]:
-        """The conversation with every turn redacted, and the counts over all turns."""
-        counts: Counter[str] = Counter()
-        turns = []
-        for turn in conversation.turns:
-            done = self.redact(turn.text)
-            counts.update(done.counts)
-            turns.append(replace(turn, text=done.text) if done.counts else turn)
-        return replace(conversation, turns=tuple(turns)), counts
 
     def _phones(self, text: str) -> tuple[str, int]:
         matches = list(phonenumbers.PhoneNumberMatcher(text, self.region, leniency=phonenumbers.Leniency.VALID))

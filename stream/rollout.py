@@ -76,11 +76,6 @@ class ScorerRollout:
     def from_registry(cls, registry: ScorerRegistry, build: BuildScorer, metrics: ServiceMetrics) -> ScorerRollout:
         """The registry's current rollout, loaded; `RegistryError` (or `SettingsError`) if it has no usable active version."""
         rollout = registry.rollout()
-        if rollout.active is None:
-            raise RegistryError(
-                f"the scorer registry {registry.root} has no active version: register one and promote it "
-                "(convowatch scorers register NAME --rubric-set FILE; convowatch scorers promote NAME)"
-            )
         return cls(_load(registry, build, rollout, None), metrics, registry, build, rollout)
 
     @property
@@ -125,7 +120,10 @@ def _load(registry: ScorerRegistry, build: BuildScorer, rollout: Rollout, curren
         return have[name] if name in have else build(registry.version(name))
 
     if rollout.active is None:
-        raise RegistryError(f"the rollout in {registry.root} names no active version")
+        raise RegistryError(
+            f"the scorer registry {registry.root} has no active version: register one and promote it "
+            "(convowatch scorers register NAME --rubric-set FILE; convowatch scorers promote NAME)"
+        )
     active = scorer(rollout.active)
     shadow = scorer(rollout.shadow) if rollout.shadow is not None else None
     return Scorers(active, shadow, rollout.shadow_rate if shadow is not None else 0.0)

@@ -213,6 +213,13 @@ BEHAVIOURS = Table[Scored[BehaviourHit]](
     ),
 )
 
+# The attribute columns of a user's feedback or rating row, read from the event's attributes.
+_EVENT_ATTRIBUTES: tuple[Column[Any], ...] = (
+    Column("attributes", "Map(String, String)", lambda f: {str(k): str(v) for k, v in f.attributes.items()}),
+    Column("product", LOW_CARDINALITY, lambda f: str(f.attributes.get("product", ""))),
+    Column("model_version", LOW_CARDINALITY, lambda f: str(f.attributes.get("model_version", ""))),
+)
+
 FEEDBACK = Table[FeedbackRow](
     "feedback",
     (
@@ -221,9 +228,7 @@ FEEDBACK = Table[FeedbackRow](
         _field("timestamp", TIMESTAMP),
         _field("rating", LOW_CARDINALITY),
         _field("comment", "String"),
-        Column("attributes", "Map(String, String)", lambda f: {str(k): str(v) for k, v in f.attributes.items()}),
-        Column("product", LOW_CARDINALITY, lambda f: str(f.attributes.get("product", ""))),
-        Column("model_version", LOW_CARDINALITY, lambda f: str(f.attributes.get("model_version", ""))),
+        *_EVENT_ATTRIBUTES,
         _field("received_at", TIMESTAMP),
     ),
 )
@@ -236,9 +241,7 @@ CONVERSATION_RATINGS = Table[RatingRow](
         _field("scale", "UInt8"),
         _field("comment", "String"),
         _field("timestamp", TIMESTAMP),
-        Column("attributes", "Map(String, String)", lambda f: {str(k): str(v) for k, v in f.attributes.items()}),
-        Column("product", LOW_CARDINALITY, lambda f: str(f.attributes.get("product", ""))),
-        Column("model_version", LOW_CARDINALITY, lambda f: str(f.attributes.get("model_version", ""))),
+        *_EVENT_ATTRIBUTES,
         _field("received_at", TIMESTAMP),
     ),
 )
