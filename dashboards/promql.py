@@ -42,6 +42,7 @@ JUDGE_CALLS = "convowatch_judge_calls_total"
 JUDGE_ERRORS = "convowatch_judge_errors_total"
 # Sampling: volume by decision, and the 1/π-weighted sums rates are computed from.
 SAMPLED = "convowatch_conversations_sampled_total"
+INJECTION_SUSPECTED = "convowatch_injection_suspected_conversations_total"
 SCORED_WEIGHT = "convowatch_conversations_scored_weight_total"
 SCORED_SAMPLING_VARIANCE = "convowatch_conversations_scored_sampling_variance_total"
 CALIBRATED_WEIGHT = "convowatch_calibrated_weight_total"

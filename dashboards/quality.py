@@ -7,7 +7,8 @@ conversation's expected answer into the histogram
 its mean (``_sum / _count``) and p10 / p50 / p90 by model version, and the
 distribution itself (bucket rates over time, bucket counts over the range),
 one repeated row per dimension (variable ``dimension``). A NetSAT row shows
-the rubric-set score's quantiles and distribution.
+the rubric-set score's quantiles and distribution, and an Injection attempts
+row the share of conversations whose users tried to steer the judge.
 
 Histograms cannot carry weights, so under sampling (docs/sampling.md) these
 panels describe the *judged* conversations: unbiased per product and model
@@ -54,6 +55,7 @@ def dashboard() -> dict[str, Any]:
         [
             ("All dimensions", [all_dimensions]),
             ("NetSAT", _netsat()),
+            ("Injection attempts", _injection()),
             # A repeated row: Grafana copies it and the panels under it once per selected dimension.
             (p.row("Dimension $dimension").repeat("dimension"), _dimension()),
         ],
@@ -80,6 +82,23 @@ def _netsat() -> list:
             "Conversations per second into each NetSAT bucket (upper bound on the y axis).",
             p.promql_buckets(promql.rate(promql.NETSAT_BUCKET, W, M, by="le")),
             "none",
+        ),
+    ]
+
+
+def _injection() -> list:
+    """Conversations whose users' turns hold text written to steer the judge (scorers/injection.py)."""
+    by_kind = promql.increase(promql.INJECTION_SUSPECTED, W, M, by="kind")
+    return [
+        p.time_series(
+            "Share of conversations with an injection attempt, by kind",
+            "Conversations whose users' turns hold an injection attempt of each kind, per conversation closed "
+            "(judged or not). Their scores carry the kinds in injection_signals; with scoring.injection_policy "
+            "abstain they are labelled uncertain.",
+            [p.promql(f"{by_kind} / ignoring(kind) group_left {promql.increase(promql.SAMPLED, W, M)}", "{{kind}}")],
+            "percentunit",
+            span=24,
+            min_value=0,
         ),
     ]
 

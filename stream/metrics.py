@@ -203,6 +203,13 @@ class ServiceMetrics:
             ["scorer_version", "label", "feedback", *attrs],
             registry=r,
         )
+        self.injection_suspected = Counter(
+            "convowatch_injection_suspected_conversations",
+            "Conversations whose users' turns hold an injection attempt (text written to steer the judge; "
+            "scorers/injection.py), by kind; a conversation counts once per kind found.",
+            ["kind", *attrs],
+            registry=r,
+        )
         self.redactions = Counter(
             "convowatch_redactions",
             "Personal data items replaced before a conversation's text left for the judge (redaction.kinds), by kind.",

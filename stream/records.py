@@ -29,6 +29,7 @@ from typing import Any, Literal, get_args
 
 from scorers.conversation import ROLES, Conversation, Turn, as_role, content_hash
 from scorers.errors import UserError
+from scorers.injection import INJECTION_KINDS
 from scorers.rubrics import LABELS
 from stream.contract import RATINGS
 
@@ -230,6 +231,7 @@ class ScoreRecord:
     sampling_reason: str = ""  # rate | new_model_version | negative_feedback | rated ('' in records written before sampling)
     scorer_name: str = ""  # the registry's name of the scorer version ('' when configured by file; stream/registry.py)
     role: str = ACTIVE  # active: feeds metrics, alerts and conversation_scores; shadow: a candidate's, in shadow_scores
+    injection_signals: tuple[str, ...] = ()  # kinds of injection attempt found in users' turns (scorers/injection.py)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -238,6 +240,8 @@ class ScoreRecord:
             _check(isinstance(self.conversation, ClosedConversation), "conversation is not a ClosedConversation")
             _check(self.status in STATUSES, f"status {self.status!r} is not one of {STATUSES}")
             _check(self.role in SCORER_ROLES, f"role {self.role!r} is not one of {SCORER_ROLES}")
+            unknown = [k for k in self.injection_signals if k not in INJECTION_KINDS]
+            _check(not unknown, f"injection_signals {unknown!r} are not among {INJECTION_KINDS}")
             for f in fields(self):  # each plain field holds what its annotation says
                 value = getattr(self, f.name)
                 holds, what = _HOLDS.get(str(f.type), (None, ""))

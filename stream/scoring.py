@@ -40,6 +40,7 @@ from scorers.calibration import CalibrationError
 from scorers.calibrators import Calibrator
 from scorers.conversation import Conversation
 from scorers.early_stopping import EarlyStoppedScore, EarlyStoppingScorer, ScoreMoments
+from scorers.injection import InjectionDetector
 from scorers.judges.base import Judge, JudgeError, Provenance
 from scorers.questions import Question, load_questions
 from scorers.redaction import redactor
@@ -136,6 +137,8 @@ class ConversationScorer:
             versions += f"|approximate:{settings.max_label_change_probability}:{moments.digest()}"
         if behaviour_set is not None:
             versions += f"|behaviours:{behaviour_set.version}"
+        if settings.injection_policy != "flag":  # it changes labels
+            versions += f"|injection:{settings.injection_policy}"
         self.scorer_version = hashlib.sha256(versions.encode("utf-8")).hexdigest()[:12]
         # The calibrator reads all its questions, so they are asked whatever early stopping decides.
         rubric_ids = {r.id for r in rubric_set.rubrics}
@@ -162,6 +165,7 @@ class ConversationScorer:
         self.sampling = SamplingPolicy.from_settings(settings.sampling)
         self.redaction = redaction or RedactionSettings()
         self._redactor = redactor(self.redaction.kinds, self.redaction.phone_region)
+        self._injection = InjectionDetector()
 
     def for_version(self, rubric_set: RubricSet, calibrator: Calibrator | None, name: str) -> ConversationScorer:
         """A scorer of another version (stream/rollout.py): this one's judge, settings and behaviour set, and the same
@@ -281,7 +285,12 @@ class ConversationScorer:
         )
 
     def _record(self, closed: ClosedConversation, status: str, attempts: int, **outcome: Any) -> ScoreRecord:
-        """A record stamped with this scorer's versions and the time."""
+        """A record stamped with this scorer's versions, the time and the injection attempts in users' turns; with
+        ``scoring.injection_policy`` abstain, a scored conversation holding one is labelled uncertain."""
+        signals = self._injection.conversation_signals((t.role, t.text) for t in closed.turns)
+        if signals and status == "scored" and self.settings.injection_policy == "abstain" and outcome["label"] != "uncertain":
+            outcome["extra"] = {**outcome.get("extra", {}), "label_before_injection_policy": outcome["label"]}
+            outcome["label"] = "uncertain"
         return ScoreRecord(
             conversation=closed,
             status=status,  # type: ignore[arg-type]
@@ -293,6 +302,7 @@ class ConversationScorer:
             behaviour_set_version=self.behaviour_set_version,
             scored_at=time.time(),
             attempts=attempts,
+            injection_signals=signals,
             **outcome,
         )
 
@@ -400,6 +410,8 @@ class ConversationScorer:
         attrs = m.attribute_values(record.conversation.attributes)
         decision = UNSAMPLED if record.status == "unsampled" else JUDGED
         m.conversations_sampled.labels(decision, record.sampling_reason, *attrs).inc()
+        for kind in record.injection_signals:
+            m.injection_suspected.labels(kind, *attrs).inc()
         if record.status == "unsampled":
             return
         if record.status == "unscored":

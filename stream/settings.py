@@ -229,6 +229,12 @@ class ScoringSettings(BaseModel):
         "shipped with convowatch) or a behaviour-set file; None = off. Costs one judge call per assistant turn and "
         "behaviour at judge.questions_per_call = 1 (docs/behaviours.md).",
     )
+    injection_policy: Literal["flag", "abstain"] = Field(
+        default="flag",
+        description="What a scored conversation whose users' turns hold an injection attempt (scorers/injection.py) "
+        "gets: flag = its label as judged, with the kinds found in injection_signals and the metric; abstain = also "
+        "labelled uncertain (the judged label kept in extra).",
+    )
     sampling: SamplingSettings = Field(default_factory=SamplingSettings)
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
     registry: Path | None = Field(

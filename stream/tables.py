@@ -164,6 +164,7 @@ SCORES = Table[ScoreRecord](
         _field("sampling_reason", LOW_CARDINALITY),
         _field("behaviour_set_version", LOW_CARDINALITY),
         _field("scorer_name", LOW_CARDINALITY),
+        _field("injection_signals", f"Array({LOW_CARDINALITY})"),
         Column("extra", "String", lambda r: json.dumps(r.extra, sort_keys=True, ensure_ascii=False)),
     ),
     server_columns=("stored_at", "version"),
@@ -438,6 +439,17 @@ MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
                 model_version {_LC},
                 received_at {_TS}
             ) ENGINE = ReplacingMergeTree(received_at) ORDER BY (conversation_id, timestamp)""",
+        ),
+    ),
+    (
+        "0007_injection_signals",
+        (
+            *(
+                f"""ALTER TABLE {{db}}.{table}
+                ADD COLUMN IF NOT EXISTS injection_signals Array({_LC}) AFTER scorer_name"""
+                for table in ("conversation_scores", "shadow_scores")
+            ),
+            "CREATE OR REPLACE VIEW " + _LATEST_SCORES_VIEW,
         ),
     ),
 )

@@ -252,6 +252,7 @@ MAY_BE_EMPTY = {
     "convowatch_user_feedback_conversations_total": "this replay sends no feedback events: no rated conversation",
     "convowatch_shadow_conversations_total": "no shadow version: this replay's worker takes its scorer from settings",
     "convowatch_scorer_rollout_changes_total": "no scorer registry: the worker's scorer is fixed, there is no rollout to read",
+    "convowatch_injection_suspected": "the replayed research chats need not hold an injection attempt the detector finds",
     'reason="bad_closed_record"': "every closed record decodes: none is dead-lettered",
     "convowatch_behaviour_": "this replay judges no behaviours (scoring.behaviours is off: the recorded judge has no behaviour "
     "answers; tests/integration/test_behaviours_pipeline.py runs them with a real judge)",

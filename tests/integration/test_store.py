@@ -220,8 +220,8 @@ def test_a_database_before_sampling_is_upgraded_and_its_rows_count_with_weight_o
     monkeypatch.setattr(store_module, "MIGRATIONS", MIGRATIONS)
     assert store.migrate() == [m[0] for m in MIGRATIONS[2:]]
     rows = store.query(
-        "SELECT conversation_id, status, inclusion_probability, sampling_reason, behaviour_set_version, scorer_name "
-        "FROM latest_scores ORDER BY conversation_id"
+        "SELECT conversation_id, status, inclusion_probability, sampling_reason, behaviour_set_version, scorer_name, "
+        "injection_signals FROM latest_scores ORDER BY conversation_id"
     )
     old = {
         "status": "scored",
@@ -229,6 +229,7 @@ def test_a_database_before_sampling_is_upgraded_and_its_rows_count_with_weight_o
         "sampling_reason": "",
         "behaviour_set_version": "",
         "scorer_name": "",
+        "injection_signals": [],
     }
     assert rows == [{"conversation_id": "old-dsat", **old}, {"conversation_id": "old-sat", **old}]
     assert store.query("SELECT count() AS n FROM behaviour_turns") == [{"n": 0}]
@@ -292,6 +293,7 @@ def test_write_and_read_back_every_field(store_factory) -> None:
         inclusion_probability=0.25,
         sampling_reason="rate",
         scorer_name="2024-02-rubrics",
+        injection_signals=("instruction", "forged_turn"),
         extra={"note": "x"},
     )
     assert store.write_scores([record]) == {
@@ -357,6 +359,7 @@ def test_write_and_read_back_every_field(store_factory) -> None:
         "sampling_reason": "rate",
         "behaviour_set_version": "bs-1",
         "scorer_name": "2024-02-rubrics",
+        "injection_signals": ["instruction", "forged_turn"],
         "extra": '{"note": "x"}',
     }
     dims = store.query("SELECT * FROM dimension_predictions FINAL ORDER BY question_id")

@@ -48,6 +48,7 @@ def every_series(metrics: ServiceMetrics) -> None:
     m.rollout_changes.labels("applied").inc()
     m.broker_lost_data.labels("convowatch.events").inc()
     m.redactions.labels("email").inc()
+    m.injection_suspected.labels("instruction", *attrs).inc()
     m.netsat.labels(*attrs).observe(12.5)
     m.dimension.labels("Q0", *attrs).observe(3.2)
     m.scoring_attempts.labels("JudgeUnavailable").inc()
