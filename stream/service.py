@@ -10,6 +10,7 @@ from scorers.behaviours import load_behaviour_set
 from scorers.calibrators import Calibrator, load_calibrator
 from scorers.rubrics import RubricSet, starter_rubric_set
 from stream.judge_factory import judge_from_settings
+from stream.log_privacy import keep_conversation_text_out_of_logs
 from stream.metrics import ServiceMetrics
 from stream.registry import ScorerRegistry, ScorerVersion
 from stream.rollout import ScorerRollout
@@ -103,6 +104,7 @@ def run_worker(settings: Settings, loglevel: str = "info") -> None:
 
     from stream.app import create_app
 
+    keep_conversation_text_out_of_logs(settings.log_conversation_text)
     metrics = new_metrics(settings)
     rollout = build_rollout(settings, metrics)
     ensure_topics(settings.kafka)
@@ -127,6 +129,7 @@ def run_sink(settings: Settings) -> None:
     from stream.sink import ScoreSink
     from stream.store import ClickHouseStore
 
+    keep_conversation_text_out_of_logs(settings.log_conversation_text)
     metrics = new_metrics(settings)
     store = ClickHouseStore.open(settings.store)
     store.migrate()

@@ -316,6 +316,11 @@ class Settings(BaseSettings):
     calibrator: Path | None = None
     cache_dir: Path = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "convowatch"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_conversation_text: bool = Field(
+        default=False,
+        description="Let DEBUG logs show the records the worker and the sink send (they hold conversation text); "
+        "false = each record's value is logged as its size (stream/log_privacy.py).",
+    )
 
     @field_validator("cache_dir")
     @classmethod
