@@ -237,7 +237,7 @@ def _chdb_dir(dsn: str) -> Path:
     if not path.is_absolute():
         path = Path.cwd() / path
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)  # it holds every conversation's text: owner only
     except OSError as e:
         raise StoreError(f"cannot create the embedded store directory {path}: {e}") from e
     return Path(os.path.realpath(path))

@@ -307,7 +307,7 @@ def human_ratings() -> dict[str, tuple[int, float, float]]:
 
 
 def start() -> None:
-    STATE.mkdir(parents=True, exist_ok=True)
+    STATE.mkdir(parents=True, exist_ok=True, mode=0o700)  # the store, logs and conversation files: owner only
     cfg = stack.StackConfig(
         state_dir=STATE / "stack", scrape_targets=[f"127.0.0.1:{WORKER_PORT}", f"127.0.0.1:{SINK_PORT}"], rule_files=[RULES]
     )

@@ -159,8 +159,8 @@ def forget(state_dir: Path, name: str) -> None:
 
 def launch(state_dir: Path, name: str, argv: Sequence[str], url: str, cwd: Path) -> subprocess.Popen[bytes]:
     """Start ``argv`` detached (own session), output to ``<name>.log``, and record its pid and URL."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    cwd.mkdir(parents=True, exist_ok=True)
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # logs, pids and the services' data: owner only
+    cwd.mkdir(parents=True, exist_ok=True, mode=0o700)
     with open_log(log_path(state_dir, name)) as out:
         try:
             process = subprocess.Popen(

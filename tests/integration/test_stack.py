@@ -59,6 +59,7 @@ def test_kafka_start_is_idempotent_status_reports_it_and_stop_ends_it(tmp_path: 
         assert (cfg.state_dir / "kafka.pid").read_text().strip() == str(service.pid)
         assert "listening on: tcp://127.0.0.1" in service.log.read_text()
         assert service.log.stat().st_mode & 0o777 == 0o600  # logs carry conversation text: owner only
+        assert all(d.stat().st_mode & 0o777 == 0o700 for d in (cfg.state_dir, cfg.state_dir / "kafka"))
 
         again = stack.start_kafka(cfg)
         assert again.already_running and again.pid == service.pid

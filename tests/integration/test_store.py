@@ -25,7 +25,7 @@ from stream.records import (
     TurnRecord,
 )
 from stream.report.summary import summarize
-from stream.store import ClickHouseStore, StoreError
+from stream.store import ClickHouseStore, StoreError, _chdb_dir
 from stream.tables import MIGRATIONS, SCORES, SHADOW_SCORES
 from stream.tables import TABLES as DECLARED_TABLES
 from tests.chdb_fixture import chdb_dsn, chdb_store, store_factory  # noqa: F401
@@ -691,6 +691,12 @@ def test_closed_store_refuses_use(store_factory) -> None:
 
 
 # --- opening ------------------------------------------------------------------------------------
+
+
+def test_the_embedded_store_directory_is_created_owner_only(tmp_path: Path) -> None:
+    tmp_path.chmod(0o755)  # pytest makes its directories 0700; the store must not rely on that
+    made = _chdb_dir(f"chdb://{tmp_path / 'new' / 'store'}")
+    assert made.stat().st_mode & 0o777 == 0o700  # it holds every conversation's text
 
 
 def test_relative_chdb_dir_resolves_against_the_working_directory(chdb_store, monkeypatch) -> None:
