@@ -64,6 +64,7 @@ bench: install
 	$(PY) bench/judge_jitter.py --threads 2
 	$(PY) bench/behaviour_detection.py --threads 2
 	$(PY) bench/redaction.py --seeds 5
+	$(PY) bench/injection.py --threads 2
 
 clean:
 	rm -rf $(VENV) .pytest_cache
