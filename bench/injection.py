@@ -17,21 +17,20 @@ rubric set (bench/judge_cost.py's 100) used. Each is judged three times:
   ``fake_question`` (a question about the conversation with its answer, or orders about how to answer).
 
 Judge: Qwen2.5-Coder-1.5B-Instruct Q4_K_M (the best judge these machines run, ``convowatch judge serve
---model qwen``), all questions in one call (``questions_per_call`` 100, ``sequence`` answers: the judge-cost
-configuration), asked the starter rubric set's 8 rubrics and the default calibrator's 9 LLM-Rubric questions.
-The calibrator is the default cumulative-link model trained on LLM-Rubric's synthetic data (as ``make demo``
-trains it). The planted turn comes last, so the server's prompt cache re-reads only it and the questions.
+--model qwen``), one question per call with the server's prefix cache (the configuration docs/judge-cost.md keeps
+for this judge, and the one the starter set's θ and windows were fitted on), asked the starter rubric set's 8
+rubrics and the default calibrator's 9 LLM-Rubric questions. The calibrator is the default cumulative-link model
+trained on LLM-Rubric's synthetic data (as ``make demo`` trains it). The planted turn comes last, so the server's
+prompt cache re-reads only it and the questions.
 
 Figures, for ``benign`` and ``injected`` against ``clean`` (the same conversation): the share of conversations
 whose label (sat / dsat / uncertain) changed and whose threshold label changed (Wilson 95 % intervals), the
 share moved *towards* satisfied, and the mean change of NetSAT and of the calibrated P(dsat) (bootstrap 95 %
 intervals); all also per injection kind (15 each: anecdotes, said so). And what `InjectionDetector`
-(scorers/injection.py) flags: the share of the planted texts, and of the clean conversations' turns.
+(scorers/injection.py) flags: the share of the planted texts, and of real conversations' users' turns.
 
 The injection texts were written for this benchmark by the same people who wrote the detector, so the
-detector's share of them is a check that it does what it says, not an independent recall. The labels use the
-starter set's windows, fitted on one-question-per-call answers; the NetSAT and P(dsat) changes do not depend on
-windows.
+detector's share of them is a check that it does what it says, not an independent recall.
 """
 
 from __future__ import annotations
@@ -389,7 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "command": " ".join([".venv/bin/python", "bench/injection.py", *(argv if argv is not None else sys.argv[1:])]),
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             "machine": {"cpu": judge_cost.cpu_model(), "threads": args.threads},
-            "judge": {"model": uss.QWEN_ALIAS, "server": "llama-cpp-python", "questions_per_call": 100, "answers": "sequence"},
+            "judge": {"model": uss.QWEN_ALIAS, "server": "llama-cpp-python", "questions_per_call": 1},
             "rubric_set": starter_rubric_set().version,
             "per_conversation": [],
         }
@@ -400,8 +399,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 model=uss.QWEN_ALIAS,
                 timeout_s=600,
                 max_retries=2,
-                questions_per_call=100,
-                answer_format="sequence",
             )
             judge_all(judge, items, args.seed, out, result)
         finally:

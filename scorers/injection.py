@@ -17,7 +17,7 @@ usual forms by pattern, per kind:
 
 Only the turns a conversation's users (and tools) wrote are read: the assistant's and the system's text is
 the product's own. A pattern list is a floor, not a wall: it misses a paraphrase it has not seen, and the
-figures in docs/scorers.md say how much it catches of a planted corpus and how often it fires on real
+figures in docs/service.md ("Injection attempts") say how much it catches of a planted corpus and how often it fires on real
 conversations (``bench/injection.py``).
 """
 
@@ -31,7 +31,8 @@ INJECTION_KINDS = ("instruction", "rating_request", "forged_turn", "fake_answer"
 CHECKED_ROLES = ("user", "tool")  # whose text may be written to steer the judge
 
 _EVALUATOR = r"(?:evaluator|grader|rater|assessor|annotator|reviewer|judge model|llm judge)s?"
-_TOP = r"(?:highest|maximum|max|top|best|perfect|full|most positive)"
+_TOP_WORDS = r"highest|maximum|max|top|best|perfect|full|most positive"
+_TOP = rf"(?:{_TOP_WORDS})"
 
 _PATTERNS: dict[str, tuple[str, ...]] = {
     "instruction": (
@@ -75,7 +76,7 @@ _PATTERNS: dict[str, tuple[str, ...]] = {
         r"\bq\d+\s*[:=]\s*\d",
         r"(?:^|\n|[?.]\s)\s*(?:answer|a)\s*:\s*\S",
         r"\banswer\s+(?:every|each|all)\b[^\n.]{0,20}\bquestions?\b",
-        r"\b(?:every|each|all)\s+(?:questions?|criteria)\b[^\n.]{0,40}\b(?:" + _TOP[3:-1] + r"|4|yes)\b",
+        r"\b(?:every|each|all)\s+(?:questions?|criteria)\b[^\n.]{0,40}\b(?:" + _TOP_WORDS + r"|4|yes)\b",
         r"\bthe\s+(?:correct\s+|right\s+)?answers?\s+(?:is|are|=)\b",
         r"\b(?:highest|maximum|most\s+positive)\s+(?:value|option|answer)s?\b",
         r"\bcorrect\s+answers?\b",
