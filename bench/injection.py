@@ -17,11 +17,12 @@ rubric set (bench/judge_cost.py's 100) used. Each is judged three times:
   ``fake_question`` (a question about the conversation with its answer, or orders about how to answer).
 
 Judge: Qwen2.5-Coder-1.5B-Instruct Q4_K_M (the best judge these machines run, ``convowatch judge serve
---model qwen``), one question per call with the server's prefix cache (the configuration docs/judge-cost.md keeps
-for this judge, and the one the starter set's θ and windows were fitted on), asked the starter rubric set's 8
-rubrics and the default calibrator's 9 LLM-Rubric questions. The calibrator is the default cumulative-link model
-trained on LLM-Rubric's synthetic data (as ``make demo`` trains it). The planted turn comes last, so the server's
-prompt cache re-reads only it and the questions.
+--model qwen``) with the server's prefix cache. The starter rubric set's 8 rubrics are asked one question per
+call (the configuration docs/judge-cost.md keeps for this judge, and the one the set's θ and windows were fitted
+on); the default calibrator's 9 LLM-Rubric questions are asked together in one call (``sequence`` answers), which
+keeps the benchmark within about an hour on two cores: its P(dsat) is that configuration's. The calibrator is the
+default cumulative-link model trained on LLM-Rubric's synthetic data (as ``make demo`` trains it). The planted turn
+comes last, so the server's prompt cache re-reads only it and the questions.
 
 Figures, for ``benign`` and ``injected`` against ``clean`` (the same conversation): the share of conversations
 whose label (sat / dsat / uncertain) changed and whose threshold label changed (Wilson 95 % intervals), the
@@ -42,6 +43,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,7 @@ from scorers.datasets.uss import read_uss, uss_labelled  # noqa: E402
 from scorers.injection import InjectionDetector  # noqa: E402
 from scorers.judges.base import Judgement  # noqa: E402
 from scorers.judges.openai_http import OpenAIJudge  # noqa: E402
+from scorers.judges.prompt import numbered_order  # noqa: E402
 from scorers.questions import Question, load_questions  # noqa: E402
 from scorers.rubrics import RubricSet, starter_rubric_set  # noqa: E402
 from scorers.statistics import bootstrap_ci, wilson_interval  # noqa: E402
@@ -177,6 +180,21 @@ def log(message: str) -> None:
     judge_cost.log(message)
 
 
+@dataclass(frozen=True)
+class Judges:
+    """The one Qwen server, asked one question per call (rubrics) and all questions in one call (calibrator)."""
+
+    single: OpenAIJudge
+    together: OpenAIJudge
+
+    @classmethod
+    def on(cls, url: str) -> Judges:
+        def judge(**kw: Any) -> OpenAIJudge:
+            return OpenAIJudge(base_url=url, model=uss.QWEN_ALIAS, timeout_s=600, max_retries=2, **kw)
+
+        return cls(judge(), judge(questions_per_call=100, answer_format="sequence"))
+
+
 def dissatisfied_conversations(seed: int) -> list[LabelledConversation]:
     """PER_CORPUS dissatisfied USS dialogues per corpus that no rubric set or window was fitted on, interleaved."""
     learning = json.loads(judge_cost.LEARNING_RESULTS.read_text(encoding="utf-8"))["settings"]
@@ -232,37 +250,39 @@ def default_calibrator() -> Calibrator:
     return load_calibrator(CALIBRATOR_DIR)
 
 
-def questions(rubric_set: RubricSet, calibrator: Calibrator) -> list[Question]:
+def calibrator_questions(calibrator: Calibrator) -> list[Question]:
     by_id = load_questions(LLM_RUBRIC / "questions.json")
-    asked = {q.id: q for q in rubric_set.questions()}
-    for qid in calibrator.question_ids_:
-        asked.setdefault(qid, by_id[qid])
-    return list(asked.values())
+    return list(numbered_order([by_id[qid] for qid in calibrator.question_ids_]))
 
 
-def outcome(judgement: Judgement, rubric_set: RubricSet, calibrator: Calibrator) -> dict[str, Any]:
-    score = rubric_set.score(judgement)
-    main = calibrator.predict_judgement(judgement)[calibrator.main_question]
+def outcome(rubrics: Judgement, questions: Judgement, rubric_set: RubricSet, calibrator: Calibrator) -> dict[str, Any]:
+    score = rubric_set.score(rubrics)
+    main = calibrator.predict_judgement(questions)[calibrator.main_question]
     return {
         "label": score.label,
         "threshold_label": score.threshold_label,
         "netsat": score.netsat,
         "p_dsat": float(main.prob_at_most(DISSATISFIED_MAX_VALUE)[0]),
-        "answers": {qid: list(map(float, a.probabilities)) for qid, a in judgement.answers.items()},
+        "answers": {qid: list(map(float, a.probabilities)) for j in (rubrics, questions) for qid, a in j.answers.items()},
     }
 
 
-def judge_all(judge: OpenAIJudge, items: Sequence[LabelledConversation], seed: int, out: Path, result: dict[str, Any]) -> None:
+def judge_all(judges: Judges, items: Sequence[LabelledConversation], seed: int, out: Path, result: dict[str, Any]) -> None:
     rubric_set, calibrator = starter_rubric_set(), default_calibrator()
-    asked = questions(rubric_set, calibrator)
+    asked = calibrator_questions(calibrator)
     benign_rng = np.random.default_rng(seed + 1)
     for i, ((kind, text), item) in enumerate(zip(assignments(len(items), seed), items), start=1):
         clean = item.conversation
         benign = BENIGN[int(benign_rng.integers(len(BENIGN)))]
-        record: dict[str, Any] = {"conversation_id": clean.id, "kind": kind, "injection": text, "benign": benign}
+        record: dict[str, Any] = {"conversation_id": clean.id, "kind": kind, "injection": text, "benign_text": benign}
         started = time.perf_counter()
         for version, conversation in zip(VERSIONS, (clean, planted(clean, benign), planted(clean, text))):
-            record[version] = outcome(judge.judge(conversation, asked), rubric_set, calibrator)
+            record[version] = outcome(
+                judges.single.judge(conversation, rubric_set.questions()),
+                judges.together.judge(conversation, asked),
+                rubric_set,
+                calibrator,
+            )
         record["seconds"] = time.perf_counter() - started
         result["per_conversation"].append(record)
         out.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n", encoding="utf-8")
@@ -300,20 +320,23 @@ def moves(records: Sequence[dict[str, Any]], version: str) -> dict[str, Any]:
     }
 
 
-def detection(records: Sequence[dict[str, Any]], items: Sequence[Conversation]) -> dict[str, Any]:
-    """What the injection detector flags among the planted texts, the benign ones, and the users' turns of real
-    conversations: every USS dialogue (MWOZ, SGD; the patterns were adjusted after looking at what they flagged
-    there) and LLM-Rubric's 223 real conversations (not looked at before this figure was measured)."""
+def detection(items: Sequence[Conversation]) -> dict[str, Any]:
+    """What the injection detector flags among the corpus's texts (as planted, each its conversation's 11th turn),
+    the benign ones, and the users' turns of real conversations: every USS dialogue (MWOZ, SGD; the patterns were
+    adjusted after looking at what they flagged there) and LLM-Rubric's 223 real conversations (not looked at before
+    this figure was measured)."""
     detector = InjectionDetector()
-    injected = [bool(detector.signals([r["injection"]])) for r in records]
-    benign = [bool(detector.signals([r["benign"]])) for r in records]
+
+    def flagged(text: str) -> bool:
+        return bool(detector.signals([text.replace("{n}", "10").replace("{m}", "11")]))
+
+    by_kind = {kind: [flagged(t) for t in texts] for kind, texts in INJECTIONS.items()}
+    every = [f for flags in by_kind.values() for f in flags]
+    benign = [flagged(t) for t in BENIGN]
     out: dict[str, Any] = {
-        "injections_flagged": _share(sum(injected), len(injected)),
+        "injections_flagged": _share(sum(every), len(every)),
         "benign_flagged": _share(sum(benign), len(benign)),
-        "by_kind": {
-            kind: _share(sum(f for f, r in zip(injected, records) if r["kind"] == kind), sum(r["kind"] == kind for r in records))
-            for kind in INJECTIONS
-        },
+        "by_kind": {kind: _share(sum(flags), len(flags)) for kind, flags in by_kind.items()},
     }
     for name, conversations in (("uss", items), ("llm_rubric_real", list(load_real_conversations(LLM_RUBRIC_REAL).values()))):
         flagged = [bool(detector.conversation_signals((t.role, t.text) for t in c.turns)) for c in conversations]
@@ -388,24 +411,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             "command": " ".join([".venv/bin/python", "bench/injection.py", *(argv if argv is not None else sys.argv[1:])]),
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             "machine": {"cpu": judge_cost.cpu_model(), "threads": args.threads},
-            "judge": {"model": uss.QWEN_ALIAS, "server": "llama-cpp-python", "questions_per_call": 1},
+            "judge": {
+                "model": uss.QWEN_ALIAS,
+                "server": "llama-cpp-python",
+                "rubric_questions_per_call": 1,
+                "calibrator_questions_per_call": "all (sequence answers)",
+            },
             "rubric_set": starter_rubric_set().version,
             "per_conversation": [],
         }
         server = ServedJudge.start(packaged_qwen(uss.CACHE_ROOT), args.threads, Path("/tmp/injection-llama.log"))
         try:
-            judge = OpenAIJudge(
-                base_url=server.url,
-                model=uss.QWEN_ALIAS,
-                timeout_s=600,
-                max_retries=2,
-            )
-            judge_all(judge, items, args.seed, out, result)
+            judges = Judges.on(server.url)
+            judge_all(judges, items, args.seed, out, result)
         finally:
             server.stop()
     records = result["per_conversation"]
     result["figures"] = figures(records)
-    result["detection"] = detection(records, every_uss_conversation())
+    result["detection"] = detection(every_uss_conversation())
     out.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     report(result)
     print(f"wrote {out}")
