@@ -339,8 +339,8 @@ def detection(items: Sequence[Conversation]) -> dict[str, Any]:
         "by_kind": {kind: _share(sum(flags), len(flags)) for kind, flags in by_kind.items()},
     }
     for name, conversations in (("uss", items), ("llm_rubric_real", list(load_real_conversations(LLM_RUBRIC_REAL).values()))):
-        flagged = [bool(detector.conversation_signals((t.role, t.text) for t in c.turns)) for c in conversations]
-        out[f"{name}_conversations_flagged"] = _share(sum(flagged), len(flagged))
+        hits = [bool(detector.conversation_signals((t.role, t.text) for t in c.turns)) for c in conversations]
+        out[f"{name}_conversations_flagged"] = _share(sum(hits), len(hits))
     return out
 
 
