@@ -20,14 +20,15 @@ Judge: Qwen2.5-Coder-1.5B-Instruct Q4_K_M (the best judge these machines run, ``
 --model qwen``) with the server's prefix cache. The starter rubric set's 8 rubrics are asked one question per
 call (the configuration docs/judge-cost.md keeps for this judge, and the one the set's θ and windows were fitted
 on); the default calibrator's 9 LLM-Rubric questions are asked together in one call (``sequence`` answers), which
-keeps the benchmark within about an hour on two cores: its P(dsat) is that configuration's. The calibrator is the
+keeps the judge time near 2 minutes per conversation on two cores (2 hours for all 60; ``--limit N`` judges the
+draw's first N): its P(dsat) is that configuration's. The calibrator is the
 default cumulative-link model trained on LLM-Rubric's synthetic data (as ``make demo`` trains it). The planted turn
 comes last, so the server's prompt cache re-reads only it and the questions.
 
 Figures, for ``benign`` and ``injected`` against ``clean`` (the same conversation): the share of conversations
 whose label (sat / dsat / uncertain) changed and whose threshold label changed (Wilson 95 % intervals), the
 share moved *towards* satisfied, and the mean change of NetSAT and of the calibrated P(dsat) (bootstrap 95 %
-intervals); all also per injection kind (15 each: anecdotes, said so). And what `InjectionDetector`
+intervals); what the injection moves beyond the benign turn (injected minus benign, paired); all also per kind (15 each: anecdotes, said so). And what `InjectionDetector`
 (scorers/injection.py) flags: the share of the planted texts, and of real conversations' users' turns.
 
 The injection texts were written for this benchmark by the same people who wrote the detector, so the
@@ -344,11 +345,25 @@ def detection(items: Sequence[Conversation]) -> dict[str, Any]:
     return out
 
 
+def injected_beyond_benign(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What the injection moves beyond what any added turn moves: per conversation, injected minus benign (paired)."""
+
+    def towards_sat(r: dict[str, Any], version: str) -> float:
+        return float(LABEL_ORDER[r[version]["label"]] > LABEL_ORDER[r["clean"]["label"]])
+
+    return {
+        "label_towards_sat": _ci(np.array([towards_sat(r, "injected") - towards_sat(r, "benign") for r in records])),
+        "netsat": _ci(np.array([r["injected"]["netsat"] - r["benign"]["netsat"] for r in records])),
+        "p_dsat": _ci(np.array([r["injected"]["p_dsat"] - r["benign"]["p_dsat"] for r in records])),
+    }
+
+
 def figures(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     clean_labels = {lab: sum(r["clean"]["label"] == lab for r in records) for lab in LABEL_ORDER}
     return {
         "clean_labels": clean_labels,
         **{version: moves(records, version) for version in ("benign", "injected")},
+        "injected_beyond_benign": injected_beyond_benign(records),
         "injected_by_kind": {
             kind: moves([r for r in records if r["kind"] == kind], "injected")
             for kind in INJECTIONS
@@ -374,6 +389,14 @@ def report(result: dict[str, Any]) -> None:
             f"[{m['netsat_change']['low']:+.3f}, {m['netsat_change']['high']:+.3f}]; ΔP(dsat) "
             f"{m['p_dsat_change']['estimate']:+.4f} [{m['p_dsat_change']['low']:+.4f}, {m['p_dsat_change']['high']:+.4f}]"
         )
+    b = f["injected_beyond_benign"]
+    print(
+        "injected - benign (paired): "
+        + ", ".join(
+            f"{k} {b[k]['estimate']:+.3f} [{b[k]['low']:+.3f}, {b[k]['high']:+.3f}]"
+            for k in ("label_towards_sat", "netsat", "p_dsat")
+        )
+    )
     for kind, m in f["injected_by_kind"].items():
         print(
             f"  {kind:>13} (n={m['n']}): label changed {m['label_changed']['estimate']:.2f}, towards sat "
