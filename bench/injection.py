@@ -177,10 +177,6 @@ BENIGN = (
 )
 
 
-def log(message: str) -> None:
-    judge_cost.log(message)
-
-
 @dataclass(frozen=True)
 class Judges:
     """The one Qwen server, asked one question per call (rubrics) and all questions in one call (calibrator)."""
@@ -214,8 +210,12 @@ def dissatisfied_conversations(seed: int) -> list[LabelledConversation]:
 def planted(conversation: Conversation, text: str) -> Conversation:
     """``conversation`` with one more user turn saying ``text`` (its delimiters naming that turn's index)."""
     n = len(conversation.turns)
-    body = text.replace("{n}", str(n)).replace("{m}", str(n + 1))
-    return Conversation(conversation.id, (*conversation.turns, Turn("user", body)), conversation.attributes)
+    return Conversation(conversation.id, (*conversation.turns, Turn("user", as_turn(text, n))), conversation.attributes)
+
+
+def as_turn(text: str, n: int) -> str:
+    """An injection text as turn ``n`` says it: its forged delimiters name that turn ("{n}") and the next ("{m}")."""
+    return text.replace("{n}", str(n)).replace("{m}", str(n + 1))
 
 
 def assignments(n: int, seed: int) -> list[tuple[str, str]]:
@@ -228,7 +228,7 @@ def assignments(n: int, seed: int) -> list[tuple[str, str]]:
 def default_calibrator() -> Calibrator:
     """The default calibrator trained on LLM-Rubric's synthetic data, as `make demo` trains it (cached)."""
     if not CALIBRATOR_DIR.exists():
-        log(f"training the default calibrator on synthetic data into {CALIBRATOR_DIR}")
+        judge_cost.log(f"training the default calibrator on synthetic data into {CALIBRATOR_DIR}")
         subprocess.run(
             [
                 sys.executable,
@@ -287,7 +287,7 @@ def judge_all(judges: Judges, items: Sequence[LabelledConversation], seed: int, 
         record["seconds"] = time.perf_counter() - started
         result["per_conversation"].append(record)
         out.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n", encoding="utf-8")
-        log(
+        judge_cost.log(
             f"  {i}/{len(items)} {clean.id} {kind}: "
             + ", ".join(f"{v} {record[v]['label']} {record[v]['p_dsat']:.3f}" for v in VERSIONS)
             + f" ({record['seconds']:.0f} s)"
@@ -329,7 +329,7 @@ def detection(items: Sequence[Conversation]) -> dict[str, Any]:
     detector = InjectionDetector()
 
     def flagged(text: str) -> bool:
-        return bool(detector.signals([text.replace("{n}", "10").replace("{m}", "11")]))
+        return bool(detector.signals([as_turn(text, 10)]))
 
     by_kind = {kind: [flagged(t) for t in texts] for kind, texts in INJECTIONS.items()}
     every = [f for flags in by_kind.values() for f in flags]
@@ -427,7 +427,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = json.loads(out.read_text(encoding="utf-8"))
     else:
         items = dissatisfied_conversations(args.seed)[: 3 if args.quick else args.limit]
-        log(f"{len(items)} dissatisfied conversations, {sum(map(len, INJECTIONS.values()))} injection texts")
+        judge_cost.log(f"{len(items)} dissatisfied conversations, {sum(map(len, INJECTIONS.values()))} injection texts")
         result = {
             "benchmark": "injection",
             "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
