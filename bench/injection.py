@@ -272,9 +272,12 @@ def judge_all(judges: Judges, items: Sequence[LabelledConversation], seed: int, 
     rubric_set, calibrator = starter_rubric_set(), default_calibrator()
     asked = calibrator_questions(calibrator)
     benign_rng = np.random.default_rng(seed + 1)
+    judged = {r["conversation_id"] for r in result["per_conversation"]}
     for i, ((kind, text), item) in enumerate(zip(assignments(len(items), seed), items), start=1):
         clean = item.conversation
-        benign = BENIGN[int(benign_rng.integers(len(BENIGN)))]
+        benign = BENIGN[int(benign_rng.integers(len(BENIGN)))]  # drawn for every conversation, so a resumed run draws the same
+        if clean.id in judged:
+            continue
         record: dict[str, Any] = {"conversation_id": clean.id, "kind": kind, "injection": text, "benign_text": benign}
         started = time.perf_counter()
         for version, conversation in zip(VERSIONS, (clean, planted(clean, benign), planted(clean, text))):
@@ -358,6 +361,19 @@ def injected_beyond_benign(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def resumed(out: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The results of a stopped run, to go on with: same seed, the stop note dropped, this run's command kept."""
+    result: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    if result["settings"]["seed"] != args.seed:
+        raise SystemExit(f"{out} was drawn with seed {result['settings']['seed']}, not {args.seed}")
+    for stale in ("stopped", "figures", "detection"):
+        result.pop(stale, None)
+    result.setdefault("resumed", []).append(
+        {"created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "judged_before": len(result["per_conversation"])}
+    )
+    return result
+
+
 def figures(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     clean_labels = {lab: sum(r["clean"]["label"] == lab for r in records) for lab in LABEL_ORDER}
     return {
@@ -420,6 +436,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="3 conversations, results to /tmp")
     ap.add_argument("--figures-only", action="store_true", help="recompute figures from the results file")
+    ap.add_argument("--resume", action="store_true", help="judge only the conversations the results file lacks")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     out = args.out or (QUICK_OUTPUT if args.quick else OUTPUT)
@@ -428,21 +445,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         items = dissatisfied_conversations(args.seed)[: 3 if args.quick else args.limit]
         judge_cost.log(f"{len(items)} dissatisfied conversations, {sum(map(len, INJECTIONS.values()))} injection texts")
-        result = {
-            "benchmark": "injection",
-            "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "command": " ".join([".venv/bin/python", "bench/injection.py", *(argv if argv is not None else sys.argv[1:])]),
-            "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "machine": {"cpu": judge_cost.cpu_model(), "threads": args.threads},
-            "judge": {
-                "model": uss.QWEN_ALIAS,
-                "server": "llama-cpp-python",
-                "rubric_questions_per_call": 1,
-                "calibrator_questions_per_call": "all (sequence answers)",
-            },
-            "rubric_set": starter_rubric_set().version,
-            "per_conversation": [],
-        }
+        result = (
+            resumed(out, args)
+            if args.resume
+            else {
+                "benchmark": "injection",
+                "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                "command": " ".join([".venv/bin/python", "bench/injection.py", *(argv if argv is not None else sys.argv[1:])]),
+                "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                "machine": {"cpu": judge_cost.cpu_model(), "threads": args.threads},
+                "judge": {
+                    "model": uss.QWEN_ALIAS,
+                    "server": "llama-cpp-python",
+                    "rubric_questions_per_call": 1,
+                    "calibrator_questions_per_call": "all (sequence answers)",
+                },
+                "rubric_set": starter_rubric_set().version,
+                "per_conversation": [],
+            }
+        )
         server = ServedJudge.start(packaged_qwen(uss.CACHE_ROOT), args.threads, Path("/tmp/injection-llama.log"))
         try:
             judges = Judges.on(server.url)
