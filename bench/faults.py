@@ -1,0 +1,96 @@
+"""The fault suite in full (issue 14, ``make bench``): 1,000 conversations through crashes and outages, then the count.
+
+The scenario is tests/fault_suite.py's (its docstring says what happens and
+what is checked), with `FULL`: 1,000 copies of the real LLM-Rubric
+conversations, the worker killed (-9) 10 times and the sink 3 times at seeded
+random moments between the replay's chunks, the sink stopped for 60 s, the
+judge failing for 5 min (connection refused, HTTP 503, replies slower than the
+worker's judge timeout, a third each) while the rest goes on. A tansu broker
+(memory storage) is started here, the worker and sink are the real
+``convowatch run`` / ``convowatch sink`` processes, the store is embedded
+ClickHouse, the judge is the recorded GPT-3.5 answers served over HTTP.
+
+Reports what reached the store (rows, scored, duplicates visible after FINAL,
+conversations missing, conversations whose stored turns differ from those
+sent, conversations left open, dead letters) and, per fault, the seconds until
+the process it hit had caught up. Writes ``bench/results/faults.json``.
+
+Run from the repository root: ``.venv/bin/python bench/faults.py [--seed 1] [--quick]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, str(ROOT))
+
+import judge_cost  # noqa: E402
+import pipeline_throughput  # noqa: E402
+
+from deploy.local.stack import stop  # noqa: E402
+from tests.fault_suite import FULL, SHORT, FaultReport, run_fault_suite  # noqa: E402
+from tests.pipeline import Pipeline  # noqa: E402
+
+OUTPUT = ROOT / "bench" / "results" / "faults.json"
+QUICK_OUTPUT = Path("/tmp/faults-quick.json")
+
+
+def report(result: dict[str, Any]) -> None:
+    stored = result["stored"]
+    print(f"\n{result['plan']['conversations']} conversations in {result['seconds']:.0f} s")
+    for key, value in stored.items():
+        print(f"  {key:<28} {value}")
+    print("recovery (s until caught up):")
+    for r in result["recoveries"]:
+        outage = f" after {r['seconds']:.0f} s down" if "seconds" in r else ""
+        print(f"  {r['fault']:<14}{outage:<20} {r['caught_up_s']:>7.1f}")
+    print(f"judge requests: {result['judge_requests']}")
+
+
+def run(seed: int, quick: bool) -> FaultReport:
+    plan = dataclasses.replace(SHORT if quick else FULL, seed=seed)
+    rubric_set, calibrator = pipeline_throughput.scoring_artifacts(pipeline_throughput.CACHE)
+    with tempfile.TemporaryDirectory(prefix="convowatch-faults-") as tmp:
+        root = Path(tmp)
+        stack = pipeline_throughput.start_broker(root)
+        pipeline = Pipeline(root / "pipeline", stack.bootstrap, rubric_set, calibrator)
+        try:
+            return run_fault_suite(pipeline, rubric_set, plan)
+        finally:
+            pipeline.stop_all()
+            stop(stack.cfg, ["kafka"])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, default=1, help="the faults' order and moments")
+    ap.add_argument("--quick", action="store_true", help="the short form of make test, results to /tmp")
+    args = ap.parse_args(argv)
+    out = QUICK_OUTPUT if args.quick else OUTPUT
+    result = {
+        "benchmark": "faults",
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "command": " ".join([".venv/bin/python", "bench/faults.py", *(argv if argv is not None else sys.argv[1:])]),
+        "machine": {"cpu": judge_cost.cpu_model()},
+        **run(args.seed, args.quick).as_dict(),
+    }
+    out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    report(result)
+    stored = result["stored"]
+    lost = stored["missing"] + stored["turns_differing"] + (stored["sent"] - stored["scored"])
+    print(f"wrote {out}")
+    return 0 if lost == 0 and stored["visible_duplicates"] == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

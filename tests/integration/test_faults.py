@@ -1,0 +1,55 @@
+"""The fault suite's short form (tests/fault_suite.py; the full one is bench/faults.py) on the real components.
+
+300 real conversations (copies of the 223 LLM-Rubric ones) replayed through a
+real broker, worker and sink processes and the embedded ClickHouse, judged over
+HTTP by recorded answers, while the worker is killed (-9) three times, the sink
+once, the sink is stopped for 10 s and the judge refuses connections, answers
+503 and answers too slowly for 30 s. Afterwards every conversation is stored
+once, scored, with every turn as sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fault_suite import SHORT, run_fault_suite
+from tests.pipeline import Pipeline
+
+
+@pytest.fixture
+def pipeline(tmp_path: Path, kafka_broker: str, scoring_artifacts: tuple[Path, Path]) -> Iterator[Pipeline]:
+    rubric_set, calibrator = scoring_artifacts
+    p = Pipeline(tmp_path, kafka_broker, rubric_set, calibrator)
+    try:
+        yield p
+    finally:
+        p.stop_all()
+
+
+def test_crashes_and_outages_lose_nothing_and_show_no_duplicates(pipeline: Pipeline) -> None:
+    assert pipeline.rubric_set is not None
+    report = run_fault_suite(pipeline, pipeline.rubric_set, SHORT)
+    print(report.as_dict())
+    n = SHORT.conversations
+    assert report.stored == {
+        "sent": n,
+        "score_rows": n,
+        "scored": n,
+        "visible_duplicates": 0,
+        "missing": 0,
+        "unexpected": 0,
+        "turns_differing": 0,
+        "open_conversations_left": 0,
+        "broker_lost_data": 0,
+        "dead_letters": 0,
+    }
+    # Every fault happened and was recovered from; the judge really failed all three ways and really answered.
+    faults = [r["fault"] for r in report.recoveries]
+    assert sorted(faults) == sorted(["worker kill"] * 3 + ["sink kill", "sink outage", "judge outage"])
+    assert all(r["caught_up_s"] > 0 for r in report.recoveries)
+    assert report.judge_requests.get("error", 0) > 0 and report.judge_requests.get("slow", 0) > 0
+    assert report.judge_requests.get("unknown", 0) == 0
+    assert report.judge_requests["answered"] >= n
