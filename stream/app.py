@@ -7,7 +7,7 @@
 * ``assemble`` validates each raw event (bad ones go to the dead-letter topic
   with the original bytes and the reason), applies it to the conversation's
   state with `ConversationAssembler`, and publishes closed conversations.
-* ``idle`` (a timer) publishes ``end`` events with cause ``idle_timeout``, ``capacity`` or
+* ``idle`` (a timer) publishes ``end`` events with cause ``idle_timeout`` or
   ``retention`` for conversations on this worker's partitions, into the
   partition their state lives in, so every state change happens in the
   agent, in order.
@@ -46,10 +46,11 @@ import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, EventT
 
-from stream.assembly import ConversationAssembler, is_closed
+from stream.assembly import ConversationAssembler, State, Step, is_closed
 from stream.broker_loss import BrokerLossWatch
 from stream.budget import BudgetGate, BudgetWaitInterrupted
-from stream.contract import RECORD_HEADROOM_BYTES, DeadLetter, EndEvent, InvalidEvent, encode_event, parse_event
+from stream.capacity import OpenConversationIndex, per_partition_limit
+from stream.contract import RECORD_HEADROOM_BYTES, DeadLetter, EndEvent, InvalidEvent, TurnEvent, encode_event, parse_event
 from stream.delivery import GuardedDelivery, in_order
 from stream.metrics import ServiceMetrics
 from stream.records import ClosedConversation, RecordError
@@ -195,6 +196,7 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
     )
     assembler = ConversationAssembler(settings.assembly)
     a = settings.assembly
+    open_index = OpenConversationIndex(per_partition_limit(a.max_open_conversations, k.partitions))
 
     dead_letter_bytes = k.max_record_bytes - RECORD_HEADROOM_BYTES
 
@@ -219,6 +221,16 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
         metrics.events.labels(etype, step.outcome).inc()
         if step.dead_letter is not None:
             await dead_letter(*step.dead_letter, event)
+        await record(key, current, step)
+        if step.state is None or is_closed(step.state):
+            open_index.discard(msg.partition, key)
+        elif isinstance(ev, TurnEvent) and step.outcome == "accepted":
+            open_index.touch(msg.partition, key)
+            for longest_idle in open_index.excess(msg.partition):
+                await close_for_capacity(longest_idle, msg.partition)
+
+    async def record(key: str, current: State | None, step: Step) -> None:
+        """Publish what ``step`` closed, then keep its state in the table."""
         if step.closed is not None:
             # Publish before recording the close: a crash in between re-closes (deduplicated downstream)
             # instead of losing the conversation.
@@ -229,6 +241,14 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
                 del table[key]
         elif step.state is not current:
             table[key] = step.state
+
+    async def close_for_capacity(key: str, partition: int) -> None:
+        """Close ``key`` (open, in the partition being processed, so its table write goes to the right changelog
+        partition) with cause ``capacity``."""
+        open_index.discard(partition, key)
+        current = table.get(key)
+        now = time.time()
+        await record(key, current, assembler.apply(current, EndEvent(key, now, cause="capacity"), partition, now))
 
     @app.agent(events_topic, name="assemble")
     async def assemble(stream: faust.StreamT) -> None:
@@ -255,19 +275,17 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
     async def idle() -> None:
         now = time.time()
         actives = app.assignor.assigned_actives()
-        open_last_seen: dict[str, float] = {}
-        partitions: dict[str, int] = {}
-        for key, state in list(table.items()):
-            if state is None or TP(k.events_topic, state["partition"]) not in actives:
-                continue
-            if not is_closed(state):
-                open_last_seen[key], partitions[key] = state["last_seen"], state["partition"]
+        mine = [
+            (key, state)
+            for key, state in table.items()
+            if state is not None and TP(k.events_topic, state["partition"]) in actives
+        ]
+        open_index.rebuild((state["partition"], key, state["last_seen"]) for key, state in mine if not is_closed(state))
+        for key, state in mine:
             cause = assembler.due(state, now)
             if cause is not None:
                 await request_end(key, cause, state["partition"], now)
-        for key in assembler.over_capacity(open_last_seen):
-            await request_end(key, "capacity", partitions[key], now)
-        metrics.open_conversations.set(len(open_last_seen))
+        metrics.open_conversations.set(len(open_index))
         metrics.assigned_partitions.set(sum(1 for tp in actives if tp.topic == k.events_topic))
         lags = await consumer_lag(app, actives)
         metrics.set_consumer_lag(lags)

@@ -17,10 +17,11 @@ Rules (documented in the README's "Conversation assembly" section):
   events (processing time, not event time: the worker publishes an ``end``
   event with cause ``idle_timeout``), or when it reaches ``max_turns`` turns
   (cause ``max_turns``).
-* A worker keeps at most ``max_open_conversations`` open: past that, the
-  longest idle are closed early (it publishes an ``end`` event with cause
-  ``capacity``; `ConversationAssembler.over_capacity` picks them) and scored
-  with the turns they have, so memory stays bounded whatever producers do.
+* A worker keeps at most ``max_open_conversations`` open (each partition
+  its share, stream/capacity.py): a turn that opens one more makes the agent
+  close the partition's longest idle at once (an ``end`` with cause
+  ``capacity``), to be scored with the turns it has, so memory stays bounded
+  whatever producers send and however much waits in the topic.
 * A closed conversation is remembered (turn fingerprints only) for
   ``closed_retention_s``: redelivered turns are recognised as duplicates,
   genuinely new turns are dead-lettered as ``conversation_closed``. After the
@@ -46,7 +47,6 @@ Rules (documented in the README's "Conversation assembly" section):
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeGuard
 
@@ -106,14 +106,6 @@ class ConversationAssembler:
         if is_closed(state):
             return "retention" if now - state["closed_at"] >= self.settings.closed_retention_s else None
         return "idle_timeout" if now - state["last_seen"] >= self.settings.idle_timeout_s else None
-
-    def over_capacity(self, open_last_seen: Mapping[str, float]) -> list[str]:
-        """The open conversations (id → last seen) to close early, longest idle first, so that at most
-        ``max_open_conversations`` stay open."""
-        excess = len(open_last_seen) - self.settings.max_open_conversations
-        if excess <= 0:
-            return []
-        return sorted(open_last_seen, key=lambda key: (open_last_seen[key], key))[:excess]
 
     # -- turn ---------------------------------------------------------------
 

@@ -133,8 +133,9 @@ class AssemblySettings(BaseModel):
     max_open_conversations: int = Field(
         default=50_000,
         ge=1,
-        description="Open conversations a worker keeps (about 4.5 KB each); past this, the longest idle are closed "
-        "early (cause capacity) and scored with the turns they have.",
+        description="Open conversations a worker keeps (about 4.5 KB each), each partition at most its share "
+        "(this / kafka.partitions); past it, a partition's longest idle is closed at once (cause capacity) and "
+        "scored with the turns it has.",
     )
     max_text_bytes: int = Field(default=32_768, ge=1, description="Turn texts larger than this (UTF-8 bytes) are dead-lettered.")
     max_event_bytes: int = Field(default=262_144, ge=1, description="Whole events larger than this are dead-lettered.")

@@ -576,7 +576,9 @@ def test_idle_timeout_max_turns_and_retention_in_a_real_worker(pipeline: Pipelin
 
 
 def test_past_max_open_conversations_the_longest_idle_are_closed_and_scored(pipeline: Pipeline) -> None:
-    """Open conversations grew without a cap (about 4.5 KB each, kept for the 30-minute idle timeout)."""
+    """Open conversations grew without a cap (about 4.5 KB each, kept for the 30-minute idle timeout). One
+    partition, so its share of the cap is the whole cap."""
+    pipeline.partitions = 1
     pipeline.extra_env.update(
         {"CONVOWATCH_ASSEMBLY__MAX_OPEN_CONVERSATIONS": "3", "CONVOWATCH_ASSEMBLY__IDLE_CHECK_INTERVAL_S": "1"}
     )

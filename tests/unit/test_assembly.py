@@ -209,11 +209,8 @@ def test_idle_timeout_end_closes_when_due_and_is_ignored_after_a_new_turn() -> N
     assert [t.index for t in step.closed.turns] == [0, 1, 2]
 
 
-def test_past_the_cap_the_longest_idle_are_picked_and_a_capacity_end_closes_them() -> None:
+def test_a_capacity_end_closes_a_conversation_that_is_not_idle() -> None:
     a = ConversationAssembler(AssemblySettings(idle_timeout_s=IDLE_S, closed_retention_s=RETENTION_S, max_open_conversations=2))
-    assert a.over_capacity({"a": 5.0, "b": 1.0}) == []
-    assert a.over_capacity({"a": 5.0, "b": 1.0, "c": 3.0, "d": 9.0}) == ["b", "c"]  # the two longest idle
-    assert a.over_capacity({"x": 1.0, "w": 1.0, "y": 2.0}) == ["w"]  # ties by id: the same pick every time
     state, _ = run(a, [turn(0), turn(1)], now=NOW)
     step = apply_checked(a, state, end(at=NOW + 5, cause="capacity"), NOW + 5)  # not idle yet: closed all the same
     assert step.outcome == "closed" and step.closed is not None and step.closed.close_cause == "capacity"
