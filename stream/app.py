@@ -49,7 +49,7 @@ from faust.types import TP, EventT
 from stream.assembly import ConversationAssembler, State, Step, is_closed
 from stream.broker_loss import BrokerLossWatch
 from stream.budget import BudgetGate, BudgetWaitInterrupted
-from stream.capacity import OpenConversationIndex, per_partition_limit
+from stream.capacity import ConversationRecency, per_partition_limit
 from stream.contract import RECORD_HEADROOM_BYTES, DeadLetter, EndEvent, InvalidEvent, TurnEvent, encode_event, parse_event
 from stream.delivery import GuardedDelivery, in_order
 from stream.metrics import ServiceMetrics
@@ -196,7 +196,8 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
     )
     assembler = ConversationAssembler(settings.assembly)
     a = settings.assembly
-    open_index = OpenConversationIndex(per_partition_limit(a.max_open_conversations, k.partitions))
+    open_index = ConversationRecency(per_partition_limit(a.max_open_conversations, k.partitions))
+    closed_index = ConversationRecency(per_partition_limit(a.max_closed_conversations, k.partitions))
 
     dead_letter_bytes = k.max_record_bytes - RECORD_HEADROOM_BYTES
 
@@ -221,16 +222,14 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
         metrics.events.labels(etype, step.outcome).inc()
         if step.dead_letter is not None:
             await dead_letter(*step.dead_letter, event)
-        await record(key, current, step)
-        if step.state is None or is_closed(step.state):
-            open_index.discard(msg.partition, key)
-        elif isinstance(ev, TurnEvent) and step.outcome == "accepted":
+        await record(key, current, step, msg.partition)
+        if isinstance(ev, TurnEvent) and step.outcome == "accepted":
             open_index.touch(msg.partition, key)
             for longest_idle in open_index.excess(msg.partition):
                 await close_for_capacity(longest_idle, msg.partition)
 
-    async def record(key: str, current: State | None, step: Step) -> None:
-        """Publish what ``step`` closed, then keep its state in the table."""
+    async def record(key: str, current: State | None, step: Step, partition: int) -> None:
+        """Publish what ``step`` closed, then keep its state in the table (and the indexes of the caps)."""
         if step.closed is not None:
             # Publish before recording the close: a crash in between re-closes (deduplicated downstream)
             # instead of losing the conversation.
@@ -239,16 +238,25 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
         if step.state is None:
             if current is not None:
                 del table[key]
+            open_index.discard(partition, key)
+            closed_index.discard(partition, key)
         elif step.state is not current:
             table[key] = step.state
+        if step.closed is not None:
+            open_index.discard(partition, key)
+            closed_index.touch(partition, key)
+            for oldest in closed_index.excess(partition):
+                closed_index.discard(partition, oldest)
+                if is_closed(table.get(oldest)):
+                    del table[oldest]
+                    metrics.closed_forgotten_early.inc()
 
     async def close_for_capacity(key: str, partition: int) -> None:
-        """Close ``key`` (open, in the partition being processed, so its table write goes to the right changelog
+        """Close ``key`` (open, in the partition being processed, so its table writes go to the right changelog
         partition) with cause ``capacity``."""
-        open_index.discard(partition, key)
         current = table.get(key)
         now = time.time()
-        await record(key, current, assembler.apply(current, EndEvent(key, now, cause="capacity"), partition, now))
+        await record(key, current, assembler.apply(current, EndEvent(key, now, cause="capacity"), partition, now), partition)
 
     @app.agent(events_topic, name="assemble")
     async def assemble(stream: faust.StreamT) -> None:
@@ -281,6 +289,7 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
             if state is not None and TP(k.events_topic, state["partition"]) in actives
         ]
         open_index.rebuild((state["partition"], key, state["last_seen"]) for key, state in mine if not is_closed(state))
+        closed_index.rebuild((state["partition"], key, state["closed_at"]) for key, state in mine if is_closed(state))
         for key, state in mine:
             cause = assembler.due(state, now)
             if cause is not None:

@@ -1,15 +1,18 @@
-"""The open conversations of each partition, longest idle first: the assemble agent's capacity check.
+"""The conversations of each partition in the order they last changed: the assemble agent's capacity checks.
 
-A worker keeps at most ``assembly.max_open_conversations`` conversations open:
-each partition at most ``ceil(max_open_conversations / kafka.partitions)``, so
-the bound holds however the partitions are spread over workers. The agent
-checks it as each turn opens a conversation and closes the longest idle of that
-partition itself (cause ``capacity``), in the same step. A close requested
-through the topic would queue behind whatever waits there: a worker catching up
-on 100,000 never-ending conversations held 80,000 open with a cap of 10,000
+A worker keeps at most ``assembly.max_open_conversations`` conversations open
+and remembers at most ``assembly.max_closed_conversations`` closed ones (turn
+fingerprints, to recognise redeliveries): each partition at most its share
+(``ceil(limit / kafka.partitions)``), so the bounds hold however the partitions
+are spread over workers. The agent checks them in the step that opens or closes
+a conversation: past the open share it closes the partition's longest idle
+(cause ``capacity``), past the closed share it forgets the partition's oldest
+closed one before ``closed_retention_s``. A close requested through the topic
+would queue behind whatever waits there: a worker catching up on 100,000
+never-ending conversations held 80,862 open with a cap of 10,000
 (bench/bounded_memory.py).
 
-The index lives in memory; the idle timer rebuilds it from the table every
+The indexes live in memory; the idle timer rebuilds them from the table every
 tick (`rebuild`), which also covers partitions this worker was just assigned.
 """
 
@@ -20,32 +23,32 @@ from collections.abc import Iterable
 from itertools import islice
 
 
-def per_partition_limit(max_open_conversations: int, partitions: int) -> int:
-    """The open conversations one partition may hold."""
-    return math.ceil(max_open_conversations / partitions)
+def per_partition_limit(limit: int, partitions: int) -> int:
+    """One partition's share of a worker's limit."""
+    return math.ceil(limit / partitions)
 
 
-class OpenConversationIndex:
-    """Per partition: open conversation ids in the order they last received a turn."""
+class ConversationRecency:
+    """Per partition: conversation ids, least recently changed first, and each partition's limit."""
 
     def __init__(self, per_partition: int) -> None:
         if per_partition < 1:
             raise ValueError(f"per_partition must be >= 1, got {per_partition}")
         self.per_partition = per_partition
-        self._order: dict[int, dict[str, None]] = {}  # dicts keep insertion order: first = longest idle
+        self._order: dict[int, dict[str, None]] = {}  # dicts keep insertion order: first = least recently changed
 
     def touch(self, partition: int, key: str) -> None:
-        """``key`` received a turn now (it may be new)."""
+        """``key`` changed now (it may be new)."""
         order = self._order.setdefault(partition, {})
         order.pop(key, None)
         order[key] = None
 
     def discard(self, partition: int, key: str) -> None:
-        """``key`` is no longer open."""
+        """``key`` left the index."""
         self._order.get(partition, {}).pop(key, None)
 
     def excess(self, partition: int) -> list[str]:
-        """The longest idle conversations of ``partition`` beyond its limit, to close now."""
+        """The least recently changed conversations of ``partition`` beyond its limit."""
         order = self._order.get(partition, {})
         over = len(order) - self.per_partition
         return list(islice(order, over)) if over > 0 else []
@@ -53,9 +56,9 @@ class OpenConversationIndex:
     def __len__(self) -> int:
         return sum(len(order) for order in self._order.values())
 
-    def rebuild(self, open_conversations: Iterable[tuple[int, str, float]]) -> None:
-        """Replace the index with ``(partition, key, last_seen)`` of every open conversation on this worker's partitions."""
+    def rebuild(self, conversations: Iterable[tuple[int, str, float]]) -> None:
+        """Replace the index with ``(partition, key, last changed)`` of every conversation it holds on this worker."""
         order: dict[int, dict[str, None]] = {}
-        for partition, key, _ in sorted(open_conversations, key=lambda c: (c[2], c[1])):
+        for partition, key, _ in sorted(conversations, key=lambda c: (c[2], c[1])):
             order.setdefault(partition, {})[key] = None
         self._order = order

@@ -144,6 +144,12 @@ class ServiceMetrics:
         self.open_conversations = Gauge(
             "convowatch_open_conversations", "Conversations being assembled on this worker.", registry=r
         )
+        self.closed_forgotten_early = Counter(
+            "convowatch_closed_conversations_forgotten_early",
+            "Closed conversations forgotten before assembly.closed_retention_s because their partition remembered its "
+            "share of assembly.max_closed_conversations (a redelivered turn of one opens it again).",
+            registry=r,
+        )
         self.assigned_partitions = Gauge(
             "convowatch_assigned_partitions", "Events-topic partitions this worker owns.", registry=r
         )

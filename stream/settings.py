@@ -144,6 +144,12 @@ class AssemblySettings(BaseModel):
         gt=0,
         description="How long a closed conversation is remembered to recognise late and redelivered events.",
     )
+    max_closed_conversations: int = Field(
+        default=200_000,
+        ge=1,
+        description="Closed conversations a worker remembers (turn fingerprints, about 1 KB each), each partition at "
+        "most its share (this / kafka.partitions); past it, a partition's oldest is forgotten before closed_retention_s.",
+    )
 
 
 class SamplingRuleSettings(BaseModel):

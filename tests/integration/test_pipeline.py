@@ -601,6 +601,32 @@ def test_past_max_open_conversations_the_longest_idle_are_closed_and_scored(pipe
     assert worker.metric_sum("convowatch_conversations_closed_total", cause="capacity") == 3
 
 
+def test_past_max_closed_conversations_the_oldest_closed_are_forgotten_early_and_counted(pipeline: Pipeline) -> None:
+    """Closed conversations were remembered for a day whatever their number (turn fingerprints, about 1 KB each)."""
+    pipeline.partitions = 1
+    pipeline.extra_env.update({"CONVOWATCH_ASSEMBLY__MAX_CLOSED_CONVERSATIONS": "2"})
+    worker = pipeline.start_worker()
+    pipeline.wait_assigned([worker])
+    items = _real_items()
+    ids = sorted(_ids(items))[:4]
+    for cid in ids:  # one after the other, so the first closed is the oldest
+        pipeline.produce((i.key, i.raw) for i in items if i.event.conversation_id == cid)
+        _wait_scores(pipeline, {cid}, timeout=60)
+    wait_for(
+        lambda: worker.metric_sum("convowatch_closed_conversations_forgotten_early_total") == 2, timeout=30, what="two forgotten"
+    )
+    # The last two are still remembered: a redelivered turn is a duplicate. The first is forgotten: its turn opens it again.
+    first_turn = {cid: next(i for i in items if i.event.conversation_id == cid) for cid in (ids[0], ids[3])}
+    pipeline.produce([(first_turn[ids[3]].key, first_turn[ids[3]].raw)])
+    wait_for(
+        lambda: worker.metric_sum("convowatch_events_total", type="turn", outcome="duplicate") == 1,
+        timeout=30,
+        what="a duplicate",
+    )
+    pipeline.produce([(first_turn[ids[0]].key, first_turn[ids[0]].raw)])
+    wait_for(lambda: worker.metric_sum("convowatch_open_conversations") == 1, timeout=30, what="the forgotten one opened again")
+
+
 def test_feedback_while_open_is_judged_and_counted_against_the_scorers_label(pipeline: Pipeline) -> None:
     """Thumbs on open conversations travel with them to the scorer: judged with π = 1, counted by label and feedback."""
     pipeline.extra_env["CONVOWATCH_SCORING__SAMPLING__DEFAULT_RATE"] = "0.01"  # only feedback makes them judged

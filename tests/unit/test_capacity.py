@@ -1,10 +1,10 @@
-"""The open-conversation index behind the per-partition cap (stream/capacity.py)."""
+"""The recency index behind the per-partition caps of open and closed conversations (stream/capacity.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from stream.capacity import OpenConversationIndex, per_partition_limit
+from stream.capacity import ConversationRecency, per_partition_limit
 
 
 def test_the_limit_is_each_partitions_share_rounded_up() -> None:
@@ -14,7 +14,7 @@ def test_the_limit_is_each_partitions_share_rounded_up() -> None:
 
 
 def test_past_the_limit_the_longest_idle_of_that_partition_are_the_excess() -> None:
-    index = OpenConversationIndex(per_partition=2)
+    index = ConversationRecency(per_partition=2)
     for key in ("a", "b", "c"):
         index.touch(0, key)
     index.touch(1, "x")
@@ -27,7 +27,7 @@ def test_past_the_limit_the_longest_idle_of_that_partition_are_the_excess() -> N
 
 
 def test_a_rebuild_orders_by_last_seen_then_id_and_drops_what_is_gone() -> None:
-    index = OpenConversationIndex(per_partition=1)
+    index = ConversationRecency(per_partition=1)
     index.touch(3, "revoked")  # a partition this worker no longer owns
     index.rebuild([(0, "late", 9.0), (0, "w", 1.0), (0, "v", 1.0), (2, "y", 2.0)])
     assert index.excess(0) == ["v", "w"]  # ties by id: the same pick every time
@@ -36,4 +36,4 @@ def test_a_rebuild_orders_by_last_seen_then_id_and_drops_what_is_gone() -> None:
 
 def test_a_limit_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="per_partition must be >= 1"):
-        OpenConversationIndex(0)
+        ConversationRecency(0)

@@ -20,6 +20,7 @@ def every_series(metrics: ServiceMetrics) -> None:
     m.events.labels("turn", "accepted").inc()
     m.dead_letters.labels("not_json").inc()
     m.conversations_closed.labels("end").inc()
+    m.closed_forgotten_early.inc()
     m.conversations_scored.labels("sat", *attrs).inc()
     m.conversations_unscored.labels("JudgeUnavailable", *attrs).inc()
     m.calibrated_conversations.labels(*attrs).inc()
@@ -199,6 +200,7 @@ def test_metric_names_lists_the_readme_metrics_once_labelled() -> None:
         "convowatch_judge_tokens_total",
         "convowatch_scoring_latency_seconds_count",
         "convowatch_open_conversations",
+        "convowatch_closed_conversations_forgotten_early_total",
         "convowatch_assigned_partitions",
     ):
         assert name in names, name
