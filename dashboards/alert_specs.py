@@ -36,6 +36,7 @@ JUDGE_BUDGET_EXHAUSTED = "ConvowatchJudgeBudgetExhausted"
 BEHAVIOUR_RISE = "ConvowatchBehaviourRise"
 USER_AGREEMENT_DROP = "ConvowatchUserAgreementDrop"
 BROKER_LOST_DATA = "ConvowatchBrokerLostData"
+WORKER_STUCK = "ConvowatchWorkerStuck"
 ALERT_NAMES = (
     DSAT_SPIKE,
     DSAT_ABOVE_YESTERDAY,
@@ -47,6 +48,7 @@ ALERT_NAMES = (
     DEAD_LETTER_SURGE,
     JUDGE_BUDGET_EXHAUSTED,
     BROKER_LOST_DATA,
+    WORKER_STUCK,
 )
 
 RUNBOOKS = "docs/runbooks.md"
@@ -75,6 +77,7 @@ def series(w: AlertWindows) -> dict[str, Series]:
     judge_errors_n = q.increase(q.JUDGE_ERRORS, short, by="judge")
     judge_ok_n = q.increase(q.JUDGE_LATENCY + "_count", short, by="judge")
     unsampled = q.increase(q.SAMPLED, w.stall_for, 'decision="unsampled"')
+    waiting = f'{q.CONSUMER_LAG}{{topic!~".*-changelog"}}'
     # `x or y * 0`: a judge that never succeeded has no latency series, one that never failed no error series;
     # count the missing side as 0 so both the ratio and the attempts exist for every judge that was used.
     return {
@@ -141,6 +144,13 @@ def series(w: AlertWindows) -> dict[str, Series]:
         # Not recorded: each is read by one alert only.
         "closing_events": Series(q.increase(q.EVENTS, w.stall_for, 'outcome="closed"')),
         "lost_data": Series(q.increase(q.BROKER_LOST_DATA, w.lost_data_for, by="topic")),
+        # A process with records waiting (a table's changelog left out: it is read at recovery, not consumed) and no
+        # sign of work: no event consumed, no judge retry, no budget wait, no row or failed write in the sink.
+        "waiting": Series(f"max by (instance) ({waiting})"),
+        "working": Series(
+            f'sum by (instance) (increase({{__name__=~"{"|".join(q.WORK_COUNTERS)}"}}[{w.stall_for}])) '
+            f"or max by (instance) ({waiting}) * 0"
+        ),
         # Finished work: scored, stored unscored, or left out by sampling (also a decision on a closed conversation).
         "finished": Series(
             f"({q.increase(q.SCORED, w.stall_for)} or vector(0)) + ({q.increase(q.UNSCORED, w.stall_for)} or vector(0))"
@@ -407,5 +417,17 @@ def alert_specs(w: AlertWindows, s: Lookup) -> list[AlertSpec]:
             f"({{L:{count}}} time(s) over the last {w.lost_data_for}): the broker lost records (a restart without "
             "durable storage, or a lost disk). Conversations and scores from before the loss that were not yet processed "
             "are gone; reconcile and replay from the source (runbook).",
+        ),
+        AlertSpec(
+            WORKER_STUCK,
+            "page",
+            ("instance",),
+            {"L": s("waiting"), "E": s("working")},
+            (Clause("L", ">", "0"), Clause("E", "==", "0")),
+            "convowatch process {{ $labels.instance }} does nothing while records wait",
+            f"{{L:{count}}} records wait in a partition {{{{ $labels.instance }}}} reads, and over the last {w.stall_for} it "
+            f"consumed no event, retried no judge call, waited for no budget and wrote nothing (for {w.for_}). A worker "
+            "the consumer group evicted can stay stuck; restart it: nothing is lost, it resumes from its committed "
+            "offsets (runbook).",
         ),
     ]

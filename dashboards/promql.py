@@ -289,3 +289,8 @@ def per_judged_conversation(metric: str, window: str, by: str, scale: float = 1.
     """A counter's rate per judged conversation (× ``scale``), per ``by`` (which includes ``judge``)."""
     factor = f"{scale:g} * " if scale != 1 else ""
     return f"{factor}{rate(metric, window, by=by)} / on (judge) group_left {rate(JUDGED, window, by='judge')}"
+
+
+# Counters that grow whenever a worker or the sink does work (events consumed, judge calls retried, budget waits,
+# rows written or failed): read by the alert on a process that does nothing while records wait.
+WORK_COUNTERS = (EVENTS, SCORING_RETRIES, JUDGE_BUDGET_WAIT, SINK_ROWS, SINK_ERRORS)

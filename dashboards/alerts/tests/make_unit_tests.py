@@ -971,6 +971,78 @@ def lost_data_tests() -> str:
     return "".join(out)
 
 
+# --- a process that does nothing while records wait ------------------------------------------------
+
+STUCK_FROM, STUCK_UNTIL = 31, 79  # worker-1 consumes nothing in these minutes, while 500 records wait
+
+
+def _gauge(values: list[tuple[int, float]], until: int) -> str:
+    """promtool notation for a gauge: ``value`` from each (minute, value) on, to ``until``."""
+    parts = []
+    for i, (start, value) in enumerate(values):
+        end = values[i + 1][0] - 1 if i + 1 < len(values) else until
+        parts.append(f"{_num(value)}x{end - start}")
+    return " ".join(parts)
+
+
+def stuck_tests() -> str:
+    consumed = seg(M3, [(1, STUCK_FROM - 1, 100), (STUCK_UNTIL + 1, M3, 100)])
+    lag = [(0, 0.0), (STUCK_FROM, 500.0), (STUCK_UNTIL + 11, 0.0)]
+
+    def lag_at(t: int) -> float:
+        return [v for start, v in lag if start <= t][-1]
+
+    out = [
+        header(
+            "worker stuck: worker-1 consumes nothing from minute 31 to 79 while 500 records wait",
+            [
+                "worker-1 consumes 100 events a minute, nothing in minutes 31-79, then catches up (lag 0 from minute 90).",
+                "The sink has 5 records waiting at every scrape and writes 100 rows a minute: busy, not stuck.",
+                "worker-2 owns nothing to read (lag 0) and consumes nothing: idle, not stuck.",
+            ],
+        ),
+        series("convowatch_events_total", consumed, type="turn", outcome="accepted"),
+        f'      - series: \'convowatch_consumer_lag{{job="convowatch", instance="worker-1:9464", topic="convowatch.events", partition="0"}}\'\n'
+        f"        values: '{_gauge(lag, M3)}'\n",
+        f'      - series: \'convowatch_consumer_lag{{job="convowatch", instance="worker-1:9464", '
+        f'topic="convowatch-conversations-changelog", partition="0"}}\'\n        values: \'{_gauge([(0, 27.0)], M3)}\'\n',
+        f'      - series: \'convowatch_consumer_lag{{job="convowatch", instance="sink-1:9465", topic="convowatch.scores", partition="0"}}\'\n'
+        f"        values: '{_gauge([(0, 5.0)], M3)}'\n",
+        series("convowatch_sink_rows_total", seg(M3, [(1, M3, 100)]), instance="sink-1:9465", table="conversation_scores"),
+        f'      - series: \'convowatch_consumer_lag{{job="convowatch", instance="worker-2:9464", topic="convowatch.events", partition="1"}}\'\n'
+        f"        values: '{_gauge([(0, 0.0)], M3)}'\n",
+        "    alert_rule_test:\n",
+    ]
+
+    def stuck(t: int) -> bool:
+        return lag_at(t) > 0 and window(consumed, t, STALL) == 0
+
+    for t, firing, comment in [
+        (40, False, "records wait, but it consumed within the last 15m"),
+        (50, False, "nothing consumed for 15m: pending"),
+        (56, True, "fires 10m later"),
+        (79, True, "still stuck"),
+        (81, False, "consumes again: resolved"),
+    ]:
+        assert (state_at(stuck, t, 0) == "firing") == firing, t
+        alerts = (
+            [
+                {
+                    "labels": {"severity": "page", "instance": "worker-1:9464"},
+                    "summary": "convowatch process worker-1:9464 does nothing while records wait",
+                    "description": "500 records wait in a partition worker-1:9464 reads, and over the last 15m it consumed no "
+                    "event, retried no judge call, waited for no budget and wrote nothing (for 10m). A worker the consumer "
+                    "group evicted can stay stuck; restart it: nothing is lost, it resumes from its committed offsets (runbook).",
+                    "runbook_url": "docs/runbooks.md#convowatchworkerstuck",
+                }
+            ]
+            if firing
+            else []
+        )
+        out.append(alert_test(t, "ConvowatchWorkerStuck", alerts, comment))
+    return "".join(out)
+
+
 # --- judge budget --------------------------------------------------------------------------------
 
 BUDGET_WAITS = {  # (limit, instance) -> seconds waited per minute
@@ -1064,6 +1136,7 @@ def text() -> str:
         + dead_letter_tests()
         + budget_tests()
         + lost_data_tests()
+        + stuck_tests()
     )
 
 
