@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.pipeline import Pipeline
 from tests.servers import LlamaServer, gemma_gguf_path, start_llama_server
 
 LLAMA_MODEL_ALIAS = "gemma-3-270m-test"
@@ -102,3 +103,15 @@ def scoring_artifacts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, P
     for step in steps:
         subprocess.run(cw + step, cwd=REPO, env=env, check=True, capture_output=True, timeout=600)
     return out / "rubricset.json", out / "calibrator"
+
+
+@pytest.fixture
+def pipeline(tmp_path: Path, kafka_broker: str, scoring_artifacts: tuple[Path, Path]) -> Iterator[Pipeline]:
+    """An isolated pipeline (its own topics, groups and store) on the session broker, scoring with those artifacts;
+    its processes are stopped afterwards. Modules that need another set-up define their own."""
+    rubric_set, calibrator = scoring_artifacts
+    p = Pipeline(tmp_path, kafka_broker, rubric_set, calibrator)
+    try:
+        yield p
+    finally:
+        p.stop_all()

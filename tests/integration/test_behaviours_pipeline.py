@@ -15,7 +15,7 @@ import pytest
 
 from scorers.behaviours import BehaviourSet
 from stream.contract import TurnEvent
-from tests.integration.test_pipeline import _few_conversations, _wait_scores, _wait_sink_caught_up, pipeline  # noqa: F401
+from tests.integration.test_pipeline import _few_conversations, _wait_scores, _wait_sink_caught_up
 from tests.pipeline import Pipeline
 from tests.servers import LlamaServer
 

@@ -29,7 +29,7 @@ from stream.cost import judge_cost
 from stream.records import ScoreRecord
 from stream.settings import PriceSettings
 from tests.infra import free_port, wait_for
-from tests.integration.test_pipeline import N_QUESTIONS, RecoveringJudgeServer, _few_conversations, _judge_env, pipeline  # noqa: F401
+from tests.integration.test_pipeline import N_QUESTIONS, RecoveringJudgeServer, _few_conversations, _judge_env
 from tests.pipeline import Pipeline, Process
 
 N_CONVERSATIONS = 8

@@ -10,23 +10,8 @@ once, scored, with every turn as sent.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-
 from tests.fault_suite import SHORT, run_fault_suite
 from tests.pipeline import Pipeline
-
-
-@pytest.fixture
-def pipeline(tmp_path: Path, kafka_broker: str, scoring_artifacts: tuple[Path, Path]) -> Iterator[Pipeline]:
-    rubric_set, calibrator = scoring_artifacts
-    p = Pipeline(tmp_path, kafka_broker, rubric_set, calibrator)
-    try:
-        yield p
-    finally:
-        p.stop_all()
 
 
 def test_crashes_and_outages_lose_nothing_and_show_no_duplicates(pipeline: Pipeline) -> None:

@@ -32,16 +32,6 @@ N_QUESTIONS = 9  # Q0..Q8: the questions the judge is asked
 N_DIMENSIONS = 8  # Q0..Q7: the default calibrator predicts the ordinal questions (Q8 is an input only)
 
 
-@pytest.fixture
-def pipeline(tmp_path: Path, kafka_broker: str, scoring_artifacts: tuple[Path, Path]) -> Iterator[Pipeline]:
-    rubric_set, calibrator = scoring_artifacts
-    p = Pipeline(tmp_path, kafka_broker, rubric_set, calibrator)
-    try:
-        yield p
-    finally:
-        p.stop_all()
-
-
 def _real_items() -> list[ReplayItem]:
     return list(llm_rubric_events())
 
