@@ -288,8 +288,8 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
             for key, state in table.items()
             if state is not None and TP(k.events_topic, state["partition"]) in actives
         ]
-        open_index.rebuild((state["partition"], key, state["last_seen"]) for key, state in mine if not is_closed(state))
-        closed_index.rebuild((state["partition"], key, state["closed_at"]) for key, state in mine if is_closed(state))
+        open_index.sync([(state["partition"], key, state["last_seen"]) for key, state in mine if not is_closed(state)])
+        closed_index.sync([(state["partition"], key, state["closed_at"]) for key, state in mine if is_closed(state)])
         for key, state in mine:
             cause = assembler.due(state, now)
             if cause is not None:

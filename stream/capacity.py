@@ -12,14 +12,18 @@ would queue behind whatever waits there: a worker catching up on 100,000
 never-ending conversations held 80,862 open with a cap of 10,000
 (bench/bounded_memory.py).
 
-The indexes live in memory; the idle timer rebuilds them from the table every
-tick (`rebuild`), which also covers partitions this worker was just assigned.
+The indexes live in memory. The idle timer compares them with the table every
+tick and rebuilds one whose counts per partition differ (`sync`: a partition
+just assigned or revoked): rebuilding 250,000 conversations (both caps full
+at their defaults) takes 0.34 s here, comparing their counts 0.014 s, and the
+timer ticks every ``assembly.idle_check_interval_s``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from itertools import islice
 
 
@@ -62,3 +66,11 @@ class ConversationRecency:
         for partition, key, _ in sorted(conversations, key=lambda c: (c[2], c[1])):
             order.setdefault(partition, {})[key] = None
         self._order = order
+
+    def sync(self, conversations: Sequence[tuple[int, str, float]]) -> bool:
+        """`rebuild` from ``conversations`` if the index holds other numbers per partition; True if it did."""
+        counts = Counter(partition for partition, _, _ in conversations)
+        if counts == Counter({partition: len(order) for partition, order in self._order.items() if order}):
+            return False
+        self.rebuild(conversations)
+        return True

@@ -147,7 +147,7 @@ class AssemblySettings(BaseModel):
     max_closed_conversations: int = Field(
         default=200_000,
         ge=1,
-        description="Closed conversations a worker remembers (turn fingerprints, about 1 KB each), each partition at "
+        description="Closed conversations a worker remembers (turn fingerprints, about 1.5 KB each), each partition at "
         "most its share (this / kafka.partitions); past it, a partition's oldest is forgotten before closed_retention_s.",
     )
 

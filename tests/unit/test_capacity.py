@@ -37,3 +37,14 @@ def test_a_rebuild_orders_by_last_seen_then_id_and_drops_what_is_gone() -> None:
 def test_a_limit_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="per_partition must be >= 1"):
         ConversationRecency(0)
+
+
+def test_sync_rebuilds_only_when_a_partitions_count_differs() -> None:
+    index = ConversationRecency(per_partition=5)
+    index.touch(0, "b")
+    index.touch(0, "a")  # the agent's order: a changed last
+    assert index.sync([(0, "a", 1.0), (0, "b", 2.0)]) is False  # same counts: the agent's order stands
+    assert index.excess(0) == [] and list(index._order[0]) == ["b", "a"]
+    assert index.sync([(0, "a", 1.0), (0, "b", 2.0), (1, "x", 3.0)]) is True  # partition 1 just assigned
+    assert list(index._order[0]) == ["a", "b"] and len(index) == 3
+    assert index.sync([(1, "x", 3.0)]) is True and len(index) == 1  # partition 0 revoked
