@@ -22,10 +22,12 @@ live traffic comes). What must hold:
   read at the end.
 
 Pre-loading the whole workload instead (a worker catching up on 200,000
-events) stalls the worker on the embedded broker: its score agent stops
-receiving closed conversations while the events backlog fills its buffers,
-the group evicts it and it never finishes rejoining (seen twice, with and
-without the in-agent capacity close; not yet understood, noted in issue 14).
+events) stalled the worker on the embedded broker: its score agent stopped
+receiving closed conversations while the events backlog filled its buffers,
+the group evicted it and it never finished rejoining. The same eviction and
+stall happened twice at 600 events/s while other work shared the two cores;
+the run on an otherwise idle machine finished (not yet understood; the alert
+ConvowatchWorkerStuck shows it).
 
 The judge is the recorded GPT-3.5 judge (answers re-keyed to the sampled
 conversations' ids, as bench/pipeline_throughput.py does). Prints a table and
