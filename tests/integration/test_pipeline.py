@@ -591,6 +591,31 @@ def test_past_max_open_conversations_the_longest_idle_are_closed_and_scored(pipe
     assert worker.metric_sum("convowatch_conversations_closed_total", cause="capacity") == 3
 
 
+def test_the_open_cap_holds_while_a_backlog_waits(pipeline: Pipeline) -> None:
+    """The idle timer closed conversations past the cap by publishing ``end`` events behind the backlog, so a worker
+    catching up held them all open (80,862 under a cap of 10,000 in bench/bounded_memory.py). Six conversations' first
+    turns, then their second turns, are in the topic before the worker starts: with a cap of 3 the first three must be
+    closed with one turn each as the fourth to sixth open, so their second turns arrive after the close."""
+    pipeline.partitions = 1
+    pipeline.extra_env.update({"CONVOWATCH_ASSEMBLY__MAX_OPEN_CONVERSATIONS": "3"})
+    items = _real_items()
+    ids = sorted(_ids(items))[:6]
+    turns = {cid: [i for i in items if i.event.conversation_id == cid and isinstance(i.event, TurnEvent)][:2] for cid in ids}
+    worker = pipeline.start_worker()  # creates the topics; it owns the one partition before anything is sent
+    pipeline.wait_assigned([worker])
+    worker.terminate()
+    pipeline.produce((turns[cid][0].key, turns[cid][0].raw) for cid in ids)
+    pipeline.produce((turns[cid][1].key, turns[cid][1].raw) for cid in ids)
+    worker = pipeline.start_worker("worker-2")
+    records = _wait_scores(pipeline, set(ids[:3]), timeout=60)
+    assert {cid: len(records[cid][0].conversation.turns) for cid in ids[:3]} == dict.fromkeys(ids[:3], 1)
+    wait_for(
+        lambda: worker.metric_sum("convowatch_dead_letters_total", reason="conversation_closed") == 3,
+        timeout=30,
+        what="the second turns of the three closed conversations dead-lettered",
+    )
+
+
 def test_past_max_closed_conversations_the_oldest_closed_are_forgotten_early_and_counted(pipeline: Pipeline) -> None:
     """Closed conversations were remembered for a day whatever their number (turn fingerprints, about 1 KB each)."""
     pipeline.partitions = 1
