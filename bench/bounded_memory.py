@@ -119,9 +119,14 @@ def watch(worker: pt.Service, events: int, n: int, max_open: int, timeout: float
     deadline = time.monotonic() + timeout
     started = time.monotonic()
     while time.monotonic() < deadline:
-        consumed = worker.metric("convowatch_events_total", type="turn")
-        open_ = worker.metric("convowatch_open_conversations")
-        closed = worker.metric("convowatch_conversations_closed_total", cause="capacity")
+        worker.check_alive()
+        try:
+            samples = worker.samples()  # one scrape for the three figures
+        except OSError:
+            samples = {}  # unreachable: zeros, as `Service.metric` reads it
+        consumed = pt.metric_sum(samples, "convowatch_events_total", type="turn")
+        open_ = pt.metric_sum(samples, "convowatch_open_conversations")
+        closed = pt.metric_sum(samples, "convowatch_conversations_closed_total", cause="capacity")
         yield {
             "t_s": round(time.monotonic() - started, 1),
             "events": consumed,

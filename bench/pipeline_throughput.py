@@ -275,6 +275,11 @@ def workload(phase: str, n: int, turns: int, seed: int, real_ids: list[str], eve
 # ---------------------------------------------------------------- service processes
 
 
+def metric_sum(samples: Mapping[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    """Sum of ``name`` over ``samples`` (`Service.samples`) whose labels include ``labels``."""
+    return sum(v for (n, lab), v in samples.items() if n == name and all((k, x) in lab for k, x in labels.items()))
+
+
 @dataclass
 class Service:
     """A `convowatch run|sink` process with its /metrics port and log."""
@@ -300,7 +305,7 @@ class Service:
             samples = self.samples()
         except OSError:
             return 0.0
-        return sum(v for (n, lab), v in samples.items() if n == name and all((k, x) in lab for k, x in labels.items()))
+        return metric_sum(samples, name, **labels)
 
     def check_alive(self) -> None:
         if self.popen.poll() is not None:

@@ -238,12 +238,12 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
         if step.state is None:
             if current is not None:
                 del table[key]
-            open_index.discard(partition, key)
             closed_index.discard(partition, key)
         elif step.state is not current:
             table[key] = step.state
-        if step.closed is not None:
+        if step.state is None or step.closed is not None:
             open_index.discard(partition, key)
+        if step.closed is not None:
             closed_index.touch(partition, key)
             for oldest in closed_index.excess(partition):
                 closed_index.discard(partition, oldest)

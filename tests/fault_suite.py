@@ -121,7 +121,7 @@ def workload(n: int, n_chunks: int) -> Workload:
 
 def judge_server(rubric_set_path: Path) -> RecordedJudgeServer:
     """The recorded judge over HTTP for every question the worker can ask (the rubric set's and LLM-Rubric's)."""
-    questions = {**load_questions(LLM_RUBRIC_DATA / "questions.json")}
+    questions = load_questions(LLM_RUBRIC_DATA / "questions.json")
     questions.update({q.id: q for q in RubricSet.load(rubric_set_path).questions()})
     conversations: list[Conversation] = list(load_real_conversations(LLM_RUBRIC_REAL_DATA).values())
     return RecordedJudgeServer(

@@ -96,9 +96,7 @@ class RecordedJudgeServer:
             def log_message(self, *args: object) -> None:
                 pass
 
-        ThreadingHTTPServer.allow_reuse_address = True
         self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self._httpd.daemon_threads = True
         threading.Thread(target=self._httpd.serve_forever, daemon=True, name="recorded-judge").start()
 
     def _close(self) -> None:
