@@ -76,6 +76,15 @@ def _transport_with_fetch_wait(fetch_max_wait_ms: int) -> type[faust_aiokafka.Tr
             consumer._fetch_max_wait_ms = fetch_max_wait_ms  # read by aiokafka when the consumer starts
             return consumer
 
+        async def on_partitions_revoked(self, revoked: set[TP]) -> None:
+            """aiokafka rejoins the group after a revoke only if the consumer fetched within ``max_poll_interval``,
+            and Faust fetches again only after the rejoin. A worker that left its group because its agents were
+            blocked that long (e.g. a spent judge budget with a full buffer) would wait for the other forever:
+            count the revoke as fetch activity, so the rejoin goes ahead."""
+            await super().on_partitions_revoked(revoked)
+            with self._ensure_consumer()._subscription.fetch_context():
+                pass  # leaving the context records "fetched just now" (aiokafka's fetcher_idle_time)
+
     class Consumer(GuardedDelivery, faust_aiokafka.Consumer):
         def _new_consumer_thread(self) -> ConsumerThread:
             return ConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -171,6 +180,7 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
         broker_commit_interval=k.commit_interval_s,
         producer_max_batch_size=k.producer_max_batch_size,
         producer_max_request_size=k.max_record_bytes,
+        stream_buffer_maxsize=k.stream_buffer_maxsize,
         web_enabled=False,
     )
     app.fetch_max_wait_ms = int(k.fetch_max_wait_s * 1000)

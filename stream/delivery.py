@@ -104,6 +104,8 @@ class GuardedDelivery:
         if not idle:
             return
         highwaters = await self.highwaters(*idle)  # type: ignore[attr-defined]
+        if app.rebalancing:  # began while we waited: the partitions may not be ours any more
+            return
         for tp in idle:
             expected = self._next_offset.get(tp)
             if expected is None:

@@ -120,6 +120,11 @@ class KafkaSettings(BaseModel):
         gt=0,
         description="A worker partition with records waiting while its agent has been idle this long is fetched again.",
     )
+    stream_buffer_maxsize: int = Field(
+        default=4096,
+        ge=1,
+        description="Events buffered per worker agent before Faust stops fetching (Faust's stream_buffer_maxsize).",
+    )
 
 
 class AssemblySettings(BaseModel):

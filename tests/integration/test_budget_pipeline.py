@@ -262,3 +262,34 @@ def test_a_rebalance_calls_off_the_wait_and_the_waiting_conversation_is_scored_o
     # start a new one (Faust logs "Waiting for tasks" while it waits for an agent's event, and its flight recorder
     # "Task timed out" after 95 % of the session timeout).
     assert "wait_empty: Waiting for tasks" not in log and "Task timed out" not in log, first.log_tail()
+
+
+def test_a_worker_blocked_past_max_poll_interval_joins_its_group_again(pipeline: Pipeline) -> None:
+    """A spent budget with a full buffer (``kafka.stream_buffer_maxsize`` 1): Faust stops fetching, so after
+    ``max_poll_interval_s`` aiokafka leaves the group. aiokafka rejoins only after a fetch and Faust fetches only
+    after the rejoin, so before `stream.app`'s ConsumerThread counted the revoke as fetch activity the worker
+    stopped for good here (found under load in bench/bounded_memory.py). Now it joins again, and once the budget
+    refills every conversation is scored exactly once."""
+    port = free_port()
+    pipeline.extra_env.update(
+        {
+            **_judge_env(port, max_attempts=3),
+            "CONVOWATCH_SCORING__BUDGET__CALLS_PER_MINUTE": str(CALLS_PER_MINUTE),
+            "CONVOWATCH_SCORING__BUDGET__MINUTE_S": str(MINUTE_S),
+            "CONVOWATCH_KAFKA__STREAM_BUFFER_MAXSIZE": "1",
+        }
+    )
+    items, ids = _few_conversations(N_CONVERSATIONS)
+    with RecoveringJudgeServer(port, failures=0):
+        worker = pipeline.start_worker("worker-1")
+        pipeline.wait_assigned([worker])
+        pipeline.produce((i.key, i.raw) for i in items)
+        _wait_all_scored(pipeline, ids, worker)
+        log = worker.log.read_text(errors="replace")
+
+    records = _records(pipeline)
+    assert {cid: [r.status for r in rs] for cid, rs in records.items()} == {cid: ["scored"] for cid in ids}
+    assert worker.popen.poll() is None
+    # The scenario happened: the blocked worker left its group (aiokafka's max-poll check) and joined again.
+    assert "LeaveGroup" in log, worker.log_tail()
+    assert log.count("Joined group") >= 2, worker.log_tail()
