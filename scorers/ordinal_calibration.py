@@ -366,10 +366,12 @@ class OrdinalCalibrator:
     ) -> Prediction:
         """Each row's answer distribution for ``question`` (default: the main question), for ``judge``."""
         self._require_fitted()
-        question = question or self.main_question
+        return self._predict(self._standardise(self._raw_features(x)), question or self.main_question, judge)
+
+    def _predict(self, z: np.ndarray, question: str, judge: str | None | Sequence[str | None]) -> Prediction:
+        """`predict_proba` from standardised features (computed once when several questions are predicted)."""
         if question not in self._models:
             raise CalibrationError(f"no model for {question!r}; fitted: {sorted(self._models)}")
-        z = self._standardise(self._raw_features(x))
         judges = [judge] * len(z) if judge is None or isinstance(judge, str) else list(judge)
         if len(judges) != len(z):
             raise CalibrationError(f"{len(judges)} judges for {len(z)} feature rows")
@@ -378,7 +380,9 @@ class OrdinalCalibrator:
 
     def predict_all(self, x: ArrayLike, judge: str | None | Sequence[str | None] = None) -> dict[str, Prediction]:
         """Every fitted question's prediction."""
-        return {q: self.predict_proba(x, q, judge) for q in self._models}
+        self._require_fitted()
+        z = self._standardise(self._raw_features(x))
+        return {q: self._predict(z, q, judge) for q in self._models}
 
     def judge_offsets(self, question: str | None = None) -> Mapping[str, float]:
         """Each human judge's fitted offset ``b_a`` (higher: answers higher than the average judge)."""
@@ -403,16 +407,17 @@ class OrdinalCalibrator:
         With ``judges`` the predictions are the mixture over that trusted set; without, the average
         judge's (no offset).
         """
-        x = self.features_from_judgement(judgement)[None, :]
+        self._require_fitted()
+        z = self._standardise(self._raw_features(self.features_from_judgement(judgement)[None, :]))
         wanted = list(questions or self._models)
         if not judges:
-            return {q: self.predict_proba(x, q) for q in wanted}
+            return {q: self._predict(z, q, None) for q in wanted}
         unknown = [j for j in judges if j not in self.judges_]
         if unknown:
             raise CalibrationError(f"judges {unknown} were not in the training data; known: {self.judges_}")
         out = {}
         for q in wanted:
-            parts = [self.predict_proba(x, q, j) for j in judges]
+            parts = [self._predict(z, q, j) for j in judges]
             out[q] = Prediction(q, np.mean([p.probabilities for p in parts], axis=0), parts[0].values)
         return out
 

@@ -4,9 +4,10 @@
          │  (validate; state in the `conversations` table)        │
          └──► dead-letter topic                                    └──► sink (stream/sink.py) → ClickHouse
 
-* ``assemble`` validates each raw event (bad ones go to the dead-letter topic
-  with the original bytes and the reason), applies it to the conversation's
-  state with `ConversationAssembler`, and publishes closed conversations.
+* ``assemble`` takes raw events a batch at a time, validates each (bad ones go
+  to the dead-letter topic with the original bytes and the reason), applies it
+  to the conversation's state with `ConversationAssembler`, publishes closed
+  conversations, and writes each state the batch changed once (`StateBatch`).
 * ``idle`` (a timer) publishes ``end`` events with cause ``idle_timeout`` or
   ``retention`` for conversations on this worker's partitions, into the
   partition their state lives in, so every state change happens in the
@@ -51,11 +52,12 @@ from stream.broker_loss import BrokerLossWatch
 from stream.budget import BudgetGate, BudgetWaitInterrupted
 from stream.capacity import ConversationRecency, per_partition_limit
 from stream.contract import RECORD_HEADROOM_BYTES, DeadLetter, EndEvent, InvalidEvent, TurnEvent, encode_event, parse_event
-from stream.delivery import GuardedDelivery, in_order
+from stream.delivery import GuardedDelivery, in_order, in_order_batches
 from stream.metrics import ServiceMetrics
 from stream.records import ClosedConversation, RecordError
 from stream.rollout import ScorerRollout
 from stream.settings import Settings
+from stream.state_batch import StateBatch
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +114,10 @@ class WorkerApp(faust.App):
     def in_order(self, stream: faust.StreamT) -> AsyncIterator[EventT]:
         """The events of ``stream`` its agent should process now, in offset order per partition (`GuardedDelivery`)."""
         return in_order(self.guarded_consumer, stream)
+
+    def in_order_batches(self, stream: faust.StreamT, max_events: int, within_s: float) -> AsyncIterator[list[EventT]]:
+        """`in_order`, a batch of up to ``max_events`` at a time (`stream.delivery.in_order_batches`)."""
+        return in_order_batches(self.guarded_consumer, stream, max_events, within_s)
 
     def finished(self, event: EventT) -> None:
         """The agent is done with ``event``: Faust's ack of it may now commit its offset."""
@@ -217,7 +223,7 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
         await dead_letter_topic.send(key=msg.key, value=letter.to_json(max_bytes=dead_letter_bytes))
         metrics.dead_letters.labels(reason).inc()
 
-    async def assemble_event(event: EventT) -> None:
+    async def assemble_event(event: EventT, batch: StateBatch) -> None:
         msg = event.message
         try:
             ev = parse_event(msg.value, key=msg.key, max_text_bytes=a.max_text_bytes, max_event_bytes=a.max_event_bytes)
@@ -227,19 +233,21 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
             return
         etype = type(ev).__name__.removesuffix("Event").lower()
         key = ev.conversation_id
-        current = table.get(key)
+        current = batch.get(key)
         step = assembler.apply(current, ev, partition=msg.partition, now=time.time())
         metrics.events.labels(etype, step.outcome).inc()
         if step.dead_letter is not None:
             await dead_letter(*step.dead_letter, event)
-        await record(key, current, step, msg.partition)
+        await record(key, current, step, event, batch)
         if isinstance(ev, TurnEvent) and step.outcome == "accepted":
             open_index.touch(msg.partition, key)
             for longest_idle in open_index.excess(msg.partition):
-                await close_for_capacity(longest_idle, msg.partition)
+                await close_for_capacity(longest_idle, event, batch)
 
-    async def record(key: str, current: State | None, step: Step, partition: int) -> None:
-        """Publish what ``step`` closed, then keep its state in the table (and the indexes of the caps)."""
+    async def record(key: str, current: State | None, step: Step, event: EventT, batch: StateBatch) -> None:
+        """Publish what ``step`` closed, then keep its state (and the indexes of the caps); ``event`` is of the
+        partition being processed, where the state lives."""
+        partition = event.message.partition
         if step.closed is not None:
             # Publish before recording the close: a crash in between re-closes (deduplicated downstream)
             # instead of losing the conversation.
@@ -247,32 +255,40 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
             metrics.conversations_closed.labels(step.closed.close_cause).inc()
         if step.state is None:
             if current is not None:
-                del table[key]
+                batch.set(key, None, event)
             closed_index.discard(partition, key)
         elif step.state is not current:
-            table[key] = step.state
+            batch.set(key, step.state, event)
         if step.state is None or step.closed is not None:
             open_index.discard(partition, key)
         if step.closed is not None:
             closed_index.touch(partition, key)
             for oldest in closed_index.excess(partition):
                 closed_index.discard(partition, oldest)
-                if is_closed(table.get(oldest)):
-                    del table[oldest]
+                if is_closed(batch.get(oldest)):
+                    batch.set(oldest, None, event)
                     metrics.closed_forgotten_early.inc()
 
-    async def close_for_capacity(key: str, partition: int) -> None:
-        """Close ``key`` (open, in the partition being processed, so its table writes go to the right changelog
+    async def close_for_capacity(key: str, event: EventT, batch: StateBatch) -> None:
+        """Close ``key`` (open, in the partition being processed, so its state is written to the right changelog
         partition) with cause ``capacity``."""
-        current = table.get(key)
+        current = batch.get(key)
         now = time.time()
-        await record(key, current, assembler.apply(current, EndEvent(key, now, cause="capacity"), partition, now), partition)
+        step = assembler.apply(current, EndEvent(key, now, cause="capacity"), event.message.partition, now)
+        await record(key, current, step, event, batch)
+
+    table_in_use = asyncio.Lock()  # a batch's changes reach the table only at its end: the idle timer waits for it
 
     @app.agent(events_topic, name="assemble")
     async def assemble(stream: faust.StreamT) -> None:
-        async for event in app.in_order(stream):
-            await assemble_event(event)
-            app.finished(event)
+        async for events in app.in_order_batches(stream, a.batch_max_events, a.batch_max_wait_s):
+            async with table_in_use:
+                batch = StateBatch(table)
+                for event in events:
+                    await assemble_event(event, batch)
+                batch.flush()
+            for event in events:
+                app.finished(event)
 
     @app.timer(interval=k.refetch_idle_s / 2, name="refetch_stalled")
     async def refetch_stalled() -> None:
@@ -293,13 +309,14 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
     async def idle() -> None:
         now = time.time()
         actives = app.assignor.assigned_actives()
-        mine = [
-            (key, state)
-            for key, state in table.items()
-            if state is not None and TP(k.events_topic, state["partition"]) in actives
-        ]
-        open_index.sync([(state["partition"], key, state["last_seen"]) for key, state in mine if not is_closed(state)])
-        closed_index.sync([(state["partition"], key, state["closed_at"]) for key, state in mine if is_closed(state)])
+        async with table_in_use:
+            mine = [
+                (key, state)
+                for key, state in table.items()
+                if state is not None and TP(k.events_topic, state["partition"]) in actives
+            ]
+            open_index.sync([(state["partition"], key, state["last_seen"]) for key, state in mine if not is_closed(state)])
+            closed_index.sync([(state["partition"], key, state["closed_at"]) for key, state in mine if is_closed(state)])
         for key, state in mine:
             cause = assembler.due(state, now)
             if cause is not None:

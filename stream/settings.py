@@ -149,6 +149,15 @@ class AssemblySettings(BaseModel):
         gt=0,
         description="How long a closed conversation is remembered to recognise late and redelivered events.",
     )
+    batch_max_events: int = Field(
+        default=500,
+        ge=1,
+        description="Events the assemble agent takes at a time; each conversation changed in a batch is written to "
+        "the table (its changelog) once.",
+    )
+    batch_max_wait_s: float = Field(
+        default=0.05, gt=0, description="Longest the assemble agent waits for a batch to fill before it processes it."
+    )
     max_closed_conversations: int = Field(
         default=200_000,
         ge=1,
