@@ -35,8 +35,9 @@ Measured, in one run:
 3. **Raw consume rate** of the same broker: the same pre-loaded topic read from
    the beginning by a plain ``AIOKafkaConsumer`` (no processing), the
    denominator of the worker/raw ratio.
-4. **Two workers** (not with ``--quick``): the same workload on fresh topics read by two workers in one group
-   (4 partitions), against one worker's rate in this run.
+4. **Two workers** (not with ``--quick``): the same workload on fresh topics, published once the group has
+   formed (every worker owns partitions, so no join interrupts the count), read by one worker and then by two
+   workers in one group (4 partitions); the ratio of the two rates.
 
 Targets (issue 14): ≥ 5,000 turn events/s per worker, p99 ≤ 1 s excluding judge time, and two workers ≥ 1.8×
 one. Prints a table and writes
@@ -63,6 +64,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
@@ -485,14 +487,34 @@ def raw_consume(pipeline: Pipeline, expect: int, repeats: int = 3) -> dict:
     return {"runs": runs, "events_per_s": max(r["events_per_s"] for r in runs)}
 
 
-def throughput(pipeline: Pipeline, work: Workload, timeout: float, workers: int = 1) -> dict:
-    """Start the sink, then ``workers`` workers on the pre-loaded topic; time first processed event → last
-    conversation scored (sums over the workers' /metrics)."""
+def throughput(pipeline: Pipeline, work: Workload, timeout: float, workers: int = 1, publish_after_join: bool = False) -> dict:
+    """Start the sink, then ``workers`` workers; time first processed event → last conversation scored (sums over
+    the workers' /metrics). The topic is pre-loaded, or with ``publish_after_join`` the workload is published once
+    every worker owns partitions (so no group join happens while the workload is processed)."""
     total = len(work.items)
     sink = pipeline.start("sink", "sink")
     started = time.perf_counter()
     procs = [pipeline.start(f"worker-{i}" if workers > 1 else "worker", "run") for i in range(workers)]
     up = time.perf_counter()
+    publish_errors: list[Exception] = []
+    if publish_after_join:
+        wait_until(
+            lambda: (
+                [w.metric("convowatch_assigned_partitions") > 0 for w in procs] == [True] * workers
+                and sum(w.metric("convowatch_assigned_partitions") for w in procs) == PARTITIONS
+            ),
+            180,
+            "every worker to own partitions",
+            interval=1.0,
+        )
+
+        def publish_workload() -> None:
+            try:
+                preload(pipeline, work)
+            except Exception as e:  # reported by the loop below
+                publish_errors.append(e)
+
+        threading.Thread(target=publish_workload, daemon=True).start()
     timeline: list[tuple[float, float, float]] = []  # (t, events processed, conversations scored)
     t_first = t_events = t_scored = None
     cpu_first = cpu_scored = None
@@ -503,6 +525,8 @@ def throughput(pipeline: Pipeline, work: Workload, timeout: float, workers: int 
     cpu_previous = cpu()
     deadline = time.monotonic() + timeout
     while t_scored is None:
+        if publish_errors:
+            raise BenchError(f"publishing the workload failed: {publish_errors[0]}")
         if time.monotonic() > deadline:
             raise BenchError(
                 f"workers processed {timeline[-1][1] if timeline else 0:.0f} of {total} events and scored "
@@ -669,12 +693,13 @@ def run(args: argparse.Namespace, root: Path) -> dict:
     work1 = workload("t", n, turns, seed=1, real_ids=real_ids)
     work1b = workload("d", n, turns, seed=1, real_ids=real_ids)
     work1c = workload("m", n, turns, seed=1, real_ids=real_ids)
+    work1d = workload("o", n, turns, seed=1, real_ids=real_ids)
     warm = workload("w", WARMUP_CONVERSATIONS, turns, seed=3, real_ids=real_ids)
     answers = root / "judge-answers.tsv"
     # the latency phase's ids are added once its size is known; write all phases' ids now (a superset is harmless)
     n2_max = n
     work2_ids = {f"{real_ids[k % len(real_ids)]}#l-{k}": real_ids[k % len(real_ids)] for k in range(n2_max)}
-    all_ids = {**work1.ids, **work1b.ids, **work1c.ids, **warm.ids, **work2_ids}
+    all_ids = {**work1.ids, **work1b.ids, **work1c.ids, **work1d.ids, **warm.ids, **work2_ids}
     write_judge_answers(answers, header, rows, all_ids)
     print(
         f"workload: {n} conversations x {turns} turns + end = {len(work1.items)} events; judge answers for "
@@ -719,17 +744,20 @@ def run(args: argparse.Namespace, root: Path) -> dict:
                 flush=True,
             )
 
-            p1c = Pipeline(root, "tput-two-workers", stack.bootstrap, base_env(rubric_set, calibrator, answers, tansu=True))
-            pipelines.append(p1c)
-            preload(p1c, work1c)
-            results["throughput_two_workers"] = throughput(p1c, work1c, timeout, workers=2)
-            results["load_after_throughput_two_workers"] = load()
-            t2 = results["throughput_two_workers"]
-            print(
-                f"two workers (tansu settings): {t2['turn_events_per_s']:.0f} turn events/s, "
-                f"{t2['turn_events_per_s'] / tp['turn_events_per_s']:.2f}x one worker",
-                flush=True,
-            )
+            # 4: one and two workers, each group formed before the workload is published
+            for key, workers, tag, work in (
+                ("throughput_one_worker_joined", 1, "one", work1c),
+                ("throughput_two_workers", 2, "two", work1d),
+            ):
+                pj = Pipeline(root, f"tput-{tag}-joined", stack.bootstrap, base_env(rubric_set, calibrator, answers, tansu=True))
+                pipelines.append(pj)
+                ensure_topics(pj.kafka_settings())
+                results[key] = throughput(pj, work, timeout, workers=workers, publish_after_join=True)
+                results[f"load_after_{key}"] = load()
+                print(
+                    f"{workers} worker(s), joined before publishing: {results[key]['turn_events_per_s']:.0f} turn events/s",
+                    flush=True,
+                )
 
         # 2: latency at a steady rate below capacity
         rate = args.rate or min(MAX_LATENCY_RATE, 0.5 * tp["all_events_per_s"])
@@ -752,8 +780,8 @@ def run(args: argparse.Namespace, root: Path) -> dict:
 def report(args: argparse.Namespace, results: dict, wall_s: float) -> dict:
     tp, lat, raw = results["throughput"], results["latency"], results["raw_consume"]
     p99 = lat["end_to_stored_s"]["p99"]
-    two = results.get("throughput_two_workers")
-    two_over_one = None if two is None else round(two["turn_events_per_s"] / tp["turn_events_per_s"], 3)
+    one, two = results.get("throughput_one_worker_joined"), results.get("throughput_two_workers")
+    two_over_one = None if one is None or two is None else round(two["turn_events_per_s"] / one["turn_events_per_s"], 3)
     out: dict[str, Any] = {
         "benchmark": "pipeline_throughput",
         "command": "cd "

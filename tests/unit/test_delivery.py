@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from faust.types import TP
 
-from stream.delivery import GuardedDelivery
+from stream.delivery import GuardedDelivery, in_order_batches
 
 TOPIC = "closed"
 P0 = TP(TOPIC, 0)
@@ -209,6 +209,56 @@ def test_a_stalled_partition_is_fetched_again_only_when_its_agent_idles_with_rec
     time.sleep(0.06)
     _run(consumer.refetch_stalled(idle_s=0.05))
     assert consumer.seeks == [(P0, 6)]
+
+
+def test_a_rebalance_that_begins_while_the_stall_check_waits_for_the_broker_stops_it() -> None:
+    consumer = _Consumer()
+    consumer._thread.committed[P0] = 5
+    consumer.end[P0] = 8
+    _run(consumer.refetch_stalled(idle_s=0.05))
+    time.sleep(0.06)
+    answer = consumer.highwaters
+
+    async def highwaters_then_a_rebalance(*tps: TP) -> dict[TP, int]:
+        ends = await answer(*tps)
+        consumer.app.rebalancing = True  # the revoke began while the end offsets were on their way
+        return ends
+
+    consumer.highwaters = highwaters_then_a_rebalance  # type: ignore[method-assign]
+    _run(consumer.refetch_stalled(idle_s=0.05))
+    assert consumer.seeks == []  # no seek on partitions that may not be this worker's any more
+
+
+class _BatchStream:
+    """A stand-in for Faust's stream: ``take_events`` yields the given batches of events."""
+
+    def __init__(self, batches: list[list[int]]) -> None:
+        self.batches = batches
+
+    async def take_events(self, max_: int, within: float) -> Any:
+        for offsets in self.batches:
+            yield [SimpleNamespace(message=_message(o)) for o in offsets]
+
+
+def test_batches_keep_in_order_takes_and_hand_back_what_was_not_finished() -> None:
+    consumer = _Consumer()
+    consumer._thread.committed[P0] = 0
+    seen: list[list[int]] = []
+
+    async def agent() -> None:
+        stream = _BatchStream([[0, 1, 1, 3], [2, 3], [3, 4]])
+        async for events in in_order_batches(consumer, stream, 500, 0.05):  # type: ignore[arg-type]
+            offsets = [e.message.offset for e in events]
+            seen.append(offsets)
+            for event in events:
+                if event.message.offset != 3:  # 3 is left unfinished (say, a budget wait called off)
+                    consumer.finished(event.message)
+
+    _run(agent())
+    # 1 twice: taken once; 3 before 2: a hole, fetched again; 3 handed back unfinished: taken again
+    assert seen == [[0, 1], [2, 3], [3, 4]]
+    assert consumer.refetches == [(TOPIC, "hole")] and consumer.seeks == [(P0, 2)]
+    assert consumer._in_flight[TOPIC] == 0  # every taken event was released
 
 
 @pytest.mark.parametrize(
