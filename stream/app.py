@@ -187,6 +187,7 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
         producer_max_batch_size=k.producer_max_batch_size,
         producer_max_request_size=k.max_record_bytes,
         stream_buffer_maxsize=k.stream_buffer_maxsize,
+        broker_max_poll_records=k.max_poll_records,
         web_enabled=False,
     )
     app.fetch_max_wait_ms = int(k.fetch_max_wait_s * 1000)

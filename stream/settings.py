@@ -120,6 +120,12 @@ class KafkaSettings(BaseModel):
         gt=0,
         description="A worker partition with records waiting while its agent has been idle this long is fetched again.",
     )
+    max_poll_records: int = Field(
+        default=500,
+        ge=1,
+        description="Most records one poll hands the worker (Kafka's max.poll.records). Time spent delivering a poll's "
+        "records to the agents counts against max_poll_interval_s, so a backlog must not arrive in one huge poll.",
+    )
     stream_buffer_maxsize: int = Field(
         default=4096,
         ge=1,
