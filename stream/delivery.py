@@ -146,7 +146,7 @@ class GuardedDelivery:
                     "a rebalance); they are delivered again",
                     tp.topic,
                     tp.partition,
-                    sorted(unfinished),
+                    offsets_text(unfinished),
                 )
             floor = self._commit_floor(tp)
             acked[:] = sorted(o for o in acked if o in finished and (floor is None or o >= floor))
@@ -220,6 +220,16 @@ class GuardedDelivery:
         on_refetch: Callable[[str, str], None] | None = getattr(self.app, "on_refetch", None)  # type: ignore[attr-defined]
         if on_refetch is not None:
             on_refetch(tp.topic, reason)
+
+
+def offsets_text(offsets: list[int], shown: int = 10) -> str:
+    """Offsets for a log line: all of a few, else the first and last few and how many (a refetch can leave
+    thousands)."""
+    ordered = sorted(offsets)
+    if len(ordered) <= shown:
+        return str(ordered)
+    half = shown // 2
+    return f"{ordered[:half]} … {ordered[-half:]} ({len(ordered)} offsets)"
 
 
 async def in_order(consumer: GuardedDelivery, stream: StreamT) -> AsyncIterator[EventT]:

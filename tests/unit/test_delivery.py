@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from faust.types import TP
 
-from stream.delivery import GuardedDelivery, in_order_batches
+from stream.delivery import GuardedDelivery, in_order_batches, offsets_text
 
 TOPIC = "closed"
 P0 = TP(TOPIC, 0)
@@ -316,3 +316,8 @@ def test_after_deleted_records_the_commit_starts_at_the_earliest_offset() -> Non
         consumer.ack(offset)
         consumer.finished(_message(offset))
     assert consumer._new_offset(P0) == 12
+
+
+def test_a_long_run_of_uncommitted_offsets_is_logged_short() -> None:
+    assert offsets_text([7, 5, 6]) == "[5, 6, 7]"
+    assert offsets_text(list(range(100, 0, -1))) == "[1, 2, 3, 4, 5] … [96, 97, 98, 99, 100] (100 offsets)"
