@@ -168,6 +168,13 @@ def run(n: int, max_open: int, max_closed: int, rate: float, root: Path) -> dict
             if len(samples) % 30 == 0:
                 print(f"  {s}", flush=True)
         metrics_page = scrape(worker.port)
+
+        def decided() -> float:
+            return worker.metric("convowatch_conversations_sampled_total")  # judged + unsampled
+
+        # every event is processed; the score agent may still be behind on what capacity closed
+        closed = worker.metric("convowatch_conversations_closed_total", cause="capacity")
+        pt.wait_until(lambda: decided() >= closed, 1800, "every conversation closed by capacity to be scored", 1.0)
         scored = worker.metric("convowatch_conversations_sampled_total", decision="judged")
         unsampled = worker.metric("convowatch_conversations_sampled_total", decision="unsampled")
         forgotten = worker.metric("convowatch_closed_conversations_forgotten_early_total")
