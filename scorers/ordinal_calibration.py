@@ -249,6 +249,10 @@ class OrdinalCalibrator:
                 columns.append((share @ np.arange(1, k + 1))[:, None])
         return np.hstack(columns)
 
+    def _standardised_features(self, x: ArrayLike) -> np.ndarray:
+        """The model's inputs for feature rows ``x``: the raw features, standardised (NaN -> the mean)."""
+        return self._standardise(self._raw_features(x))
+
     def _standardise(self, raw: np.ndarray) -> np.ndarray:
         z = (raw - self._mean) / self._sd
         return np.where(np.isnan(z), 0.0, z)
@@ -298,7 +302,7 @@ class OrdinalCalibrator:
     def _labelled_rows(self, data: RubricData, question: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """Standardised features, answers and human judges of ``data``'s labels of ``question``."""
         labels = data.labels_for(question)
-        z = self._standardise(self._raw_features(np.stack([data.features[lab.text_id] for lab in labels])))
+        z = self._standardised_features(np.stack([data.features[lab.text_id] for lab in labels]))
         return z, np.array([lab.answer for lab in labels]), [lab.judge for lab in labels]
 
     def _fit_one(
@@ -366,7 +370,7 @@ class OrdinalCalibrator:
     ) -> Prediction:
         """Each row's answer distribution for ``question`` (default: the main question), for ``judge``."""
         self._require_fitted()
-        return self._predict(self._standardise(self._raw_features(x)), question or self.main_question, judge)
+        return self._predict(self._standardised_features(x), question or self.main_question, judge)
 
     def _predict(self, z: np.ndarray, question: str, judge: str | None | Sequence[str | None]) -> Prediction:
         """`predict_proba` from standardised features (computed once when several questions are predicted)."""
@@ -381,7 +385,7 @@ class OrdinalCalibrator:
     def predict_all(self, x: ArrayLike, judge: str | None | Sequence[str | None] = None) -> dict[str, Prediction]:
         """Every fitted question's prediction."""
         self._require_fitted()
-        z = self._standardise(self._raw_features(x))
+        z = self._standardised_features(x)
         return {q: self._predict(z, q, judge) for q in self._models}
 
     def judge_offsets(self, question: str | None = None) -> Mapping[str, float]:
@@ -408,7 +412,7 @@ class OrdinalCalibrator:
         judge's (no offset).
         """
         self._require_fitted()
-        z = self._standardise(self._raw_features(self.features_from_judgement(judgement)[None, :]))
+        z = self._standardised_features(self.features_from_judgement(judgement)[None, :])
         wanted = list(questions or self._models)
         if not judges:
             return {q: self._predict(z, q, None) for q in wanted}
