@@ -15,7 +15,7 @@ any stream was simulated:
 
 * ``default``: the cumulative-link calibrator `convowatch calibrate train`
   fits on LLM-Rubric's synthetic conversations (penalties by synthetic CV,
-  seed 0), as ``bench/calibration_transfer.py`` measures it;
+  seed 0): the default ``bench/calibration_transfer.py`` chose (its results file);
 * ``adapted_k100``: that calibrator adapted to 100 real conversations
   (`convowatch calibrate adapt`, strength by CV on the 100), streams drawn
   from the other 123 only; five random splits;
@@ -69,7 +69,7 @@ import calibration_transfer as transfer  # noqa: E402
 from dashboards.alert_windows import AlertWindows  # noqa: E402
 from scorers import statistics  # noqa: E402
 from scorers.calibration_selection import select_adaptation_strength  # noqa: E402
-from scorers.datasets.llm_rubric import MAIN_QUESTION, QUESTION_IDS, RubricData, load_split  # noqa: E402
+from scorers.datasets.llm_rubric import MAIN_QUESTION, RubricData, load_split  # noqa: E402
 from scorers.ordinal_calibration import OrdinalCalibrator  # noqa: E402
 
 OUTPUT = ROOT / "bench" / "results" / "alert_detection.json"
@@ -125,8 +125,8 @@ class StreamShape:
 
 def pools(synth: RubricData, real: RubricData) -> dict[str, list[Pool]]:
     """Each scorer's pools: one for default and the blends, one per split for the adapted calibrator."""
-    params, _ = transfer.choose(QUESTION_IDS, synth, transfer.SEEDS[0])
-    base = OrdinalCalibrator(**params).fit(synth)
+    default = json.loads(transfer.OUTPUT.read_text(encoding="utf-8"))["default"]  # as the transfer benchmark chose it
+    base = transfer.default_model(synth, default)
     ids = sorted({lab.text_id for lab in real.labels_for(MAIN_QUESTION)})
     verdict = humans_dissatisfied(real, ids)
 

@@ -24,14 +24,30 @@ from scorers.ordinal_calibration import MIN_ADAPTATION_CONVERSATIONS, OrdinalCal
 CV_CRITERIA = {"rmse": False, "nll": False, "pearson": True, "spearman": True}  # name -> higher is better
 
 
-def conversation_folds(text_ids: Iterable[str], k: int, seed: int = 0) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
-    """Split conversations (not tuples) into ``k`` folds: ``[(train_ids, test_ids), ...]``."""
+Folds = list[tuple[tuple[str, ...], tuple[str, ...]]]  # [(train_ids, test_ids), ...]
+
+
+def conversation_folds(text_ids: Iterable[str], k: int, seed: int = 0) -> Folds:
+    """Split conversations (not tuples) into ``k`` random folds: ``[(train_ids, test_ids), ...]``."""
     ids = sorted(set(text_ids))
     if k < 2 or k > len(ids):
         raise CalibrationError(f"need 2 <= k <= number of conversations ({len(ids)}), got k={k}")
     order = np.random.default_rng(seed).permutation(len(ids))
     folds = [sorted(ids[i] for i in part) for part in np.array_split(order, k)]
     return [(tuple(t for j, f in enumerate(folds) if j != i for t in f), tuple(folds[i])) for i in range(k)]
+
+
+def group_folds(text_ids: Iterable[str], group: Callable[[str], str]) -> Folds:
+    """Leave-one-group-out folds: each group's conversations are held out together, once.
+
+    A split that imitates a shift (e.g. ``group`` = the dialogue system: every fold tests on an assistant
+    variant the model never saw), where random folds test on conversations like the training ones.
+    """
+    ids = sorted(set(text_ids))
+    groups = sorted({group(t) for t in ids})
+    if len(groups) < 2:
+        raise CalibrationError(f"need at least 2 groups to hold one out, got {groups}")
+    return [(tuple(t for t in ids if group(t) != g), tuple(t for t in ids if group(t) == g)) for g in groups]
 
 
 @dataclass(frozen=True)
@@ -82,11 +98,13 @@ def cross_validate(
     k: int = 5,
     seed: int = 0,
     question: str | None = None,
+    folds: Folds | None = None,
 ) -> HeldOutPredictions:
-    """Out-of-fold predictions of ``question`` (default: the main question), folds by conversation."""
+    """Out-of-fold predictions of ``question`` (default: the main question), folds by conversation:
+    ``k`` random ones with ``seed``, or the given ``folds`` (e.g. `group_folds`)."""
     question = question or model.main_question
     parts = []
-    for i, (train_ids, test_ids) in enumerate(conversation_folds(data.text_ids, k, seed)):
+    for i, (train_ids, test_ids) in enumerate(folds if folds is not None else conversation_folds(data.text_ids, k, seed)):
         fitted = model.clone().fit(data.subset(train_ids))
         test = data.subset(test_ids)
         if not test.labels_for(question):
@@ -137,9 +155,9 @@ def parameter_grid(grid: Grid) -> list[dict[str, Any]]:
     return out
 
 
-def cv_scores(model: Calibrator, data: RubricData, k: int = 5, seed: int = 0) -> dict[str, float]:
+def cv_scores(model: Calibrator, data: RubricData, k: int = 5, seed: int = 0, folds: Folds | None = None) -> dict[str, float]:
     """Scores of `cross_validate` (a top-level function so executors can run it in other processes)."""
-    return cross_validate(model, data, k=k, seed=seed).scores()
+    return cross_validate(model, data, k=k, seed=seed, folds=folds).scores()
 
 
 def select_hyperparameters(
@@ -152,6 +170,7 @@ def select_hyperparameters(
     repeats: int = 1,
     executor: Executor | None = None,
     on_candidate: Callable[[int, int, dict[str, Any], dict[str, float]], None] | None = None,
+    folds: Folds | None = None,
 ) -> HyperparameterSearch:
     """K-fold CV (folds by conversation) over ``grid``; pick the best by ``criterion``.
 
@@ -162,7 +181,9 @@ def select_hyperparameters(
     (higher is better) on the pooled out-of-fold predictions of the main
     question. With ``repeats`` > 1 each candidate is cross-validated with that
     many fold splits and model seeds and its scores are averaged, which makes
-    the choice less sensitive to one split's noise. ``executor`` (e.g. a
+    the choice less sensitive to one split's noise. ``folds`` replaces the
+    random folds with fixed ones (`group_folds`; ``k`` and the fold seed are
+    then unused). ``executor`` (e.g. a
     ``ProcessPoolExecutor``) runs the CV jobs in parallel; results do not
     depend on it. ``on_candidate(i, n, params, scores)`` reports progress.
     """
@@ -183,13 +204,13 @@ def select_hyperparameters(
     if executor is None:
         futures = None
     else:
-        futures = [executor.submit(cv_scores, model, data, k, fold_seed) for model, fold_seed in jobs]
+        futures = [executor.submit(cv_scores, model, data, k, fold_seed, folds) for model, fold_seed in jobs]
     results = []
     for i, params in enumerate(candidates):
         runs = []
         for r in range(repeats):
             j = i * repeats + r
-            runs.append(futures[j].result() if futures is not None else cv_scores(jobs[j][0], data, k, jobs[j][1]))
+            runs.append(futures[j].result() if futures is not None else cv_scores(jobs[j][0], data, k, jobs[j][1], folds))
         scores = {name: float(np.mean([run[name] for run in runs])) for name in runs[0]}
         results.append({"params": params, "scores": scores})
         if on_candidate is not None:

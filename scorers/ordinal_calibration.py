@@ -91,6 +91,18 @@ class _LinkModel:
         return np.diff(edges, axis=1)
 
 
+def _label_weights(data: RubricData, question: str, conversation_weights: Mapping[str, float]) -> np.ndarray:
+    """Each label of ``question`` weighted as its conversation, rescaled to mean 1."""
+    labels = data.labels_for(question)
+    missing = sorted({lab.text_id for lab in labels} - set(conversation_weights))
+    if missing:
+        raise CalibrationError(f"no weight for {len(missing)} labelled conversations, e.g. {missing[:3]}")
+    weights = np.array([conversation_weights[lab.text_id] for lab in labels], dtype=np.float64)
+    if not np.all(np.isfinite(weights)) or np.any(weights < 0) or weights.sum() <= 0:
+        raise CalibrationError("conversation weights must be finite, >= 0 and not all 0")
+    return weights / weights.mean()
+
+
 def _cuts(params: np.ndarray) -> np.ndarray:
     """Increasing cut points from ``[c_1, log(c_2 − c_1), …]``."""
     return params[0] + np.concatenate([[0.0], np.cumsum(np.exp(params[1:]))])
@@ -101,6 +113,7 @@ class _LinkProblem:
 
     The penalty is ``Σ precision_i · (θ_i − centre_i)²`` over the parameter vector ``θ = [w, b, c_1,
     log gaps]``: towards 0 when fitting from scratch, towards a fitted model's parameters when adapting it.
+    Each label's log-likelihood counts with its weight (1 unless importance-weighted, mean 1 if so).
     """
 
     def __init__(
@@ -112,10 +125,12 @@ class _LinkProblem:
         k: int,
         precision: np.ndarray,
         centre: np.ndarray | None = None,
+        weights: np.ndarray | None = None,
     ) -> None:
         self.z, self.y, self.judge_index, self.n_judges, self.k = z, y, judge_index, n_judges, k
         self.precision = precision
         self.centre = np.zeros_like(precision) if centre is None else centre
+        self.weights = np.ones(len(y)) if weights is None else weights  # each label's weight in the likelihood
 
     def split(self, params: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(w, b, cut parameters)``."""
@@ -140,9 +155,10 @@ class _LinkProblem:
         f_upper = np.where(has_upper, expit(cuts[upper] - eta), 1.0)
         f_lower = np.where(has_lower, expit(cuts[lower] - eta), 0.0)
         p = np.maximum(f_upper - f_lower, MIN_PROBABILITY)
-        d_upper, d_lower = f_upper * (1 - f_upper) / p, f_lower * (1 - f_lower) / p
+        d_upper = self.weights * f_upper * (1 - f_upper) / p
+        d_lower = self.weights * f_lower * (1 - f_lower) / p
         away = params - self.centre
-        value = -np.log(p).sum() + float(self.precision @ away**2)
+        value = -(self.weights * np.log(p)).sum() + float(self.precision @ away**2)
         d_eta = d_upper - d_lower
         d_cuts = np.bincount(upper[has_upper], -d_upper[has_upper], k - 1) + np.bincount(
             lower[has_lower], d_lower[has_lower], k - 1
@@ -231,8 +247,9 @@ class OrdinalCalibrator:
 
     # -- features ------------------------------------------------------------
 
-    def _raw_features(self, x: ArrayLike) -> np.ndarray:
-        """One row per conversation; NaN where the LLM was not asked the question."""
+    def raw_features(self, x: ArrayLike) -> np.ndarray:
+        """The unstandardised inputs of feature rows ``x`` (each input question's expected answer, or a nominal
+        one's option shares): one row per conversation, NaN where the LLM was not asked the question."""
         x = np.atleast_2d(np.asarray(x, dtype=np.float64))
         width = max((start + k for _, start, k in self._blocks), default=0)
         if x.shape[1] < width:
@@ -251,7 +268,7 @@ class OrdinalCalibrator:
 
     def _standardised_features(self, x: ArrayLike) -> np.ndarray:
         """The model's inputs for feature rows ``x``: the raw features, standardised (NaN -> the mean)."""
-        return self._standardise(self._raw_features(x))
+        return self._standardise(self.raw_features(x))
 
     def _standardise(self, raw: np.ndarray) -> np.ndarray:
         z = (raw - self._mean) / self._sd
@@ -267,7 +284,7 @@ class OrdinalCalibrator:
     def adapt_features(self, x: ArrayLike) -> OrdinalCalibrator:
         """Standardise features with unlabelled rows of the target domain (no labels are used)."""
         self._require_fitted()
-        raw = self._raw_features(x)
+        raw = self.raw_features(x)
         if len(raw) < 2:
             raise CalibrationError(f"need at least 2 unlabelled conversations to adapt to, got {len(raw)}")
         self._set_scale(raw)
@@ -276,15 +293,20 @@ class OrdinalCalibrator:
 
     # -- fitting -------------------------------------------------------------
 
-    def fit(self, data: RubricData) -> OrdinalCalibrator:
-        """Fit one cumulative-link model per predicted question on ``data``'s labels."""
+    def fit(self, data: RubricData, conversation_weights: Mapping[str, float] | None = None) -> OrdinalCalibrator:
+        """Fit one cumulative-link model per predicted question on ``data``'s labels.
+
+        ``conversation_weights`` (text id -> weight ≥ 0, e.g. `scorers.domain_weights.importance_weights`)
+        weights every label of a conversation in the likelihood; they are rescaled to mean 1 over each
+        question's labels, so the penalties keep their meaning.
+        """
         inputs = self.input_questions or data.question_ids
         unknown = [q for q in (*inputs, self.main_question, *(self.questions or ())) if q not in data.question_ids]
         if unknown:
             raise CalibrationError(f"unknown questions {unknown}; the data has {data.question_ids}")
         self._set_layout({q: data.n_options[q] for q in data.question_ids}, inputs)
         conversations = list(data.features)
-        self._set_scale(self._raw_features(np.stack([data.features[t] for t in conversations])))
+        self._set_scale(self.raw_features(np.stack([data.features[t] for t in conversations])))
         targets = self.questions or (self.main_question,)
         nominal = [q for q in targets if q in self.nominal_inputs]
         if nominal:
@@ -293,7 +315,8 @@ class OrdinalCalibrator:
         for question in targets:
             if not data.labels_for(question):
                 raise CalibrationError(f"no labels for {question!r} to fit")
-            models[question] = self._fit_one(*self._labelled_rows(data, question), data.n_options[question])
+            weights = None if conversation_weights is None else _label_weights(data, question, conversation_weights)
+            models[question] = self._fit_one(*self._labelled_rows(data, question), data.n_options[question], weights=weights)
         self._models = models
         self.training_data_hash_ = data.content_hash()
         self.version_ = self._compute_version()
@@ -306,7 +329,14 @@ class OrdinalCalibrator:
         return z, np.array([lab.answer for lab in labels]), [lab.judge for lab in labels]
 
     def _fit_one(
-        self, z: np.ndarray, y: np.ndarray, judges: list[str], k: int, prior: _LinkModel | None = None, strength: float = 0.0
+        self,
+        z: np.ndarray,
+        y: np.ndarray,
+        judges: list[str],
+        k: int,
+        prior: _LinkModel | None = None,
+        strength: float = 0.0,
+        weights: np.ndarray | None = None,
     ) -> _LinkModel:
         """Fit from scratch, or, with ``prior``, pulled towards its parameters with precision ``strength``."""
         names = sorted(set(judges) | (set(prior.offsets) if prior is not None else set()))
@@ -318,7 +348,7 @@ class OrdinalCalibrator:
             precision = np.concatenate([np.full(d, strength), np.full(m, self.judge_shrinkage), np.full(k - 1, strength)])
             gaps = np.log(np.diff(prior.cuts))
             centre = np.concatenate([prior.weights, [prior.offsets.get(n, 0.0) for n in names], prior.cuts[:1], gaps])
-        problem = _LinkProblem(z, y, np.array([names.index(j) for j in judges]), m, k, precision, centre)
+        problem = _LinkProblem(z, y, np.array([names.index(j) for j in judges]), m, k, precision, centre, weights)
         start = problem.start() if centre is None else centre
         result = minimize(problem.loss, start, jac=True, method="L-BFGS-B", options={"maxiter": MAX_ITERATIONS})
         if not result.success or not np.all(np.isfinite(result.x)):
@@ -486,7 +516,7 @@ class OrdinalCalibrator:
             model.adaptation_ = [dict(a) for a in meta["adaptations"]]
         except (TypeError, ValueError, KeyError, AttributeError, CalibrationError) as e:
             raise CalibrationFileError(f"inconsistent calibrator: {e!r}") from e
-        width = len(model._raw_features(np.zeros((1, sum(layout.values()))))[0])
+        width = len(model.raw_features(np.zeros((1, sum(layout.values()))))[0])
         shapes = [len(model._mean), len(model._sd), *(len(m.weights) for m in model._models.values())]
         if not model._models or any(n != width for n in shapes):
             raise CalibrationFileError(f"scale and weights do not match the {width} features of its layout")

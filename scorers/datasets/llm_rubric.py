@@ -346,6 +346,17 @@ def dimension_rubric_set(questions_path: str | Path, question_ids: Sequence[str]
     return RubricSet(tuple(rubrics), metadata={"source": "LLM-Rubric questions Q1-Q8 as SAT rubrics"})
 
 
+def synthetic_dialogue_system(text_id: str) -> str:
+    """The dialogue system (V1–V5) of a synthetic conversation: its id's prefix (``V3_17`` -> ``V3``).
+
+    The synthetic texts are not published; this is all that is known of how they differ.
+    """
+    system, sep, number = text_id.partition("_")
+    if not sep or not system.startswith("V") or not number:
+        raise RubricDataError(f"{text_id!r} is not a synthetic conversation id (V<system>_<n>)")
+    return system
+
+
 def mean_answers(data: RubricData, question: str = MAIN_QUESTION) -> dict[str, float]:
     """Each conversation's mean human answer to ``question`` (conversations without one are absent)."""
     answers: dict[str, list[int]] = {}

@@ -29,6 +29,7 @@ from scorers.calibration import (
 from scorers.calibration_selection import (
     conversation_folds,
     cross_validate,
+    group_folds,
     parameter_grid,
     predict_labels,
     select_hyperparameters,
@@ -37,6 +38,7 @@ from scorers.conversation import Conversation, Turn
 from scorers.datasets.llm_rubric import Label, RubricData, build_data, load_features, load_labels, load_n_options, load_split
 from scorers.judges import RecordedJudge
 from scorers.judges.base import Answer, Judgement, Provenance
+from scorers.ordinal_calibration import OrdinalCalibrator
 from scorers.questions import load_questions
 from tests.data_paths import LLM_RUBRIC as DATA
 
@@ -323,6 +325,29 @@ def test_conversation_folds_partition_conversations():
     assert conversation_folds(ids, 5, seed=1) == folds
     with pytest.raises(CalibrationError):
         conversation_folds(ids, 1)
+
+
+def test_group_folds_hold_out_each_group_once_and_whole():
+    ids = [f"{g}_{i}" for g in ("a", "b", "c") for i in range(4)]
+    folds = group_folds(ids + ids[:2], lambda t: t.split("_")[0])
+    assert [sorted({t.split("_")[0] for t in test}) for _, test in folds] == [["a"], ["b"], ["c"]]
+    for train, test in folds:
+        assert len(test) == 4 and set(train) == set(ids) - set(test)
+    with pytest.raises(CalibrationError, match="at least 2 groups"):
+        group_folds(ids, lambda t: "one")
+
+
+def test_cross_validation_and_the_search_use_given_folds():
+    data = _toy(30, 0, {"a": 0, "b": 1})
+    folds = group_folds(data.text_ids, lambda t: str(int(t[1:]) % 3))
+    held = cross_validate(OrdinalCalibrator(), data, folds=folds)
+    assert sorted(set(held.fold)) == [0, 1, 2]
+    for i, (_, test) in enumerate(folds):
+        assert {t for t, f in zip(held.text_ids, held.fold) if f == i} == set(test)
+    search = select_hyperparameters(data, {"weight_decay": [0.1, 10.0]}, base=OrdinalCalibrator(), folds=folds)
+    assert [r["scores"] for r in search.results][0] == cross_validate(
+        OrdinalCalibrator(weight_decay=0.1), data, folds=folds
+    ).scores()
 
 
 @needs_release

@@ -18,6 +18,7 @@ from scorers.datasets.llm_rubric import (
     load_labels,
     load_n_options,
     load_split,
+    synthetic_dialogue_system,
 )
 from tests.data_paths import LLM_RUBRIC as DATA
 
@@ -84,6 +85,15 @@ def test_synthetic_labels_without_llm_evaluations_are_dropped_and_counted():
     assert synth.dropped_labels > 0
     assert set(synth.text_ids) <= set(synth.features)
     assert len(synth.judges) == 24
+
+
+def test_every_synthetic_conversation_names_one_of_five_dialogue_systems():
+    systems = [synthetic_dialogue_system(t) for t in load_split(DATA, "synth").text_ids]
+    assert sorted(set(systems)) == ["V1", "V2", "V3", "V4", "V5"]
+    assert min(systems.count(v) for v in set(systems)) >= 30
+    for real_id in ("65c5b4b9f174b2897703736a", "V3", "V3_", "X1_2"):
+        with pytest.raises(RubricDataError, match="not a synthetic conversation id"):
+            synthetic_dialogue_system(real_id)
 
 
 def test_missing_optional_question_is_a_zero_vector_and_missing_required_is_an_error(tmp_path, n_options):

@@ -75,6 +75,52 @@ def test_the_analytic_gradient_is_the_gradient() -> None:
         assert check_grad(lambda p: problem.loss(p)[0], lambda p: problem.loss(p)[1], point) < 1e-6
 
 
+def test_the_analytic_gradient_is_the_gradient_with_label_weights() -> None:
+    rng = np.random.default_rng(1)
+    y = rng.integers(1, 5, 200)
+    precision = np.concatenate([np.full(3, 0.5), np.full(4, 2.0), np.zeros(3)])
+    weights = rng.exponential(size=200)
+    problem = _LinkProblem(rng.normal(size=(200, 3)), y, rng.integers(0, 4, 200), 4, 4, precision, weights=weights)
+    for _ in range(3):
+        point = rng.normal(size=3 + 4 + 3)
+        assert check_grad(lambda p: problem.loss(p)[0], lambda p: problem.loss(p)[1], point) < 1e-6
+
+
+def test_a_conversation_weighted_twice_counts_as_two_copies_of_it(train: RubricData) -> None:
+    ids = list(train.text_ids)[:200]
+    data = train.subset(ids)
+    doubled = set(ids[:50])
+    copies = RubricData(
+        data.question_ids,
+        data.n_options,
+        {**data.features, **{t + "_copy": data.features[t] for t in doubled}},
+        data.labels
+        + tuple(
+            Label(lab.text_id + "_copy", lab.question, lab.judge, lab.answer) for lab in data.labels if lab.text_id in doubled
+        ),
+    )
+    # Without penalties the fitted predictions do not depend on the feature scale (the copies shift it).
+    base = OrdinalCalibrator(input_questions=("Q0", "Q1"), weight_decay=0.0, judge_shrinkage=0.0)
+    weighted = base.clone().fit(data, {t: 2.0 if t in doubled else 1.0 for t in ids})
+    x = np.stack([data.features[t] for t in ids])
+    expected = base.clone().fit(copies).predict_proba(x, judge="mid").probabilities
+    np.testing.assert_allclose(weighted.predict_proba(x, judge="mid").probabilities, expected, atol=1e-4)
+    unweighted = base.clone().fit(data).predict_proba(x, judge="mid").probabilities
+    assert np.abs(unweighted - expected).max() > 1e-3
+
+
+def test_conversation_weights_must_cover_every_labelled_conversation_and_be_valid(train: RubricData) -> None:
+    base = OrdinalCalibrator(input_questions=("Q0",))
+    ids = list(train.text_ids)
+    with pytest.raises(CalibrationError, match="no weight for 1 labelled"):
+        base.clone().fit(train, {t: 1.0 for t in ids[1:]})
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(CalibrationError, match="finite, >= 0"):
+            base.clone().fit(train, {t: (bad if t == ids[0] else 1.0) for t in ids})
+    with pytest.raises(CalibrationError, match="not all 0"):
+        base.clone().fit(train, dict.fromkeys(ids, 0.0))
+
+
 def test_recovers_the_weights_and_the_judges_offsets_of_a_known_model(model: OrdinalCalibrator) -> None:
     link = model._models["Q0"]
     scale = model._sd[:2] / (2 / np.sqrt(12))  # the model standardises with the sample SD
