@@ -52,6 +52,9 @@ N_CONVERSATIONS = 223
 REGISTRY = STATE / "registry"
 ACTIVE = "synthetic"  # the rubric set and calibrator made from synthetic data
 SPLIT_SALT = "demo-split"  # which half is learned from, which half compares
+# The calibrator's penalties are chosen holding out one synthetic dialogue system at a time (its id's prefix),
+# the rule bench/calibration_transfer.py declared for its default.
+SYNTHETIC_SYSTEM = "^(V[0-9]+)_"
 
 
 def _settings_env() -> dict[str, str]:
@@ -130,6 +133,8 @@ def make_artifacts() -> None:
         str(DATA / "human_judges_synth_all_FIXED_ANON.tsv"),
         "--questions",
         str(DATA / "questions.json"),
+        "--cv-groups",
+        SYNTHETIC_SYSTEM,
         "--out",
         str(STATE / "calibrator"),
     )

@@ -9,8 +9,9 @@ import csv
 import dataclasses
 import json
 import logging
+import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -630,6 +631,15 @@ _CALIBRATOR_OPTION = click.option(
     "--folds", type=click.IntRange(2, 20), default=5, show_default=True, help="Cross-validation folds (split by conversation)."
 )
 @click.option(
+    "--cv-groups",
+    "cv_groups",
+    default=None,
+    metavar="REGEX",
+    help="Hold out whole groups in CV instead of --folds random folds: a conversation's group is the first capture "
+    "group of REGEX on its id (LLM-Rubric's synthetic data: '^(V[0-9]+)_', its dialogue systems). Penalties that "
+    "predict a held-out assistant variant suit a new domain (docs/calibration.md).",
+)
+@click.option(
     "--members",
     type=click.IntRange(1, 50),
     default=1,
@@ -656,6 +666,7 @@ def calibrate_train(
     kind: str,
     grid: str,
     folds: int,
+    cv_groups: str | None,
     members: int,
     seed: int,
     out: Path,
@@ -680,7 +691,7 @@ def calibrate_train(
         --questions questions.json --out calibrator/
     """
     from scorers.calibration import CalibrationNetwork
-    from scorers.calibration_selection import NAMED_GRIDS, parameter_grid, select_hyperparameters
+    from scorers.calibration_selection import NAMED_GRIDS, group_folds, parameter_grid, select_hyperparameters
     from scorers.ordinal_calibration import PENALTY_GRID, OrdinalCalibrator
 
     defined = load_questions(questions)
@@ -710,14 +721,16 @@ def calibrate_train(
         base = CalibrationNetwork(main_question=main_question, seed=seed)
         candidates = NAMED_GRIDS["small" if grid == "default" else grid] if grid != "none" else {}
     params: dict = {}
+    held_out = None if cv_groups is None else group_folds(data.text_ids, _id_group(cv_groups))
     if grid != "none":
-        with _progress(None, f"cross-validating ({folds} folds)", length=len(parameter_grid(candidates))) as bar:
+        scheme = f"{folds}-fold CV" if held_out is None else f"CV holding out each of {len(held_out)} groups"
+        with _progress(None, f"choosing by {scheme}", length=len(parameter_grid(candidates))) as bar:
             search = select_hyperparameters(
-                data, candidates, base=base, k=folds, seed=seed, on_candidate=lambda i, n, p, s: bar.update(1)
+                data, candidates, base=base, k=folds, seed=seed, on_candidate=lambda i, n, p, s: bar.update(1), folds=held_out
             )
         params = dict(search.best_params)
         chosen = {k: params[k] for k in candidates}
-        click.echo(f"chosen by {folds}-fold CV: {chosen}; CV {_score_line(search.best_scores)}", err=True)
+        click.echo(f"chosen by {scheme}: {chosen}; CV {_score_line(search.best_scores)}", err=True)
     model: CalibrationNetwork | OrdinalCalibrator
     if isinstance(base, OrdinalCalibrator):
         ordinal = [q for q in data.question_ids if q not in base.nominal_inputs and data.labels_for(q)]
@@ -734,6 +747,24 @@ def calibrate_train(
     if provenance is not None:
         _write_provenance(out, {"labels": provenance})
     click.echo(f"wrote calibrator {model.version_} to {out}")
+
+
+def _id_group(pattern: str) -> Callable[[str], str]:
+    """A conversation id's group: the first capture group of ``pattern`` (``--cv-groups``); no match is an error."""
+    try:
+        compiled = re.compile(pattern)
+    except re.error as e:
+        raise click.BadParameter(f"not a regular expression: {e}", param_hint="--cv-groups") from e
+    if compiled.groups < 1:
+        raise click.BadParameter("needs a capture group naming the group, e.g. '^(V[0-9]+)_'", param_hint="--cv-groups")
+
+    def group(text_id: str) -> str:
+        match = compiled.search(text_id)
+        if match is None or match.group(1) is None:
+            raise click.BadParameter(f"conversation {text_id!r} does not match {pattern!r}", param_hint="--cv-groups")
+        return match.group(1)
+
+    return group
 
 
 @calibrate.command("adapt")

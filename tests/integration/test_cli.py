@@ -99,6 +99,25 @@ def test_calibrate_train_chooses_the_ordinal_penalties_by_cv(tmp_path):
     assert r.returncode == 2 and "options of --model network" in r.stderr and not (tmp_path / "d").exists()
 
 
+def test_calibrate_train_holds_out_whole_groups_as_the_transfer_benchmark_chose(tmp_path):
+    train = ("calibrate", "train", "--judge-answers", SYNTH_ANSWERS, "--human-labels", SYNTH_HUMANS, "--questions", QUESTIONS)
+    r = convowatch(*train, "--cv-groups", "^(V[0-9]+)_", "--out", tmp_path / "c")
+    assert r.returncode == 0, r.stderr
+    assert "chosen by CV holding out each of 5 groups: {'weight_decay': 10.0, 'judge_shrinkage': 1.0}" in r.stderr
+    results = json.loads((Path(__file__).parents[2] / "bench/results/calibration_transfer.json").read_text())
+    assert results["default"] == "ordinal_system_cv"
+    assert results["candidates"]["ordinal_system_cv"]["chosen"][0] == {"weight_decay": 10.0, "judge_shrinkage": 1.0}
+    for pattern, message in (
+        ("^(V[0-9]+", "not a regular expression"),
+        ("^V[0-9]+_", "needs a capture group"),
+        ("^(W[0-9]+)_", "does not match"),
+        ("^(V)", "at least 2 groups"),
+    ):
+        r = convowatch(*train, "--cv-groups", pattern, "--out", tmp_path / "bad")
+        assert r.returncode != 0 and message in r.stderr and "Traceback" not in r.stderr, (pattern, r.stderr)
+        assert not (tmp_path / "bad").exists()
+
+
 def test_calibrate_train_the_network_with_cv_grid_reports_its_choice(tmp_path):
     r = convowatch(
         "calibrate",

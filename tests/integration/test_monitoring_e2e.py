@@ -12,8 +12,8 @@ delivers to a webhook receiver started here. Two products share the stream:
 
 Why the burst is chosen by the scorer's P(dsat) and not by the human labels:
 with this judge and the default calibrator, the mean P(dsat) of the
-conversations humans rated dissatisfied (mean Q0 <= 2) is 0.289 and of the
-others 0.267 (AUROC 0.60, `bench/calibration_transfer.py`; LLM-Rubric's
+conversations humans rated dissatisfied (mean Q0 <= 2) is 0.298 and of the
+others 0.280 (AUROC 0.59, `bench/calibration_transfer.py`; LLM-Rubric's
 network gave 0.283 and 0.281), so a burst of human-dissatisfied conversations
 would barely move this judge's rate: `bench/alert_detection.py` measures that
 no human-labelled burst fires the alert with this judge, and which scorer
