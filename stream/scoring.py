@@ -50,12 +50,13 @@ from stream.cost import judge_cost
 from stream.feedback_labels import FeedbackLabelRules
 from stream.metrics import JUDGED, UNSAMPLED, ServiceMetrics
 from stream.records import SHADOW, BehaviourHit, ClosedConversation, DimensionPrediction, RubricHit, ScoreRecord
-from stream.sampling import SamplingDecision, SamplingPolicy
+from stream.sampling import SamplingDecision, SamplingPolicy, unit_hash
 from stream.settings import PriceSettings, RedactionSettings, ScoringSettings, SettingsError
 
 log = logging.getLogger(__name__)
 
 NO_CALIBRATOR = "none"
+BEHAVIOUR_SALT = "behaviours"  # its own salt: which conversations get behaviours does not follow which are judged
 FEEDBACK_RULES = FeedbackLabelRules(on_conflict="exclude")  # the metric keeps conflicts apart; PromQL leaves them out
 
 
@@ -115,9 +116,12 @@ class ConversationScorer:
         behaviour_set: BehaviourSet | None = None,
         name: str = "",
         redaction: RedactionSettings | None = None,
+        behaviour_judge: Judge | None = None,
     ) -> None:
         self.name = name  # the registry's name of this version ('' when configured by file)
         self.judge = judge
+        # Who answers the behaviour questions (``scoring.behaviour_judge``); its cost stays out of the scores' judge cost.
+        self.behaviour_judge = behaviour_judge if behaviour_judge is not None else judge
         self.rubric_set = rubric_set
         self.calibrator = calibrator
         self.settings = settings
@@ -137,6 +141,8 @@ class ConversationScorer:
             versions += f"|approximate:{settings.max_label_change_probability}:{moments.digest()}"
         if behaviour_set is not None:
             versions += f"|behaviours:{behaviour_set.version}"
+            if self.behaviour_judge is not judge:
+                versions += f"|behaviour_judge:{judge_identity(self.behaviour_judge)}"
         if settings.injection_policy != "flag":  # it changes labels
             versions += f"|injection:{settings.injection_policy}"
         self.scorer_version = hashlib.sha256(versions.encode("utf-8")).hexdigest()[:12]
@@ -181,6 +187,7 @@ class ConversationScorer:
             behaviour_set=self.behaviour_set,
             name=name,
             redaction=self.redaction,
+            behaviour_judge=self.behaviour_judge,
         )
         other.budget, other.sampling = self.budget, self.sampling
         return other
@@ -195,29 +202,39 @@ class ConversationScorer:
         self.metrics.rubric_questions.labels("skipped").inc(len(scored.unasked))
         return scored
 
+    def judges_behaviours_of(self, conversation_id: str) -> bool:
+        """Whether this conversation's assistant turns are judged for behaviours (``scoring.behaviour_rate``)."""
+        rate = self.settings.behaviour_rate
+        return self._behaviour_scorer is not None and (rate >= 1.0 or unit_hash(BEHAVIOUR_SALT, conversation_id) < rate)
+
     def _judge_behaviours(self, scorer: BehaviourScorer, conversation: Conversation) -> ConversationBehaviours:
         """Ask the behaviour set's questions about every assistant turn and count the cost in the metrics."""
-        behaviours = scorer.score(self.judge, conversation)
-        self._count_judge_cost(behaviours.provenance)
+        behaviours = scorer.score(self.behaviour_judge, conversation)
+        if self.behaviour_judge is self.judge:
+            self._count_judge_cost(behaviours.provenance)
+        else:
+            self._count_judge_cost(behaviours.provenance, judge_identity(self.behaviour_judge), priced=False)
         return behaviours
 
-    def _count_judge_cost(self, p: Provenance) -> None:
-        self.metrics.judge_calls.labels(self.judge_name).inc(p.calls)
-        self.metrics.judge_tokens.labels(self.judge_name, "prompt").inc(p.prompt_tokens)
-        self.metrics.judge_tokens.labels(self.judge_name, "completion").inc(p.completion_tokens)
-        self.metrics.judge_tokens.labels(self.judge_name, "cached_prompt").inc(p.cached_prompt_tokens)
-        if self.price is not None:
+    def _count_judge_cost(self, p: Provenance, judge_name: str | None = None, priced: bool = True) -> None:
+        judge_name = judge_name or self.judge_name
+        self.metrics.judge_calls.labels(judge_name).inc(p.calls)
+        self.metrics.judge_tokens.labels(judge_name, "prompt").inc(p.prompt_tokens)
+        self.metrics.judge_tokens.labels(judge_name, "completion").inc(p.completion_tokens)
+        self.metrics.judge_tokens.labels(judge_name, "cached_prompt").inc(p.cached_prompt_tokens)
+        if self.price is not None and priced:
             cost = judge_cost(self.price, p.prompt_tokens, p.cached_prompt_tokens, p.completion_tokens)
             self.metrics.judge_cost.labels(self.judge_name, self.price.currency).inc(cost)
 
-    def score_once(self, closed: ClosedConversation, attempts: int = 1) -> ScoreRecord:
-        """Judge and score one conversation; raises `JudgeError`/`CalibrationError` on failure."""
+    def score_once(self, closed: ClosedConversation, attempts: int = 1, with_behaviours: bool = True) -> ScoreRecord:
+        """Judge and score one conversation (its behaviours too, unless ``with_behaviours`` is False); raises
+        `JudgeError`/`CalibrationError` on failure."""
         started = time.perf_counter()
         conversation = closed.to_conversation()
         judged: ConversationBehaviours | None = None
         try:
             rubric_score = self._judge_rubrics(conversation)
-            if self._behaviour_scorer is not None:
+            if with_behaviours and self._behaviour_scorer is not None and self.judges_behaviours_of(closed.conversation_id):
                 judged = self._judge_behaviours(self._behaviour_scorer, conversation)
         except JudgeError as e:
             self.metrics.judge_errors.labels(self.judge_name, type(e).__name__).inc()
@@ -226,7 +243,8 @@ class ConversationScorer:
         p = judgement.provenance
         behaviours: tuple[BehaviourHit, ...] = ()
         if judged is not None:
-            p = Provenance.total([p, judged.provenance])
+            if self.behaviour_judge is self.judge:  # the scores' judge cost is that of the configured judge only
+                p = Provenance.total([p, judged.provenance])
             behaviours = tuple(
                 BehaviourHit(turn.turn_index, behaviour, probability, shows(probability))
                 for turn in judged.turns
@@ -312,15 +330,17 @@ class ConversationScorer:
         cap = min(self.settings.retry_max_s, self.settings.retry_initial_s * 2 ** (attempt - 1))
         return self._rng.uniform(0, cap)
 
-    async def _attempt(self, loop: asyncio.AbstractEventLoop, closed: ClosedConversation, attempt: int) -> ScoreRecord:
+    async def _attempt(
+        self, loop: asyncio.AbstractEventLoop, closed: ClosedConversation, attempt: int, with_behaviours: bool
+    ) -> ScoreRecord:
         """`score_once` in a thread, within the judge budget when one is set: waits while it is spent (raises
         `BudgetWaitInterrupted` if the wait is called off), then settles with the calls and tokens the judge reported."""
         if self.budget is None:
-            return await loop.run_in_executor(None, self.score_once, closed, attempt)
+            return await loop.run_in_executor(None, self.score_once, closed, attempt, with_behaviours)
         reservation = await self.budget.acquire(transcript_chars(closed))
         record: ScoreRecord | None = None
         try:
-            record = await loop.run_in_executor(None, self.score_once, closed, attempt)
+            record = await loop.run_in_executor(None, self.score_once, closed, attempt, with_behaviours)
             return record
         finally:
             cost = (
@@ -346,8 +366,9 @@ class ConversationScorer:
     async def score_shadow(self, closed: ClosedConversation, active: ScoreRecord) -> ScoreRecord:
         """Score a conversation the active scorer judged (``active``), as this shadow version: the same retries and
         budget, the active record's π and sampling reason, role ``shadow``; counted in the shadow metric only, so the
-        rates and alerts stay the active version's."""
-        record = await self._judged(closed)
+        rates and alerts stay the active version's. Behaviours are not asked again: they depend on the behaviour set
+        and its judge, which every version shares, not on the rubric set or calibrator a shadow compares."""
+        record = await self._judged(closed, with_behaviours=False)
         record = replace(
             record, role=SHADOW, inclusion_probability=active.inclusion_probability, sampling_reason=active.sampling_reason
         )
@@ -366,21 +387,21 @@ class ConversationScorer:
             turns.append(replace(turn, text=done.text) if done.counts else turn)
         return replace(closed, turns=tuple(turns))
 
-    async def _judged(self, closed: ClosedConversation) -> ScoreRecord:
+    async def _judged(self, closed: ClosedConversation, with_behaviours: bool = True) -> ScoreRecord:
         """Judge (the redacted text, with ``redaction.kinds``) with retries: a scored record, or an unscored one with the
         reason; it carries the redacted conversation with ``redaction.stored``, else ``closed`` as it came."""
         redacted = self._redacted(closed)
-        record = await self._judged_with_retries(redacted)
+        record = await self._judged_with_retries(redacted, with_behaviours)
         return record if self.redaction.stored else replace(record, conversation=closed)
 
-    async def _judged_with_retries(self, closed: ClosedConversation) -> ScoreRecord:
+    async def _judged_with_retries(self, closed: ClosedConversation, with_behaviours: bool) -> ScoreRecord:
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         attempt = 0
         while True:
             attempt += 1
             try:
-                record = await self._attempt(loop, closed, attempt)
+                record = await self._attempt(loop, closed, attempt, with_behaviours)
                 break
             except JudgeError as e:
                 if e.transient and attempt < self.settings.max_attempts:

@@ -45,6 +45,9 @@ def _scorer(
     behaviours = settings.scoring.behaviours
     behaviour_set = load_behaviour_set(behaviours) if behaviours is not None else None
     judge = judge_from_settings(settings.judge, settings.cache_dir)
+    behaviour_judge = None
+    if behaviour_set is not None and settings.scoring.behaviour_judge == "local" and settings.judge.backend != "local":
+        behaviour_judge = judge_from_settings(settings.judge.model_copy(update={"backend": "local"}), settings.cache_dir)
     return ConversationScorer(
         judge,
         rubric_set,
@@ -55,6 +58,7 @@ def _scorer(
         behaviour_set=behaviour_set,
         name=name,
         redaction=settings.redaction,
+        behaviour_judge=behaviour_judge,
     )
 
 

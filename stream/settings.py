@@ -256,6 +256,19 @@ class ScoringSettings(BaseModel):
         "shipped with convowatch) or a behaviour-set file; None = off. Costs one judge call per assistant turn and "
         "behaviour at judge.questions_per_call = 1 (docs/behaviours.md).",
     )
+    behaviour_judge: Literal["judge", "local"] = Field(
+        default="judge",
+        description="Which judge answers the behaviour questions: judge = the configured judge; local = an in-process "
+        "llama.cpp model (judge.local_model, default the packaged Gemma 3 270M), e.g. to keep one call per assistant "
+        "turn and behaviour off a paid API. Its calls count under its own judge label, not in the scores' judge cost.",
+    )
+    behaviour_rate: float = Field(
+        default=1.0,
+        gt=0.0,
+        le=1.0,
+        description="Share of judged conversations whose assistant turns are judged for behaviours, chosen by a hash of "
+        "the conversation id (the same on every worker and after a restart), so the rates per turn stay unbiased.",
+    )
     injection_policy: Literal["flag", "abstain"] = Field(
         default="flag",
         description="What a scored conversation whose users' turns hold an injection attempt (scorers/injection.py) "

@@ -8,7 +8,9 @@ the production alert rules) and Alertmanager; make a rubric set and a
 calibrator with the scoring-core commands from LLM-Rubric's synthetic data and
 register them as scorer version ``synthetic`` (docs/rollout.md); start a
 worker and the sink with the **recorded** GPT-3.5 judge (its stored answers
-for these conversations: no model runs). Then the loop a team runs:
+for these conversations: no model runs for them) and ABC-Eval's behaviours
+judged on 5 % of the conversations by the packaged local model (plumbing: it
+says yes to nearly everything). Then the loop a team runs:
 
 1. replay half of the conversations (a fixed split by id) with a thumbs up or
    down from their "users" — the human judges' own verdict (mean Q0 > 2: up),
@@ -19,8 +21,8 @@ for these conversations: no model runs). Then the loop a team runs:
 4. compare the two on that half (``convowatch scorers compare``), including
    their agreement with the users, and show the alert state.
 
-Finally print ``convowatch summary`` next to the human judges' ratings and
-leave the worker, sink and stack running with their URLs.
+Finally print ``convowatch summary`` (with the behaviour rates) next to the
+human judges' ratings and leave the worker, sink and stack running with their URLs.
 """
 
 from __future__ import annotations
@@ -55,6 +57,13 @@ SPLIT_SALT = "demo-split"  # which half is learned from, which half compares
 # The calibrator's penalties are chosen holding out one synthetic dialogue system at a time (its id's prefix),
 # the rule bench/calibration_transfer.py declared for its default.
 SYNTHETIC_SYSTEM = "^(V[0-9]+)_"
+BEHAVIOUR_RATE = 0.05  # 12 of the 223 conversations, 55 assistant turns: about 3 min of the local model on 2 cores
+BEHAVIOUR_CAVEAT = """\
+The behaviour rates above are plumbing, not a measurement of these assistants: the packaged Gemma 3 270M base
+model answered them (scoring.behaviour_judge=local, on 5 % of the conversations) and it says yes to nearly every
+behaviour on every turn; the best judge here, Qwen2.5-Coder 1.5B, detects none of them either (AUROC 0.42 against
+human proxy labels, docs/behaviours.md). Point scoring.behaviour_judge at a judge measured to discriminate."""
+SCORING_TIMEOUT_S = 900.0  # the local model's behaviour questions take minutes on a small host
 
 
 def _settings_env() -> dict[str, str]:
@@ -72,6 +81,11 @@ def _settings_env() -> dict[str, str]:
         "CONVOWATCH_SCORING__REGISTRY": str(REGISTRY),
         "CONVOWATCH_SCORING__REGISTRY_POLL_S": "2",
         "CONVOWATCH_SCORING__QUESTIONS": str(DATA / "questions.json"),
+        # ABC-Eval's behaviours on a share of the conversations, answered by the packaged local model (the recorded
+        # judge has no behaviour answers). Plumbing: that model says yes to every behaviour (BEHAVIOUR_CAVEAT).
+        "CONVOWATCH_SCORING__BEHAVIOURS": "abc-eval",
+        "CONVOWATCH_SCORING__BEHAVIOUR_JUDGE": "local",
+        "CONVOWATCH_SCORING__BEHAVIOUR_RATE": str(BEHAVIOUR_RATE),
         "CONVOWATCH_STORE__DSN": f"chdb://{STATE / 'clickhouse'}",
     }
 
@@ -187,7 +201,7 @@ def replay_half(learning_half: bool) -> int:
     _wait(
         "the sink to store the replayed conversations",
         lambda: _metric(SINK_PORT, "convowatch_sink_rows_total", table="conversation_scores") >= already + n,
-        300,
+        SCORING_TIMEOUT_S,
     )
     return n
 
@@ -344,7 +358,7 @@ def start() -> None:
     _wait(
         "the shadow's scores",
         lambda: _metric(SINK_PORT, "convowatch_sink_rows_total", table="shadow_scores") >= n,
-        120,
+        SCORING_TIMEOUT_S,
     )
     stop_service("sink")
     print("\n=== convowatch scorers compare (the half not learned from; users' thumbs = human judges' verdicts) ===")
@@ -355,6 +369,7 @@ def start() -> None:
 
     print("\n=== convowatch summary (recorded GPT-3.5 judge; rubric set and calibrator trained on synthetic data) ===")
     print(_cw("summary", env=_settings_env(), quiet=True).stdout)
+    print(BEHAVIOUR_CAVEAT + "\n")
     print("human judges on the same conversations (not used for scoring; for comparison):")
     print(f"  {'variant':<10}{'ratings':>8}{'mean Q0':>10}{'share Q0<=2':>13}")
     for v, (n, mean, low) in human_ratings().items():

@@ -55,13 +55,14 @@ is too long is re-rendered with a smaller ``max_chars`` by
 `render_transcript`, whose policy keeps the first and the last turns; this
 module never cuts tokens itself.
 
-A `LocalJudge` holds one llama.cpp context and is not safe for concurrent
-calls; it sets no global state.
+A `LocalJudge` holds one llama.cpp context and answers one conversation at a
+time (a lock serialises concurrent calls); it sets no global state.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -233,7 +234,8 @@ class LocalJudge:
     the model's training context. ``n_threads``: llama.cpp threads (None =
     llama-cpp-python's defaults). ``use_kv_cache=False`` evaluates the full
     prompt for every question from an empty cache (the reference the cached
-    path must agree with). Not safe for concurrent calls.
+    path must agree with). Calls are serialised by a lock: one llama.cpp context
+    answers one conversation at a time.
     """
 
     name = JUDGE_NAME
@@ -265,6 +267,7 @@ class LocalJudge:
         self.max_context_tokens = int(self._llm.n_ctx())
         self._lead_ids = lead_token_ids(self._llm)
         self._option_ids: dict[tuple[str, ...], tuple[int, ...]] = {}
+        self._lock = threading.Lock()
 
     def option_token_ids(self, question: Question) -> tuple[int, ...]:
         """Token id of each option key (see the module doc); `OptionTokenError` if a key has none."""
@@ -348,6 +351,10 @@ class LocalJudge:
 
     def judge(self, conversation: Conversation, questions: Sequence[Question]) -> Judgement:
         """Answer every question about ``conversation`` from the model's next-token distribution."""
+        with self._lock:
+            return self._judge(conversation, questions)
+
+    def _judge(self, conversation: Conversation, questions: Sequence[Question]) -> Judgement:
         started = time.perf_counter()
         option_ids = [self.option_token_ids(q) for q in questions]  # fail before any model work
         suffixes = [self._encode(question_suffix(q)) for q in questions]

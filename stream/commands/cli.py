@@ -1205,7 +1205,7 @@ def replay_cmd(
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.pass_obj
 def summary_cmd(obj: _Context, group_by: str, worst: int, as_json: bool) -> None:
-    """Summarise the scores in the store: labels, rates per attribute value, the worst conversations.
+    """Summarise the scores in the store: labels, rates per attribute value, the worst conversations, behaviour rates.
 
     With the embedded store, stop the sink first (only one process may open it).
     """
@@ -1237,6 +1237,13 @@ def summary_cmd(obj: _Context, group_by: str, worst: int, as_json: bool) -> None
             click.echo(
                 f"  {shown(w.conversation_id)}  NetSAT {_num(w.netsat)}  {shown(w.label):<9}  P(dsat) {_pct(w.dissatisfaction_probability)}  [{hits}]"
             )
+    if summary.behaviours:
+        click.echo("\nbehaviours per assistant turn (scoring.behaviours; 95 % Wilson interval of the judged turns):")
+        click.echo(f"  {'behaviour':<28}{'rate':>8}{'95 % interval':>18}{'hits':>7}{'turns':>7}")
+        for b in summary.behaviours:
+            ci = b.interval()
+            interval = f"{_pct(ci.low)} .. {_pct(ci.high)}"
+            click.echo(f"  {shown(b.behaviour):<28}{_pct(b.rate):>8}{interval:>18}{b.hits:>7}{b.turns:>7}")
 
 
 @cli.command("report")

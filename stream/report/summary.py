@@ -1,4 +1,4 @@
-"""What `convowatch summary` prints: label counts, per-variant rates and the worst conversations, from the store.
+"""What `convowatch summary` prints: label counts, per-variant rates, the worst conversations and behaviour rates.
 
 One score per conversation (the ``latest_scores`` view, or one scorer version's rows). Rates and means weight each
 scored conversation by 1/π, its inclusion probability (Hájek: Σ y/π / Σ 1/π over the scored rows;
@@ -13,6 +13,7 @@ from typing import Any
 
 from scorers.rubrics import LABELS, dsat_hit_sql
 from stream.records import RubricHit
+from stream.report.behaviours import BehaviourRate, load_behaviour_rates
 from stream.store import ClickHouseStore
 
 
@@ -50,6 +51,7 @@ class Summary:
     group_by: str
     variants: tuple[VariantSummary, ...]
     worst: tuple[WorstConversation, ...]
+    behaviours: tuple[BehaviourRate, ...]  # per behaviour, its rate per judged assistant turn (none: not judged)
 
 
 def summarize(
@@ -141,6 +143,7 @@ def summarize(
             for v in variant_rows
         ),
         worst=tuple(worst_out),
+        behaviours=load_behaviour_rates(store, source, params),
     )
 
 

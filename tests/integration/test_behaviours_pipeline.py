@@ -14,8 +14,12 @@ from pathlib import Path
 import pytest
 
 from scorers.behaviours import BehaviourSet
+from scorers.statistics import wilson_interval
 from stream.contract import TurnEvent
-from tests.integration.test_pipeline import _few_conversations, _wait_scores, _wait_sink_caught_up
+from stream.sampling import unit_hash
+from stream.scoring import BEHAVIOUR_SALT
+from tests.infra import convowatch
+from tests.integration.test_pipeline import _few_conversations, _ids, _real_items, _wait_scores, _wait_sink_caught_up
 from tests.pipeline import Pipeline
 from tests.servers import LlamaServer
 
@@ -101,3 +105,65 @@ def test_behaviours_of_every_assistant_turn_are_judged_stored_and_counted(
     ]
     [score] = pipeline.query_store("SELECT DISTINCT behaviour_set_version AS v FROM convowatch.conversation_scores FINAL")
     assert score == {"v": version}
+
+
+@pytest.mark.slow
+def test_behaviours_on_the_local_model_beside_the_recorded_judge_for_a_share_of_conversations(
+    pipeline: Pipeline, tmp_path: Path
+) -> None:
+    """scoring.behaviour_judge=local (the packaged Gemma 270M in the worker) and behaviour_rate=0.5: the recorded
+    judge answers the rubric questions; the chosen conversations' assistant turns are judged by the local model."""
+    behaviours_file = tmp_path / "behaviours.json"
+    behaviours_file.write_text(json.dumps(BEHAVIOURS), encoding="utf-8")
+    pipeline.extra_env.update(
+        {
+            "CONVOWATCH_SCORING__BEHAVIOURS": str(behaviours_file),
+            "CONVOWATCH_SCORING__BEHAVIOUR_JUDGE": "local",
+            "CONVOWATCH_SCORING__BEHAVIOUR_RATE": "0.5",
+        }
+    )
+    worker = pipeline.start_worker()
+    sink = pipeline.start_sink()
+    pipeline.wait_assigned([worker])
+    items = _real_items()
+    ordered = sorted(_ids(items))
+    chosen = [c for c in ordered if unit_hash(BEHAVIOUR_SALT, c) < 0.5][:2]
+    left_out = [c for c in ordered if unit_hash(BEHAVIOUR_SALT, c) >= 0.5][:2]
+    ids = {*chosen, *left_out}
+    items = [i for i in items if i.event is not None and i.event.conversation_id in ids]
+    assistant_turns = {
+        cid: sorted(
+            {
+                e.turn_index
+                for e in (i.event for i in items)
+                if isinstance(e, TurnEvent) and e.conversation_id == cid and e.role == "assistant"
+            }
+        )
+        for cid in ids
+    }
+    pipeline.produce((i.key, i.raw) for i in items)
+
+    records = {cid: rs[-1] for cid, rs in _wait_scores(pipeline, ids, timeout=600).items()}
+    for cid, record in records.items():
+        assert record.status == "scored", record.unscored_reason
+        # the recorded judge reports no calls; the local model's calls stay out of the score's judge cost
+        assert record.judge.startswith("recorded") and record.judge_calls == 0
+        expected = [(t, b) for t in assistant_turns[cid] for b in ("ignore", "redundant")] if cid in chosen else []
+        assert [(b.turn_index, b.behaviour_id) for b in record.behaviours] == expected
+    judges = {dict(labels)["judge"] for (name, labels) in worker.metrics() if name == "convowatch_judge_calls_total"}
+    local = [name for name in judges if name.startswith("local:")]
+    assert len(local) == 1 and "gemma" in local[0].lower()
+    n_turns = sum(len(assistant_turns[c]) for c in chosen)
+    assert worker.metric_sum("convowatch_judge_calls_total", judge=local[0]) >= n_turns  # counted under its own label
+    assert worker.metric_sum("convowatch_behaviour_turns_total") == n_turns
+
+    _wait_sink_caught_up(pipeline)
+    sink.terminate()  # the embedded store opens in one process at a time
+    r = convowatch("summary", env=pipeline.env)
+    assert r.returncode == 0, r.stderr
+    section = r.stdout.split("behaviours per assistant turn", 1)[1]
+    for behaviour in ("ignore", "redundant"):
+        hits = sum(b.hit for c in chosen for b in records[c].behaviours if b.behaviour_id == behaviour)
+        ci = wilson_interval(hits, n_turns)
+        line = next(line for line in section.splitlines() if line.strip().startswith(behaviour))
+        assert line.split()[1:] == [f"{hits / n_turns:.1%}", f"{ci.low:.1%}", "..", f"{ci.high:.1%}", str(hits), str(n_turns)]

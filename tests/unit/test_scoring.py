@@ -526,6 +526,87 @@ def test_behaviours_are_judged_per_assistant_turn_stored_and_counted(judge, rubr
     assert sample(metrics, "convowatch_judge_latency_seconds_count", judge=scorer.judge_name) == 1  # one per conversation
 
 
+def test_a_separate_behaviour_judge_answers_the_behaviours_and_stays_out_of_the_scores_judge_cost(
+    judge, rubric_set, conversation
+) -> None:
+    behaviours = BehaviourAnsweringJudge(judge)  # stands in for the local model: what it detects is not the point here
+    behaviours.name, behaviours.model = "local", "model.gguf"
+    metrics = ServiceMetrics()
+    settings = fast_retries(questions=None)
+    scorer = ConversationScorer(
+        judge, rubric_set, None, settings, metrics, behaviour_set=default_behaviour_set(), behaviour_judge=behaviours
+    )
+    same_judge = ConversationScorer(
+        BehaviourAnsweringJudge(judge), rubric_set, None, settings, ServiceMetrics(), behaviour_set=default_behaviour_set()
+    )
+    record = score(scorer, conversation)
+    assistant = [t for t in conversation.turns if t.role == "assistant"]
+    assert behaviours.behaviour_calls == len(assistant) and len(record.behaviours) == 16 * len(assistant)
+    alone = ConversationScorer(judge, rubric_set, None, settings, ServiceMetrics()).score_once(conversation)
+    assert (record.judge_calls, record.judge_prompt_tokens) == (alone.judge_calls, alone.judge_prompt_tokens)
+    assert sample(metrics, "convowatch_judge_calls_total", judge="local:model.gguf") == len(assistant)
+    assert sample(metrics, "convowatch_judge_calls_total", judge=scorer.judge_name) == alone.judge_calls
+    assert record.judge == scorer.judge_name == same_judge.judge_name
+    assert scorer.scorer_version != same_judge.scorer_version  # who answered the behaviours is part of the version
+    shadow = scorer.for_version(rubric_set, None, "other")
+    assert shadow.behaviour_judge is behaviours and shadow.scorer_version == scorer.scorer_version
+
+
+def test_a_shadow_does_not_ask_the_behaviour_questions_again(judge, rubric_set, conversation) -> None:
+    answering = BehaviourAnsweringJudge(judge)
+    scorer = ConversationScorer(
+        answering, rubric_set, None, fast_retries(questions=None), ServiceMetrics(), behaviour_set=default_behaviour_set()
+    )
+    active = score(scorer, conversation)
+    asked = answering.behaviour_calls
+    assert asked > 0 and active.behaviours
+    shadow = asyncio.run(scorer.for_version(rubric_set, None, "v2").score_shadow(conversation, active))
+    assert shadow.status == "scored" and shadow.behaviours == () and answering.behaviour_calls == asked
+    assert shadow.netsat == active.netsat
+
+
+def test_behaviour_rate_judges_a_stable_hash_chosen_share_of_conversations(judge, rubric_set) -> None:
+    ids = [f"conversation-{i}" for i in range(4000)]
+    settings = fast_retries(questions=None, behaviour_rate=0.25)
+    scorer = ConversationScorer(judge, rubric_set, None, settings, ServiceMetrics(), behaviour_set=default_behaviour_set())
+    chosen = {i for i in ids if scorer.judges_behaviours_of(i)}
+    assert 0.23 < len(chosen) / len(ids) < 0.27
+    again = ConversationScorer(judge, rubric_set, None, settings, ServiceMetrics(), behaviour_set=default_behaviour_set())
+    assert chosen == {i for i in ids if again.judges_behaviours_of(i)}  # the same on every worker
+    sampled = fast_retries(questions=None, behaviour_rate=0.25, sampling={"default_rate": 0.25})
+    judged = ConversationScorer(judge, rubric_set, None, sampled, ServiceMetrics()).sampling
+    in_both = [i for i in ids if judged.decide(i, {}, False, rated=False).scored and i in chosen]
+    assert 0.03 < len(in_both) / len(ids) < 0.10  # independent of conversation sampling (0.25 × 0.25)
+    everything = fast_retries(questions=None)
+    assert all(
+        ConversationScorer(
+            judge, rubric_set, None, everything, ServiceMetrics(), behaviour_set=default_behaviour_set()
+        ).judges_behaviours_of(i)
+        for i in ids[:100]
+    )
+    assert not ConversationScorer(judge, rubric_set, None, everything, ServiceMetrics()).judges_behaviours_of(ids[0])
+
+
+def test_a_conversation_left_out_by_behaviour_rate_is_scored_without_behaviour_questions(
+    judge, rubric_set, closed_conversations
+) -> None:
+    answering = BehaviourAnsweringJudge(judge)
+    metrics = ServiceMetrics()
+    settings = fast_retries(questions=None, behaviour_rate=0.5)
+    scorer = ConversationScorer(answering, rubric_set, None, settings, metrics, behaviour_set=default_behaviour_set())
+    out = [c for c in closed_conversations.values() if not scorer.judges_behaviours_of(c.conversation_id)]
+    kept = [c for c in closed_conversations.values() if scorer.judges_behaviours_of(c.conversation_id)]
+    assert out and kept, "the three conversations should fall on both sides of 0.5"
+    for closed in out:
+        record = score(scorer, closed)
+        assert record.status == "scored" and record.behaviours == () and answering.behaviour_calls == 0
+    assert sample(
+        metrics, "convowatch_behaviour_turns_total", product="llm-rubric-demo", model_version=out[0].attributes["model_version"]
+    ) in (None, 0)
+    record = score(scorer, kept[0])
+    assert record.behaviours and answering.behaviour_calls == sum(t.role == "assistant" for t in kept[0].turns)
+
+
 def test_behaviour_counts_are_weighted_by_the_inclusion_probability(judge, rubric_set, conversation) -> None:
     metrics = ServiceMetrics()
     settings = fast_retries(questions=None, sampling={"default_rate": 0.5, "salt": "take-it"})
