@@ -49,77 +49,25 @@ from safetensors.torch import save as safetensors_save
 from torch import nn
 from torch.nn import functional as F
 
+from scorers.calibrators import (
+    METADATA_FILE,
+    NETWORK_FORMAT,
+    VERSION_HEX_CHARS,
+    CalibrationError,
+    CalibrationFileError,
+    Prediction,
+    require_answers,
+)
 from scorers.datasets.llm_rubric import RubricData
-from scorers.errors import UserError
 from scorers.judges.base import Judgement
 
-FORMAT_NAME = "convowatch-llm-rubric-calibrator"
 FORMAT_VERSION = 1
 WEIGHTS_FILE = "weights.safetensors"
-METADATA_FILE = "calibrator.json"
-PROVENANCE_FILE = "provenance.json"  # where an adapted calibrator's labels came from (not part of its version)
-VERSION_HEX_CHARS = 16
 # The network is tiny: intra-op parallelism costs more than it gains (a fit measured 1.6 s on one
 # thread vs 31 s on two threads of a busy 2-core machine), and one thread keeps results identical
 # across machines. Training and prediction run with this many torch threads, then restore the setting.
 TORCH_THREADS = 1
 EARLY_STOPPING_MIN_DELTA = 1e-6  # a held-out loss must drop by more than this to count as better
-
-
-class CalibrationError(UserError, ValueError):
-    """Bad input to the calibration network (unknown question, wrong feature width, unfitted model)."""
-
-
-class CalibrationFileError(CalibrationError):
-    """A saved calibrator that cannot be loaded: missing, corrupted, or inconsistent with its metadata."""
-
-
-def require_answers(judgement: Judgement, question_ids: Sequence[str]) -> None:
-    """A calibrator reads these questions' answers: refuse a judgement that lacks any of them."""
-    missing = [q for q in question_ids if q not in judgement.answers]
-    if missing:
-        raise CalibrationError(
-            f"judgement for {judgement.conversation_id!r} lacks answers to {missing}; the calibrator needs {tuple(question_ids)}"
-        )
-
-
-# ---------------------------------------------------------------------------
-# predictions
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """Predicted answer distributions for one question (rows = conversations).
-
-    ``probabilities`` has shape ``(n, K)``; ``values`` are the options' numeric
-    values (1..K). The expected value minimises expected squared error; it is
-    only meaningful for ordinal questions (not LLM-Rubric's Q8).
-    """
-
-    question: str
-    probabilities: np.ndarray
-    values: np.ndarray
-
-    @property
-    def expected_value(self) -> np.ndarray:
-        return self.probabilities @ self.values
-
-    @property
-    def variance(self) -> np.ndarray:
-        mean = self.expected_value
-        return self.probabilities @ (self.values**2) - mean**2
-
-    @property
-    def entropy(self) -> np.ndarray:
-        """Shannon entropy in nats."""
-        p = self.probabilities
-        with np.errstate(divide="ignore", invalid="ignore"):
-            terms = np.where(p > 0, p * np.log(p), 0.0)
-        return -terms.sum(axis=-1)
-
-    def prob_at_most(self, value: float) -> np.ndarray:
-        """P(y ≤ value), e.g. the share of dissatisfied users P(Q0 ≤ 2)."""
-        return self.probabilities[:, self.values <= value].sum(axis=-1)
 
 
 @dataclass(frozen=True)
@@ -620,7 +568,7 @@ class CalibrationNetwork:
 
     def _metadata(self) -> dict[str, Any]:
         return {
-            "format": FORMAT_NAME,
+            "format": NETWORK_FORMAT,
             "format_version": FORMAT_VERSION,
             "question_ids": list(self.question_ids_),
             "n_options": dict(self.n_options_),
@@ -662,8 +610,8 @@ class CalibrationNetwork:
             weights = weights_path.read_bytes()
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
             raise CalibrationFileError(f"{path}: cannot read calibrator: {e}") from e
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
-            raise CalibrationFileError(f"{meta_path}: not a {FORMAT_NAME} file")
+        if not isinstance(meta, dict) or meta.get("format") != NETWORK_FORMAT:
+            raise CalibrationFileError(f"{meta_path}: not a {NETWORK_FORMAT} file")
         if meta.get("format_version") != FORMAT_VERSION:
             raise CalibrationFileError(f"{meta_path}: format_version {meta.get('format_version')!r}, expected {FORMAT_VERSION}")
         required = ("question_ids", "n_options", "judges", "hyperparameters", "training_data_hash", "weights_sha256", "version")

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from scorers import statistics
-from scorers.calibration import CalibrationError, CalibrationNetwork
-from scorers.calibrators import Calibrator
+from scorers.calibration import CalibrationNetwork
+from scorers.calibrators import CalibrationError, Calibrator
 from scorers.datasets.llm_rubric import Label, RubricData
 from scorers.ordinal_calibration import MIN_ADAPTATION_CONVERSATIONS, OrdinalCalibrator
 

@@ -1,25 +1,85 @@
-"""The calibrators convowatch has, behind one protocol, and loading whichever one a directory holds.
+"""The calibrators convowatch has, behind one protocol, and what they share; loading whichever one a directory holds.
 
 `OrdinalCalibrator` (the default of ``convowatch calibrate train``: it transfers
 from synthetic to real conversations better, `bench/calibration_transfer.py`)
 and LLM-Rubric's `CalibrationNetwork` both turn a judge's answer distributions
-into predicted human answers; the worker, the CLI and model selection use only
-what `Calibrator` lists.
+into predicted human answers (`Prediction`); the worker, the CLI and model
+selection use only what `Calibrator` lists. This module does not import torch:
+only the network needs it, so a worker with the ordinal calibrator never loads it
+(about 180 MB of memory and a second of start-up).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from scorers.calibration import FORMAT_NAME as NETWORK_FORMAT
-from scorers.calibration import METADATA_FILE, CalibrationFileError, CalibrationNetwork, Prediction
+import numpy as np
+
 from scorers.datasets.llm_rubric import RubricData
+from scorers.errors import UserError
 from scorers.judges.base import Judgement
-from scorers.ordinal_calibration import FORMAT_NAME as ORDINAL_FORMAT
-from scorers.ordinal_calibration import OrdinalCalibrator
+
+METADATA_FILE = "calibrator.json"  # every calibrator directory's description: its format, parameters, version
+PROVENANCE_FILE = "provenance.json"  # where an adapted calibrator's labels came from (not part of its version)
+VERSION_HEX_CHARS = 16
+ORDINAL_FORMAT = "convowatch-ordinal-calibrator"
+NETWORK_FORMAT = "convowatch-llm-rubric-calibrator"
+
+
+class CalibrationError(UserError, ValueError):
+    """Bad input to a calibrator (unknown question, wrong feature width, unfitted model)."""
+
+
+class CalibrationFileError(CalibrationError):
+    """A saved calibrator that cannot be loaded: missing, corrupted, or inconsistent with its metadata."""
+
+
+def require_answers(judgement: Judgement, question_ids: Sequence[str]) -> None:
+    """A calibrator reads these questions' answers: refuse a judgement that lacks any of them."""
+    missing = [q for q in question_ids if q not in judgement.answers]
+    if missing:
+        raise CalibrationError(
+            f"judgement for {judgement.conversation_id!r} lacks answers to {missing}; the calibrator needs {tuple(question_ids)}"
+        )
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted answer distributions for one question (rows = conversations).
+
+    ``probabilities`` has shape ``(n, K)``; ``values`` are the options' numeric
+    values (1..K). The expected value minimises expected squared error; it is
+    only meaningful for ordinal questions (not LLM-Rubric's Q8).
+    """
+
+    question: str
+    probabilities: np.ndarray
+    values: np.ndarray
+
+    @property
+    def expected_value(self) -> np.ndarray:
+        return self.probabilities @ self.values
+
+    @property
+    def variance(self) -> np.ndarray:
+        mean = self.expected_value
+        return self.probabilities @ (self.values**2) - mean**2
+
+    @property
+    def entropy(self) -> np.ndarray:
+        """Shannon entropy in nats."""
+        p = self.probabilities
+        with np.errstate(divide="ignore", invalid="ignore"):
+            terms = np.where(p > 0, p * np.log(p), 0.0)
+        return -terms.sum(axis=-1)
+
+    def prob_at_most(self, value: float) -> np.ndarray:
+        """P(y ≤ value), e.g. the share of dissatisfied users P(Q0 ≤ 2)."""
+        return self.probabilities[:, self.values <= value].sum(axis=-1)
 
 
 class Calibrator(Protocol):
@@ -53,7 +113,11 @@ def load_calibrator(path: str | Path) -> Calibrator:
     except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
         raise CalibrationFileError(f"{path}: cannot read calibrator: {e}") from e
     if kind == ORDINAL_FORMAT:
+        from scorers.ordinal_calibration import OrdinalCalibrator
+
         return OrdinalCalibrator.load(path)
     if kind == NETWORK_FORMAT:
+        from scorers.calibration import CalibrationNetwork  # torch
+
         return CalibrationNetwork.load(path)
     raise CalibrationFileError(f"{meta_path}: format {kind!r} is neither {ORDINAL_FORMAT} nor {NETWORK_FORMAT}")

@@ -25,7 +25,7 @@ from scipy.optimize import minimize
 from scipy.special import expit, log_expit
 
 from scorers import statistics
-from scorers.calibration import CalibrationError
+from scorers.calibrators import CalibrationError
 
 DEFAULT_L2 = 1.0  # the classifier's penalty on its weights (standardised inputs), per row
 DEFAULT_MAX_WEIGHT = 10.0  # times the mean weight

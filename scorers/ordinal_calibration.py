@@ -39,8 +39,9 @@ from numpy.typing import ArrayLike
 from scipy.optimize import minimize
 from scipy.special import expit
 
-from scorers.calibration import (
+from scorers.calibrators import (
     METADATA_FILE,
+    ORDINAL_FORMAT,
     VERSION_HEX_CHARS,
     CalibrationError,
     CalibrationFileError,
@@ -56,7 +57,6 @@ PENALTY_GRID: dict[str, list[float]] = {
     "weight_decay": [0.01, 0.1, 1.0, 10.0, 100.0],
     "judge_shrinkage": [0.1, 1.0, 10.0, 100.0, 1000.0],
 }
-FORMAT_NAME = "convowatch-ordinal-calibrator"
 FORMAT_VERSION = 1
 
 MIN_SD = 1e-6  # a feature constant over the training conversations is centred, not scaled
@@ -459,7 +459,7 @@ class OrdinalCalibrator:
 
     def _metadata(self) -> dict[str, Any]:
         return {
-            "format": FORMAT_NAME,
+            "format": ORDINAL_FORMAT,
             "format_version": FORMAT_VERSION,
             "hyperparameters": self.get_params(),
             "layout": [[q, k] for q, k in self._layout.items()],
@@ -501,8 +501,8 @@ class OrdinalCalibrator:
     @classmethod
     def load_metadata(cls, meta: Any) -> OrdinalCalibrator:
         """A calibrator from the plain data `save` writes (without checking its version)."""
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
-            raise CalibrationFileError(f"not a {FORMAT_NAME} file")
+        if not isinstance(meta, dict) or meta.get("format") != ORDINAL_FORMAT:
+            raise CalibrationFileError(f"not a {ORDINAL_FORMAT} file")
         if meta.get("format_version") != FORMAT_VERSION:
             raise CalibrationFileError(f"format_version {meta.get('format_version')!r}, expected {FORMAT_VERSION}")
         try:

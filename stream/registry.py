@@ -31,13 +31,11 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from scorers.calibrators import Calibrator, load_calibrator
 from scorers.errors import ConvowatchError, UserError
 from scorers.rubrics import RubricSet
-
-if TYPE_CHECKING:
-    from scorers.calibrators import Calibrator
 
 ROLLOUT_FILE = "rollout.json"
 VERSIONS_DIR = "versions"
@@ -92,12 +90,6 @@ def check_name(name: str) -> str:
     return name
 
 
-def _load_calibrator(path: Path) -> Calibrator:
-    from scorers.calibrators import load_calibrator  # imports torch: only for versions with a calibrator
-
-    return load_calibrator(path)
-
-
 class ScorerRegistry:
     """The registry directory: register versions, read them back checked, and change the rollout."""
 
@@ -127,7 +119,7 @@ class ScorerRegistry:
         if target.exists():
             raise RegistryError(f"version {name!r} is already registered in {self.root}; versions cannot be replaced")
         loaded_set = RubricSet.load(rubric_set)
-        loaded_calibrator = _load_calibrator(calibrator) if calibrator is not None else None
+        loaded_calibrator = load_calibrator(calibrator) if calibrator is not None else None
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=target.parent))
         try:
@@ -162,7 +154,7 @@ class ScorerRegistry:
             meta = json.loads((directory / VERSION_FILE).read_text(encoding="utf-8"))
             rubric_set = RubricSet.load(directory / RUBRIC_SET_FILE)
             calibrator_dir = directory / CALIBRATOR_DIR
-            calibrator = _load_calibrator(calibrator_dir) if calibrator_dir.exists() else None
+            calibrator = load_calibrator(calibrator_dir) if calibrator_dir.exists() else None
         except (OSError, ValueError, ConvowatchError) as e:
             raise RegistryError(f"version {name!r} in {self.root} cannot be loaded: {e}") from e
         if rubric_set.version != meta.get("rubric_set_version"):

@@ -36,8 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from scorers.behaviours import BehaviourScorer, BehaviourSet, ConversationBehaviours, shows
-from scorers.calibration import CalibrationError
-from scorers.calibrators import Calibrator
+from scorers.calibrators import CalibrationError, Calibrator
 from scorers.conversation import Conversation
 from scorers.early_stopping import EarlyStoppedScore, EarlyStoppingScorer, ScoreMoments
 from scorers.injection import InjectionDetector

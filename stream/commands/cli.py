@@ -75,7 +75,7 @@ from stream.settings import Settings, load_settings
 from stream.topics import ensure_topics
 
 if TYPE_CHECKING:
-    from scorers.calibrators import Calibrator  # imports torch: only where a calibrator is used
+    from scorers.calibrators import Calibrator
     from stream.feedback_labels import StoreAnswers
 
 
@@ -908,7 +908,7 @@ def _check_label_source(
 
 def _write_provenance(out: Path, provenance: dict[str, Any]) -> None:
     """Where a calibrator's labels came from, beside it (not part of the calibrator: its version hashes the model)."""
-    from scorers.calibration import PROVENANCE_FILE
+    from scorers.calibrators import PROVENANCE_FILE
 
     write_json(out / PROVENANCE_FILE, provenance)
 

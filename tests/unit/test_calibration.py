@@ -16,16 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from scorers.calibration import (
-    METADATA_FILE,
-    WEIGHTS_FILE,
-    CalibrationError,
-    CalibrationFileError,
-    CalibrationNetwork,
-    Prediction,
-    TrainingProgress,
-    _nll,
-)
+from scorers.calibration import WEIGHTS_FILE, CalibrationNetwork, TrainingProgress, _nll
 from scorers.calibration_selection import (
     conversation_folds,
     cross_validate,
@@ -34,6 +25,7 @@ from scorers.calibration_selection import (
     predict_labels,
     select_hyperparameters,
 )
+from scorers.calibrators import METADATA_FILE, CalibrationError, CalibrationFileError, Prediction
 from scorers.conversation import Conversation, Turn
 from scorers.datasets.llm_rubric import Label, RubricData, build_data, load_features, load_labels, load_n_options, load_split
 from scorers.judges import RecordedJudge

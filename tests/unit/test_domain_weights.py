@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from scorers.calibration import CalibrationError
+from scorers.calibrators import CalibrationError
 from scorers.domain_weights import importance_weights
 
 

@@ -10,9 +10,8 @@ import pytest
 from scipy.optimize import check_grad
 from scipy.special import expit
 
-from scorers.calibration import METADATA_FILE, CalibrationError, CalibrationFileError
 from scorers.calibration_selection import cross_validate, select_adaptation_strength, select_hyperparameters
-from scorers.calibrators import load_calibrator
+from scorers.calibrators import METADATA_FILE, CalibrationError, CalibrationFileError, load_calibrator
 from scorers.datasets.llm_rubric import Label, RubricData
 from scorers.judges.base import Answer, Judgement, Provenance
 from scorers.ordinal_calibration import OrdinalCalibrator, _LinkProblem
