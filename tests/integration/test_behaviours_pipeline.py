@@ -16,6 +16,7 @@ import pytest
 from scorers.behaviours import BehaviourSet
 from scorers.statistics import wilson_interval
 from stream.contract import TurnEvent
+from stream.replay.sources import ReplayItem
 from stream.sampling import unit_hash
 from stream.scoring import BEHAVIOUR_SALT
 from tests.infra import convowatch
@@ -31,6 +32,15 @@ BEHAVIOURS = {
         {"id": "redundant", "label": "Redundant", "definition": "The response repeats earlier information without need."},
     ],
 }
+
+
+def _assistant_turns(items: list[ReplayItem], ids: set[str]) -> dict[str, list[int]]:
+    """Each conversation's assistant turn indexes, in order."""
+    turns: dict[str, set[int]] = {cid: set() for cid in ids}
+    for e in (i.event for i in items):
+        if isinstance(e, TurnEvent) and e.conversation_id in ids and e.role == "assistant":
+            turns[e.conversation_id].add(e.turn_index)
+    return {cid: sorted(t) for cid, t in turns.items()}
 
 
 @pytest.mark.slow
@@ -57,16 +67,7 @@ def test_behaviours_of_every_assistant_turn_are_judged_stored_and_counted(
     sink = pipeline.start_sink()
     pipeline.wait_assigned([worker])
     items, ids = _few_conversations(2)
-    assistant_turns = {
-        cid: sorted(
-            {
-                e.turn_index
-                for e in (i.event for i in items)
-                if isinstance(e, TurnEvent) and e.conversation_id == cid and e.role == "assistant"
-            }
-        )
-        for cid in ids
-    }
+    assistant_turns = _assistant_turns(items, ids)
     pipeline.produce((i.key, i.raw) for i in items)
 
     records = {cid: rs[-1] for cid, rs in _wait_scores(pipeline, ids, timeout=900).items()}
@@ -131,16 +132,7 @@ def test_behaviours_on_the_local_model_beside_the_recorded_judge_for_a_share_of_
     left_out = [c for c in ordered if unit_hash(BEHAVIOUR_SALT, c) >= 0.5][:2]
     ids = {*chosen, *left_out}
     items = [i for i in items if i.event is not None and i.event.conversation_id in ids]
-    assistant_turns = {
-        cid: sorted(
-            {
-                e.turn_index
-                for e in (i.event for i in items)
-                if isinstance(e, TurnEvent) and e.conversation_id == cid and e.role == "assistant"
-            }
-        )
-        for cid in ids
-    }
+    assistant_turns = _assistant_turns(items, ids)
     pipeline.produce((i.key, i.raw) for i in items)
 
     records = {cid: rs[-1] for cid, rs in _wait_scores(pipeline, ids, timeout=600).items()}
