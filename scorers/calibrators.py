@@ -6,7 +6,7 @@ and LLM-Rubric's `CalibrationNetwork` both turn a judge's answer distributions
 into predicted human answers (`Prediction`); the worker, the CLI and model
 selection use only what `Calibrator` lists. This module does not import torch:
 only the network needs it, so a worker with the ordinal calibrator never loads it
-(about 180 MB of memory and a second of start-up).
+(about 180 MB of memory and 1.5 s of start-up, docs/benchmarks.md).
 """
 
 from __future__ import annotations

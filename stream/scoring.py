@@ -231,12 +231,14 @@ class ConversationScorer:
         started = time.perf_counter()
         conversation = closed.to_conversation()
         judged: ConversationBehaviours | None = None
+        asking = self.judge_name
         try:
             rubric_score = self._judge_rubrics(conversation)
             if with_behaviours and self._behaviour_scorer is not None and self.judges_behaviours_of(closed.conversation_id):
+                asking = judge_identity(self.behaviour_judge)
                 judged = self._judge_behaviours(self._behaviour_scorer, conversation)
         except JudgeError as e:
-            self.metrics.judge_errors.labels(self.judge_name, type(e).__name__).inc()
+            self.metrics.judge_errors.labels(asking, type(e).__name__).inc()
             raise
         judgement = rubric_score.judgement
         p = judgement.provenance
