@@ -215,6 +215,15 @@ def run(synth: RubricData, real: RubricData) -> dict[str, Any]:
     chosen: dict[tuple[tuple[str, ...], str, int], tuple[dict[str, Any], float]] = {}
     models: dict[str, list[OrdinalCalibrator]] = {}
     held: dict[str, list[dict[str, HeldOutPredictions]]] = {}
+    # An unadapted model is its inputs and penalties: its held-out-system RMSE is computed once per such tuple.
+    shift: dict[tuple[tuple[str, ...], ...], float] = {}
+
+    def shift_rmse_of(members: list[OrdinalCalibrator]) -> float:
+        key = tuple((*(m.input_questions or ()), str(m.weight_decay), str(m.judge_shrinkage)) for m in members)
+        if key not in shift:
+            shift[key] = system_held_out_rmse(members, synth)
+        return shift[key]
+
     for name, candidate in CANDIDATES.items():
         params_per_seed, cv_rmse, shift_rmse, weights = [], [], [], []
         models[name], held[name] = [], []
@@ -229,7 +238,7 @@ def run(synth: RubricData, real: RubricData) -> dict[str, Any]:
             if weighting is not None:
                 weights.append(weighting.as_dict())
             if candidate.eligible:
-                shift_rmse.append(system_held_out_rmse([model], synth))
+                shift_rmse.append(shift_rmse_of([model]))
             models[name].append(model)
             held[name].append({q: predict_labels(model, real, q) for q in PER_DIMENSION_QUESTIONS})
             pearson = held[name][-1][MAIN_QUESTION].scores()["pearson"]
@@ -248,7 +257,7 @@ def run(synth: RubricData, real: RubricData) -> dict[str, Any]:
         }
         results["per_dimension"][name] = per_dimension
     for name, members in ENSEMBLES.items():
-        shift_rmse = [system_held_out_rmse([models[m][i] for m in members], synth) for i in range(len(SEEDS))]
+        shift_rmse = [shift_rmse_of([models[m][i] for m in members]) for i in range(len(SEEDS))]
         mixed = [{q: mixture([held[m][i][q] for m in members]) for q in PER_DIMENSION_QUESTIONS} for i in range(len(SEEDS))]
         summary, per_dimension = report_candidate(mixed)
         results["candidates"][name] = {
