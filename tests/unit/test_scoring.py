@@ -578,12 +578,8 @@ def test_behaviour_rate_judges_a_stable_hash_chosen_share_of_conversations(judge
     in_both = [i for i in ids if judged.decide(i, {}, False, rated=False).scored and i in chosen]
     assert 0.03 < len(in_both) / len(ids) < 0.10  # independent of conversation sampling (0.25 × 0.25)
     everything = fast_retries(questions=None)
-    assert all(
-        ConversationScorer(
-            judge, rubric_set, None, everything, ServiceMetrics(), behaviour_set=default_behaviour_set()
-        ).judges_behaviours_of(i)
-        for i in ids[:100]
-    )
+    every = ConversationScorer(judge, rubric_set, None, everything, ServiceMetrics(), behaviour_set=default_behaviour_set())
+    assert all(every.judges_behaviours_of(i) for i in ids[:100])
     assert not ConversationScorer(judge, rubric_set, None, everything, ServiceMetrics()).judges_behaviours_of(ids[0])
 
 
