@@ -58,9 +58,9 @@ SPLIT_SALT = "demo-split"  # which half is learned from, which half compares
 # the rule bench/calibration_transfer.py declared for its default.
 SYNTHETIC_SYSTEM = "^(V[0-9]+)_"
 BEHAVIOUR_RATE = 0.05  # 12 of the 223 conversations, 55 assistant turns: about 3 min of the local model on 2 cores
-BEHAVIOUR_CAVEAT = """\
+BEHAVIOUR_CAVEAT = f"""\
 The behaviour rates above are plumbing, not a measurement of these assistants: the packaged Gemma 3 270M base
-model answered them (scoring.behaviour_judge=local, on 5 % of the conversations) and it says yes to nearly every
+model answered them (scoring.behaviour_judge=local, on {BEHAVIOUR_RATE * 100:g} % of the conversations) and it says yes to nearly every
 behaviour on every turn; the best judge here, Qwen2.5-Coder 1.5B, detects none of them either (AUROC 0.42 against
 human proxy labels, docs/behaviours.md). Point scoring.behaviour_judge at a judge measured to discriminate."""
 SCORING_TIMEOUT_S = 900.0  # the local model's behaviour questions take minutes on a small host
