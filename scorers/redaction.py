@@ -17,18 +17,26 @@ that something was there:
 Names and street addresses are not detected: no pattern finds them reliably,
 and a model-based detector would be a second judge. The measured recall and
 false positives on planted items are in docs/service.md (``bench/redaction.py``).
+
+`RedactingJudge` puts a redactor in front of any judge, so the offline
+commands (``learn``, ``rubrics``, ``calibrate``) keep the worker's promise too.
 """
 
 from __future__ import annotations
 
 import re
+import threading
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import phonenumbers
 
+from scorers.conversation import Conversation
 from scorers.errors import UserError
+from scorers.judges.base import Judge, Judgement
+from scorers.questions import Question
 
 REDACTION_KINDS = ("key", "email", "card", "phone")  # in the order they are applied
 PLACEHOLDERS = {kind: f"[{kind.upper()}]" for kind in REDACTION_KINDS}
@@ -95,6 +103,16 @@ class Redactor:
                     counts[kind] += n
         return Redacted(text, counts)
 
+    def redact_conversation(self, conversation: Conversation) -> tuple[Conversation, Counter[str]]:
+        """``conversation`` with every turn redacted, and how many items of each kind were replaced."""
+        counts: Counter[str] = Counter()
+        turns = []
+        for turn in conversation.turns:
+            done = self.redact(turn.text)
+            counts.update(done.counts)
+            turns.append(replace(turn, text=done.text) if done.counts else turn)
+        return replace(conversation, turns=tuple(turns)), counts
+
     def _phones(self, text: str) -> tuple[str, int]:
         matches = list(phonenumbers.PhoneNumberMatcher(text, self.region, leniency=phonenumbers.Leniency.VALID))
         for m in reversed(matches):
@@ -127,3 +145,31 @@ _REDACT = {
 def redactor(kinds: Sequence[str], region: str) -> Redactor | None:
     """A redactor for ``kinds`` (None when there are none: redaction is off)."""
     return Redactor(tuple(kinds), region) if kinds else None
+
+
+class RedactingJudge:
+    """A judge that reads every conversation redacted; ``replaced`` counts the items replaced so far, by kind.
+
+    Other attributes are the wrapped judge's (name, model, questions per call), so answer caches keyed by the judge's
+    identity are shared with the unwrapped judge. Thread-safe.
+    """
+
+    def __init__(self, judge: Judge, redactor: Redactor) -> None:
+        self._judge = judge
+        self._redactor = redactor
+        self._lock = threading.Lock()
+        self.replaced: Counter[str] = Counter()
+
+    @classmethod
+    def wrap(cls, judge: Judge, redactor: Redactor | None) -> Judge:
+        """``judge`` behind ``redactor``; ``judge`` itself when redaction is off (``None``)."""
+        return judge if redactor is None else cls(judge, redactor)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._judge, name)
+
+    def judge(self, conversation: Conversation, questions: Sequence[Question]) -> Judgement:
+        redacted, counts = self._redactor.redact_conversation(conversation)
+        with self._lock:
+            self.replaced.update(counts)
+        return self._judge.judge(redacted, questions)

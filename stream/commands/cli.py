@@ -55,6 +55,7 @@ from scorers.evaluation import (
 from scorers.json_file import write_json
 from scorers.judges.base import Judge
 from scorers.questions import Question, load_questions
+from scorers.redaction import RedactingJudge, redactor
 from scorers.rubrics import DEFAULT_PRECISION, RubricSet
 from stream.budget import BudgetedJudge
 from stream.commands.dashboards import dashboards
@@ -92,8 +93,11 @@ class _Context:
         return self._settings
 
     def judge(self) -> Judge:
-        """The configured judge, within ``scoring.budget`` when a limit is set."""
-        return BudgetedJudge.wrap(judge_from_settings(self.settings.judge, self.settings.cache_dir), self.settings.scoring.budget)
+        """The configured judge, within ``scoring.budget`` when a limit is set, reading conversations redacted when
+        ``redaction.kinds`` are set (as the worker's judge does)."""
+        s = self.settings
+        budgeted = BudgetedJudge.wrap(judge_from_settings(s.judge, s.cache_dir), s.scoring.budget)
+        return RedactingJudge.wrap(budgeted, redactor(s.redaction.kinds, s.redaction.phone_region))
 
 
 def _fail(message: str) -> None:

@@ -9,6 +9,7 @@ input or configuration raises a `scorers.errors.UserError` (the CLI prints any
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import sys
 from collections.abc import Callable
@@ -23,9 +24,8 @@ from scorers.learning.learner import METHODS, RubricLearner, write_report
 from scorers.learning.pool import RubricPool, merge, seed_pool
 from scorers.learning.score_cache import ScoreCache
 from scorers.learning.selection import DEFAULT_ALPHAS, LearningError
+from scorers.redaction import redactor
 from scorers.rubrics import DEFAULT_PRECISION, RubricSet
-from stream.budget import BudgetedJudge
-from stream.judge_factory import judge_from_settings
 from stream.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
@@ -139,6 +139,9 @@ def _generated_pool(
     except GeneratorError as e:
         raise LearningError(f"cannot use the generator: {e}") from e
     _say(f"generating rubrics with {generator!r} from {len(labelled)} conversations")
+    text_redactor = redactor(settings.redaction.kinds, settings.redaction.phone_region)
+    if text_redactor is not None:  # the generator reads the conversations too, and may be a third party
+        labelled = [dataclasses.replace(i, conversation=text_redactor.redact_conversation(i.conversation)[0]) for i in labelled]
     try:
         pool, report = generate_pool(
             generator, labelled, domain, SentenceEmbedder(), existing=existing, seed=seed, progress=progress
@@ -340,7 +343,7 @@ def learn(
       convowatch learn --from-store --since 30d --where product=help-bot --domain domain.md --out rubricset.json
     """
     settings: Settings = obj.settings
-    judge = BudgetedJudge.wrap(judge_from_settings(settings.judge, settings.cache_dir), settings.scoring.budget)  # errors first
+    judge = obj.judge()  # configuration errors first, before any work
     try:
         alpha_grid = tuple(float(a) for a in alphas.split(",") if a.strip())
     except ValueError:

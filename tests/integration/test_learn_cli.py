@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from scorers.datasets.labelled import load_labelled_jsonl
+from scorers.datasets.labelled import load_labelled_jsonl, write_labelled_jsonl
 from scorers.datasets.uss import read_uss, uss_labelled
 from scorers.judges.prompt import PROMPT_VERSION
 from scorers.learning.pool import RubricPool, seed_pool
@@ -219,6 +220,57 @@ def test_learn_and_evaluate_ask_all_questions_of_a_conversation_in_one_call(tmp_
         assert all(rubric.text in body["messages"][-1]["content"] for rubric in rubric_set.rubrics)
     got = json.loads(r.stdout)
     assert got["rubric_set"] == rubric_set.version and got["n"] == n_test
+
+
+def test_offline_commands_show_models_only_redacted_text(tmp_path, domain, llama_server):
+    """With redaction.kinds, what `learn` sends its rubric generator and its judge, and what `rubrics evaluate` sends
+    its judge, holds placeholders instead of the e-mail address and card number planted into every conversation (the
+    real llama server on Gemma 270M behind a forwarding proxy that keeps the requests; it caps the generator's replies
+    at 8 tokens, so rubric writing takes seconds, not minutes: only what the generator is sent is checked)."""
+    train = tmp_path / "train.jsonl"
+    r = convowatch("data", "uss", "--file", MWOZ, "--labelled-out", train, "--n-per-class", "2", "--seed", "5")
+    assert r.returncode == 0, r.stderr
+    email, card = "jane.doe@example.com", "4111 1111 1111 1111"
+    planted = []
+    for item in load_labelled_jsonl(train):
+        first, *rest = item.conversation.turns
+        turns = (dataclasses.replace(first, text=f"{first.text} Mail {email}, card {card}."), *rest)
+        planted.append(dataclasses.replace(item, conversation=dataclasses.replace(item.conversation, turns=turns)))
+    write_labelled_jsonl(train, planted)
+    pool = _seed_pool_head(1)
+    pool_file, out = tmp_path / "pool.json", tmp_path / "set.json"
+    pool.save(pool_file)
+
+    def short_generations(_: int, request: servers.Received) -> servers.Reply:
+        body = json.loads(request.body or b"{}")
+        if "messages" in body and not body.get("logprobs"):  # the generator's (the judge asks for log-probabilities)
+            body["max_tokens"] = min(body.get("max_tokens", 8), 8)
+            request = dataclasses.replace(request, body=json.dumps(body).encode())
+        return servers.forward(llama_server.url.removesuffix("/v1"), request)
+
+    with servers.ScriptedServer(short_generations) as proxy:
+        env = {
+            "CONVOWATCH_JUDGE__BACKEND": "openai",
+            "CONVOWATCH_JUDGE__BASE_URL": proxy.url + "/v1",
+            "CONVOWATCH_JUDGE__MODEL": llama_server.model,
+            "CONVOWATCH_JUDGE__API_KEY": str(llama_server.api_key),
+            "CONVOWATCH_JUDGE__TIMEOUT_S": "300",
+            "CONVOWATCH_CACHE_DIR": str(tmp_path / "cache"),
+            "CONVOWATCH_REDACTION__KINDS": '["email", "card"]',
+        }
+        generate = ("learn", "--data", train, "--domain", domain, "--pool", "generated", "--out", tmp_path / "g.json")
+        r = convowatch(*generate, "--pool-out", tmp_path / "generated.json", "--folds", "2", env=env)
+        assert "generating rubrics" in r.stderr, r.stderr
+        r = _learn_one_per_polarity(train, domain, pool_file, out, tmp_path / "scores.sqlite", env)
+        assert r.returncode == 0, r.stderr
+        r = convowatch("rubrics", "evaluate", "--rubric-set", out, "--labelled", train, "--json", env=env)
+        assert r.returncode == 0, r.stderr
+    prompts = [json.dumps(json.loads(q.body)["messages"]) for q in proxy.received if q.path.endswith("/chat/completions")]
+    assert prompts and not [p for p in prompts if email in p or card in p]
+    judged = [p for p in prompts if any(rubric.text in p for rubric in pool.rubrics)]
+    generated = [p for p in prompts if p not in judged and "[EMAIL]" in p]
+    assert generated, "the generator was not sent the conversations"
+    assert len(judged) >= 2 * len(planted) and all("[EMAIL]" in p and "[CARD]" in p for p in judged)
 
 
 def test_data_uss_labels_by_mean_overall_and_reports_the_middle(tmp_path):

@@ -13,7 +13,7 @@ import pytest
 from scorers.conversation import Conversation
 from scorers.judges.base import Judgement
 from scorers.questions import Question
-from scorers.redaction import PLACEHOLDERS, RedactionError, Redactor, luhn_valid
+from scorers.redaction import PLACEHOLDERS, RedactingJudge, RedactionError, Redactor, luhn_valid
 from stream.metrics import ServiceMetrics
 from stream.records import ClosedConversation
 from stream.scoring import ConversationScorer
@@ -103,3 +103,22 @@ def test_the_judge_sees_redacted_text_and_the_store_what_the_setting_says(judge,
     assert sample(metrics, "convowatch_redactions_total", kind="email") == 1
     unredacted = ConversationScorer(SpyJudge(judge), rubric_set, None, fast_retries(), ServiceMetrics())
     assert asyncio.run(unredacted.score(closed)).conversation == closed  # off by default
+
+
+def test_the_offline_judge_reads_redacted_turns_and_counts_them(judge, rubric_set, conversation) -> None:
+    """`RedactingJudge` (what the offline commands' judge is with ``redaction.kinds``): the wrapped judge is shown every
+    turn redacted, answers as it would unwrapped, and keeps its identity; without a redactor nothing is wrapped."""
+    spy = SpyJudge(judge)
+    redacting = RedactingJudge.wrap(spy, Redactor(("email", "card")))
+    original = _with_pii(conversation).to_conversation()
+    original = replace(original, turns=(*original.turns, replace(original.turns[-1], text="card 4111 1111 1111 1111")))
+    questions = rubric_set.questions()
+    got = redacting.judge(original, questions)
+    assert got == judge.judge(original, questions)
+    shown = spy.seen[-1]
+    assert len(shown) == len(original.turns) and shown[-1] == "card [CARD]"
+    assert "[EMAIL]" in shown[0] and "jane@example.com" not in shown[0]
+    assert shown[1:-1] == [t.text for t in original.turns[1:-1]]  # turns without personal data pass unchanged
+    assert redacting.replaced == {"email": 1, "card": 1}
+    assert (redacting.name, redacting.model) == (judge.name, judge.model)
+    assert RedactingJudge.wrap(spy, None) is spy
