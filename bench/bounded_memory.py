@@ -195,20 +195,27 @@ def run(n: int, max_open: int, max_closed: int, rate: float, root: Path) -> dict
 
 
 def flatness(samples: Sequence[dict[str, float]], max_open: int, max_closed: int) -> dict[str, Any]:
-    """RSS when the caps were first both reached, at the end, and its growth per 10,000 conversations since then."""
-    at_cap = next((s for s in samples if s["open"] >= max_open and s["closed_capacity"] >= max_closed), None)
-    end = samples[-1]
-    if at_cap is None:
+    """RSS when the caps were first both reached, at the end, and its growth per 10,000 conversations since then: in
+    all, and in each half of that stretch (a leak grows alike in both; an allocator filling its high-water mark slows)."""
+    after = [s for s in samples if s["open"] >= max_open and s["closed_capacity"] >= max_closed]
+    if not after:
         return {"cap_reached": False}
-    since = (end["events"] - at_cap["events"]) / 2  # two turns per conversation
-    growth = (end["rss_mb"] - at_cap["rss_mb"]) / since * 10_000 if since else 0.0
+    at_cap, end = after[0], samples[-1]
+    middle = min(after, key=lambda s: abs(s["events"] - (at_cap["events"] + end["events"]) / 2))
+
+    def growth(a: dict[str, float], b: dict[str, float]) -> float:
+        conversations = (b["events"] - a["events"]) / 2  # two turns per conversation
+        return round((b["rss_mb"] - a["rss_mb"]) / conversations * 10_000, 2) if conversations else 0.0
+
     return {
         "cap_reached": True,
         "rss_mb_at_cap": at_cap["rss_mb"],
         "rss_mb_at_end": end["rss_mb"],
         "rss_mb_max": max(s["rss_mb"] for s in samples),
-        "conversations_after_cap": int(since),
-        "rss_mb_growth_per_10k_conversations_after_cap": round(growth, 2),
+        "conversations_after_cap": int((end["events"] - at_cap["events"]) / 2),
+        "rss_mb_growth_per_10k_conversations_after_cap": growth(at_cap, end),
+        "rss_mb_growth_per_10k_conversations_first_half": growth(at_cap, middle),
+        "rss_mb_growth_per_10k_conversations_second_half": growth(middle, end),
     }
 
 
@@ -220,7 +227,11 @@ def report(result: dict[str, Any]) -> None:
     print(
         f"  at start {result['rss_mb_at_start']}, when both caps were reached {f.get('rss_mb_at_cap')}, at the end {f.get('rss_mb_at_end')}"
     )
-    print(f"  growth after the caps: {f.get('rss_mb_growth_per_10k_conversations_after_cap')} MB per 10,000 conversations")
+    print(
+        f"  growth after the caps: {f.get('rss_mb_growth_per_10k_conversations_after_cap')} MB per 10,000 conversations "
+        f"({f.get('rss_mb_growth_per_10k_conversations_first_half')} in the first half, "
+        f"{f.get('rss_mb_growth_per_10k_conversations_second_half')} in the second)"
+    )
     print(f"/metrics with {PRODUCTS} x {MODEL_VERSIONS} attribute values: {m['bytes']} bytes, {m['series']} series,")
     print(f"  {m['attribute_combinations']} attribute combinations, scraped in {m['seconds']} s")
     print(f"closed by capacity and judged: {result['judged']:.0f}, stored unsampled: {result['unsampled']:.0f}")
