@@ -25,7 +25,6 @@ commands (``learn``, ``rubrics``, ``calibrate``) keep the worker's promise too.
 from __future__ import annotations
 
 import re
-import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -148,17 +147,15 @@ def redactor(kinds: Sequence[str], region: str) -> Redactor | None:
 
 
 class RedactingJudge:
-    """A judge that reads every conversation redacted; ``replaced`` counts the items replaced so far, by kind.
+    """A judge that reads every conversation redacted.
 
     Other attributes are the wrapped judge's (name, model, questions per call), so answer caches keyed by the judge's
-    identity are shared with the unwrapped judge. Thread-safe.
+    identity are shared with the unwrapped judge.
     """
 
     def __init__(self, judge: Judge, redactor: Redactor) -> None:
         self._judge = judge
         self._redactor = redactor
-        self._lock = threading.Lock()
-        self.replaced: Counter[str] = Counter()
 
     @classmethod
     def wrap(cls, judge: Judge, redactor: Redactor | None) -> Judge:
@@ -169,7 +166,4 @@ class RedactingJudge:
         return getattr(self._judge, name)
 
     def judge(self, conversation: Conversation, questions: Sequence[Question]) -> Judgement:
-        redacted, counts = self._redactor.redact_conversation(conversation)
-        with self._lock:
-            self.replaced.update(counts)
-        return self._judge.judge(redacted, questions)
+        return self._judge.judge(self._redactor.redact_conversation(conversation)[0], questions)

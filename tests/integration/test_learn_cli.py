@@ -176,6 +176,18 @@ def test_uss_to_rubric_set_that_the_cli_scores_with(tmp_path, domain):
     assert got["rubric_set"] == rubric_set.version and got["n"] == 4 and got["n_positive"] == 2
 
 
+def _judge_behind(proxy: servers.ScriptedServer, llama_server: servers.LlamaServer, cache: Path) -> dict[str, str]:
+    """Settings of an OpenAI-compatible judge (and generator) that is ``llama_server`` reached through ``proxy``."""
+    return {
+        "CONVOWATCH_JUDGE__BACKEND": "openai",
+        "CONVOWATCH_JUDGE__BASE_URL": proxy.url + "/v1",
+        "CONVOWATCH_JUDGE__MODEL": llama_server.model,
+        "CONVOWATCH_JUDGE__API_KEY": str(llama_server.api_key),
+        "CONVOWATCH_JUDGE__TIMEOUT_S": "300",
+        "CONVOWATCH_CACHE_DIR": str(cache),
+    }
+
+
 def test_learn_and_evaluate_ask_all_questions_of_a_conversation_in_one_call(tmp_path, domain, llama_server):
     """judge.questions_per_call reaches `learn` and `rubrics evaluate`: one request per conversation to the real llama
     server (Gemma 270M, answers held by the sequence grammar), every question of the pool or set in it."""
@@ -190,14 +202,9 @@ def test_learn_and_evaluate_ask_all_questions_of_a_conversation_in_one_call(tmp_
     out = tmp_path / "set.json"
     with servers.ScriptedServer(lambda i, req: servers.forward(llama_server.url.removesuffix("/v1"), req)) as proxy:
         one_pass = {
-            "CONVOWATCH_JUDGE__BACKEND": "openai",
-            "CONVOWATCH_JUDGE__BASE_URL": proxy.url + "/v1",
-            "CONVOWATCH_JUDGE__MODEL": llama_server.model,
-            "CONVOWATCH_JUDGE__API_KEY": str(llama_server.api_key),
+            **_judge_behind(proxy, llama_server, tmp_path / "cache"),
             "CONVOWATCH_JUDGE__QUESTIONS_PER_CALL": "100",
             "CONVOWATCH_JUDGE__ANSWER_FORMAT": "sequence",
-            "CONVOWATCH_JUDGE__TIMEOUT_S": "300",
-            "CONVOWATCH_CACHE_DIR": str(tmp_path / "cache"),
         }
         r = _learn_one_per_polarity(train, domain, pool_file, out, tmp_path / "scores.sqlite", one_pass)
         assert r.returncode == 0, r.stderr
@@ -249,15 +256,7 @@ def test_offline_commands_show_models_only_redacted_text(tmp_path, domain, llama
         return servers.forward(llama_server.url.removesuffix("/v1"), request)
 
     with servers.ScriptedServer(short_generations) as proxy:
-        env = {
-            "CONVOWATCH_JUDGE__BACKEND": "openai",
-            "CONVOWATCH_JUDGE__BASE_URL": proxy.url + "/v1",
-            "CONVOWATCH_JUDGE__MODEL": llama_server.model,
-            "CONVOWATCH_JUDGE__API_KEY": str(llama_server.api_key),
-            "CONVOWATCH_JUDGE__TIMEOUT_S": "300",
-            "CONVOWATCH_CACHE_DIR": str(tmp_path / "cache"),
-            "CONVOWATCH_REDACTION__KINDS": '["email", "card"]',
-        }
+        env = {**_judge_behind(proxy, llama_server, tmp_path / "cache"), "CONVOWATCH_REDACTION__KINDS": '["email", "card"]'}
         generate = ("learn", "--data", train, "--domain", domain, "--pool", "generated", "--out", tmp_path / "g.json")
         r = convowatch(*generate, "--pool-out", tmp_path / "generated.json", "--folds", "2", env=env)
         assert "generating rubrics" in r.stderr, r.stderr

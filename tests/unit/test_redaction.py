@@ -105,7 +105,7 @@ def test_the_judge_sees_redacted_text_and_the_store_what_the_setting_says(judge,
     assert asyncio.run(unredacted.score(closed)).conversation == closed  # off by default
 
 
-def test_the_offline_judge_reads_redacted_turns_and_counts_them(judge, rubric_set, conversation) -> None:
+def test_the_offline_judge_reads_redacted_turns(judge, rubric_set, conversation) -> None:
     """`RedactingJudge` (what the offline commands' judge is with ``redaction.kinds``): the wrapped judge is shown every
     turn redacted, answers as it would unwrapped, and keeps its identity; without a redactor nothing is wrapped."""
     spy = SpyJudge(judge)
@@ -119,6 +119,6 @@ def test_the_offline_judge_reads_redacted_turns_and_counts_them(judge, rubric_se
     assert len(shown) == len(original.turns) and shown[-1] == "card [CARD]"
     assert "[EMAIL]" in shown[0] and "jane@example.com" not in shown[0]
     assert shown[1:-1] == [t.text for t in original.turns[1:-1]]  # turns without personal data pass unchanged
-    assert redacting.replaced == {"email": 1, "card": 1}
+    assert Redactor(("email", "card")).redact_conversation(original)[1] == {"email": 1, "card": 1}
     assert (redacting.name, redacting.model) == (judge.name, judge.model)
     assert RedactingJudge.wrap(spy, None) is spy
