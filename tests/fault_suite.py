@@ -55,6 +55,7 @@ from tests.recorded_judge_server import RecordedJudgeServer
 
 JUDGE_TIMEOUT_S = 2.0
 SLOW_REPLY_S = 3.0  # longer than the judge timeout: a slow reply is a failed attempt
+OUTAGE_MODE_MAX_WAIT_S = 300.0  # the last chunk's conversations reach the judge well within this
 
 
 @dataclass(frozen=True)
@@ -217,11 +218,17 @@ class FaultRun:
     # ---------------------------------------------------------------- faults
 
     def _judge_outage(self) -> None:
+        """A third of the outage in each failure mode; a failing mode lasts until the worker has met it at
+        least once (the worker may have had nothing to judge, or been restarting, for a whole third)."""
         third = self.plan.judge_outage_s / 3
-        for mode in ("refuse", "error", "slow"):
-            self.judge.set_mode(mode)
-            time.sleep(third)
-        self.judge.set_mode("answer")
+        try:
+            for mode in ("refuse", "error", "slow"):
+                self.judge.set_mode(mode)
+                time.sleep(third)
+                if mode != "refuse":  # a refused connection reaches no handler, so there is nothing to count
+                    self._wait_for_judge_request(mode)
+        finally:
+            self.judge.set_mode("answer")
         back = time.monotonic()
         self.report.recoveries.append(
             {
@@ -229,6 +236,13 @@ class FaultRun:
                 "seconds": self.plan.judge_outage_s,
                 "caught_up_s": self.caught_up_after(self.worker_group, "closed", back),
             }
+        )
+
+    def _wait_for_judge_request(self, mode: str) -> None:
+        wait_for(
+            lambda: self.judge.requests.get(mode, 0) > 0,
+            timeout=OUTAGE_MODE_MAX_WAIT_S,
+            what=f"a judge request during the {mode!r} outage",
         )
 
     def _actions(self) -> list[str]:
