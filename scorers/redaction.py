@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import phonenumbers
 
@@ -56,6 +56,14 @@ _KEYS = re.compile(
         )
     )
 )
+
+
+class _HasText(Protocol):
+    @property
+    def text(self) -> str: ...
+
+
+TurnT = TypeVar("TurnT", bound=_HasText)
 
 
 class RedactionError(UserError, ValueError):
@@ -102,15 +110,21 @@ class Redactor:
                     counts[kind] += n
         return Redacted(text, counts)
 
-    def redact_conversation(self, conversation: Conversation) -> tuple[Conversation, Counter[str]]:
-        """``conversation`` with every turn redacted, and how many items of each kind were replaced."""
+    def redact_turns(self, turns: Iterable[TurnT]) -> tuple[tuple[TurnT, ...], Counter[str]]:
+        """Each turn (a dataclass with a ``text``) with its text redacted, and how many items of each kind were
+        replaced; a turn with nothing to replace is returned as it is."""
         counts: Counter[str] = Counter()
-        turns = []
-        for turn in conversation.turns:
+        redacted = []
+        for turn in turns:
             done = self.redact(turn.text)
             counts.update(done.counts)
-            turns.append(replace(turn, text=done.text) if done.counts else turn)
-        return replace(conversation, turns=tuple(turns)), counts
+            redacted.append(replace(turn, text=done.text) if done.counts else turn)  # type: ignore[type-var]
+        return tuple(redacted), counts
+
+    def redact_conversation(self, conversation: Conversation) -> tuple[Conversation, Counter[str]]:
+        """``conversation`` with every turn redacted, and how many items of each kind were replaced."""
+        turns, counts = self.redact_turns(conversation.turns)
+        return replace(conversation, turns=turns), counts
 
     def _phones(self, text: str) -> tuple[str, int]:
         matches = list(phonenumbers.PhoneNumberMatcher(text, self.region, leniency=phonenumbers.Leniency.VALID))
@@ -139,11 +153,6 @@ _REDACT = {
     "card": _cards,
     "phone": Redactor._phones,
 }
-
-
-def redactor(kinds: Sequence[str], region: str) -> Redactor | None:
-    """A redactor for ``kinds`` (None when there are none: redaction is off)."""
-    return Redactor(tuple(kinds), region) if kinds else None
 
 
 class RedactingJudge:

@@ -42,7 +42,6 @@ from scorers.early_stopping import EarlyStoppedScore, EarlyStoppingScorer, Score
 from scorers.injection import InjectionDetector
 from scorers.judges.base import Judge, JudgeError, Provenance
 from scorers.questions import Question, load_questions
-from scorers.redaction import redactor
 from scorers.rubrics import RubricSet, RubricSetError
 from stream.budget import BudgetGate, Cost, transcript_chars
 from stream.cost import judge_cost
@@ -169,7 +168,7 @@ class ConversationScorer:
         self.budget = BudgetGate.from_settings(settings.budget, metrics)  # None: no limit set
         self.sampling = SamplingPolicy.from_settings(settings.sampling)
         self.redaction = redaction or RedactionSettings()
-        self._redactor = redactor(self.redaction.kinds, self.redaction.phone_region)
+        self._redactor = self.redaction.redactor()
         self._injection = InjectionDetector()
 
     def for_version(self, rubric_set: RubricSet, calibrator: Calibrator | None, name: str) -> ConversationScorer:
@@ -380,13 +379,10 @@ class ConversationScorer:
         """``closed`` with the personal data of ``redaction.kinds`` replaced in every turn (counted by kind)."""
         if self._redactor is None:
             return closed
-        turns = []
-        for turn in closed.turns:
-            done = self._redactor.redact(turn.text)
-            for kind, n in done.counts.items():
-                self.metrics.redactions.labels(kind).inc(n)
-            turns.append(replace(turn, text=done.text) if done.counts else turn)
-        return replace(closed, turns=tuple(turns))
+        turns, counts = self._redactor.redact_turns(closed.turns)
+        for kind, n in counts.items():
+            self.metrics.redactions.labels(kind).inc(n)
+        return replace(closed, turns=turns)
 
     async def _judged(self, closed: ClosedConversation, with_behaviours: bool = True) -> ScoreRecord:
         """Judge (the redacted text, with ``redaction.kinds``) with retries: a scored record, or an unscored one with the

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from scorers.errors import UserError
+from scorers.redaction import Redactor
 
 try:  # Python >= 3.11
     import tomllib
@@ -310,6 +311,10 @@ class RedactionSettings(BaseModel):
         description="Also store (and publish on the scores topic) the redacted text; false = the store keeps what the "
         "users wrote and only the judge sees the redacted text.",
     )
+
+    def redactor(self) -> Redactor | None:
+        """The redactor these settings ask for; None when redaction is off."""
+        return Redactor(tuple(self.kinds), self.phone_region) if self.kinds else None
 
 
 class StoreSettings(BaseModel):

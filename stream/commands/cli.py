@@ -55,7 +55,7 @@ from scorers.evaluation import (
 from scorers.json_file import write_json
 from scorers.judges.base import Judge
 from scorers.questions import Question, load_questions
-from scorers.redaction import RedactingJudge, redactor
+from scorers.redaction import RedactingJudge
 from scorers.rubrics import DEFAULT_PRECISION, RubricSet
 from stream.budget import BudgetedJudge
 from stream.commands.dashboards import dashboards
@@ -97,7 +97,7 @@ class _Context:
         ``redaction.kinds`` are set (as the worker's judge does)."""
         s = self.settings
         budgeted = BudgetedJudge.wrap(judge_from_settings(s.judge, s.cache_dir), s.scoring.budget)
-        return RedactingJudge.wrap(budgeted, redactor(s.redaction.kinds, s.redaction.phone_region))
+        return RedactingJudge.wrap(budgeted, s.redaction.redactor())
 
 
 def _fail(message: str) -> None:

@@ -24,7 +24,6 @@ from scorers.learning.learner import METHODS, RubricLearner, write_report
 from scorers.learning.pool import RubricPool, merge, seed_pool
 from scorers.learning.score_cache import ScoreCache
 from scorers.learning.selection import DEFAULT_ALPHAS, LearningError
-from scorers.redaction import redactor
 from scorers.rubrics import DEFAULT_PRECISION, RubricSet
 from stream.settings import Settings, SettingsError
 
@@ -139,7 +138,7 @@ def _generated_pool(
     except GeneratorError as e:
         raise LearningError(f"cannot use the generator: {e}") from e
     _say(f"generating rubrics with {generator!r} from {len(labelled)} conversations")
-    text_redactor = redactor(settings.redaction.kinds, settings.redaction.phone_region)
+    text_redactor = settings.redaction.redactor()
     if text_redactor is not None:  # the generator reads the conversations too, and may be a third party
         labelled = [dataclasses.replace(i, conversation=text_redactor.redact_conversation(i.conversation)[0]) for i in labelled]
     try:
