@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from pathlib import Path
 
 from scorers.behaviours import load_behaviour_set
 from scorers.calibrators import Calibrator, load_calibrator
@@ -102,6 +103,15 @@ def serve_metrics(settings: Settings, metrics: ServiceMetrics) -> int | None:
     return port
 
 
+def prepare_data_dir(path: Path) -> None:
+    """Create the worker's local directory and its parents, owner-only (Faust creates only the last level, so a fresh
+    checkout without ``.convowatch/`` could not start); a `SettingsError` naming the setting if it cannot be made."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as e:
+        raise SettingsError(f"kafka.data_dir: cannot create the worker's directory {str(path)!r}: {e.strerror}") from e
+
+
 def run_worker(settings: Settings, loglevel: str = "info") -> None:
     """Create topics, then run the Faust worker (assemble + score agents) until stopped."""
     import faust
@@ -112,6 +122,7 @@ def run_worker(settings: Settings, loglevel: str = "info") -> None:
     metrics = new_metrics(settings)
     rollout = build_rollout(settings, metrics)
     ensure_topics(settings.kafka)
+    prepare_data_dir(settings.kafka.data_dir)
     app = create_app(settings, rollout, metrics)
     serve_metrics(settings, metrics)
     scorer = rollout.current.active

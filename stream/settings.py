@@ -96,7 +96,8 @@ class KafkaSettings(BaseModel):
     app_id: str = Field(default="convowatch", description="Faust app id = the workers' consumer group.")
     data_dir: Path = Field(
         default=Path(".convowatch/worker"),
-        description="The worker's local directory (Faust creates one even though its table lives in memory and the broker).",
+        description="The worker's local directory (Faust needs one even though its table lives in memory and the broker); "
+        "created with its parents, owner-only (0700), on start.",
     )
     sink_group: str = "convowatch-sink"
     session_timeout_s: float = Field(default=30.0, gt=0)

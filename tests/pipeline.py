@@ -110,7 +110,7 @@ class Pipeline:
             "CONVOWATCH_KAFKA__SCORES_TOPIC": f"{t}.scores",
             "CONVOWATCH_KAFKA__DEAD_LETTER_TOPIC": f"{t}.dead-letters",
             "CONVOWATCH_KAFKA__APP_ID": f"convowatch-{t}",
-            "CONVOWATCH_KAFKA__DATA_DIR": str(self.root / "worker"),
+            "CONVOWATCH_KAFKA__DATA_DIR": str(self.root / "state" / "worker"),  # not there yet, as on a fresh checkout
             "CONVOWATCH_KAFKA__SINK_GROUP": f"sink-{t}",
             "CONVOWATCH_KAFKA__PARTITIONS": str(self.partitions),
             **TANSU_SETTINGS,
