@@ -4,7 +4,8 @@
 real broker, worker and sink processes and the embedded ClickHouse, judged over
 HTTP by recorded answers, while the worker is killed (-9) three times, the sink
 once, the sink is stopped for 10 s and the judge refuses connections, answers
-503 and answers too slowly for 30 s. Afterwards every conversation is stored
+503 and answers too slowly for 30 s (each failing mode lasts until the worker
+has met it once). Afterwards every conversation is stored
 once, scored, with every turn as sent.
 """
 
