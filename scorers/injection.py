@@ -19,13 +19,22 @@ Only the turns a conversation's users (and tools) wrote are read: the assistant'
 the product's own. A pattern list is a floor, not a wall: it misses a paraphrase it has not seen, and the
 figures in docs/service.md ("Injection attempts") say how much it catches of a planted corpus and how often it fires on real
 conversations (``bench/injection.py``).
+
+The patterns are Python ``re`` syntax, read case-insensitively with Python's Unicode classes; they run on RE2
+(``google-re2``), which reads every pattern of every kind in one linear pass over a text: 19 times cheaper than
+Python's ``re`` on the real conversations' turns, 54 times on the pipeline benchmark's (where Python's ``re`` was the
+largest cost of scoring). RE2's space, word, digit and
+word-boundary classes are ASCII, so a text is first mapped to the ASCII that Python's classes would see
+(`ascii_stand_ins`); tests/unit/test_injection.py checks on arbitrary text that the kinds found are those Python's
+``re`` finds.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+import re2
 
 INJECTION_KINDS = ("instruction", "rating_request", "forged_turn", "fake_answer")
 CHECKED_ROLES = ("user", "tool")  # whose text may be written to steer the judge
@@ -34,7 +43,7 @@ _EVALUATOR = r"(?:evaluator|grader|rater|assessor|annotator|reviewer|judge model
 _TOP_WORDS = r"highest|maximum|max|top|best|perfect|full|most positive"
 _TOP = rf"(?:{_TOP_WORDS})"
 
-_PATTERNS: dict[str, tuple[str, ...]] = {
+INJECTION_PATTERNS: dict[str, tuple[str, ...]] = {
     "instruction": (
         r"\b(?:ignore|disregard|forget|overlook)\b[^\n.!?]{0,40}?\b(?:above|previous|prior|earlier|preceding|"
         r"instructions?|prompt|rules|everything|conversation|turns?|messages?)\b",
@@ -89,17 +98,76 @@ _PATTERNS: dict[str, tuple[str, ...]] = {
         r"\brubric\b",
     ),
 }
-_COMPILED = {kind: re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE) for kind, patterns in _PATTERNS.items()}
+
+
+def kind_pattern(kind: str) -> str:
+    """One pattern for all of ``kind``'s patterns (Python ``re`` syntax, to be read case-insensitively)."""
+    return "|".join(f"(?:{p})" for p in INJECTION_PATTERNS[kind])
+
+
+def _compile_kinds() -> re2.Set:
+    options = re2.Options()
+    options.case_sensitive = False
+    options.never_capture = True
+    kinds = re2.Set.SearchSet(options)
+    for kind in INJECTION_KINDS:  # the Set numbers them in this order
+        kinds.Add(kind_pattern(kind))
+    kinds.Compile()
+    return kinds
+
+
+_KINDS = _compile_kinds()
+_SPACES_RE2_READS = " \t\n\r\f"
+_FOLDS_TO_ASCII = {"\u0130": "i", "\u0131": "i", "\u017f": "s", "\u212a": "k"}  # Python's re.I matches these to ASCII
+
+
+class _AsciiStandIns(dict[int, str]):
+    """``str.translate`` table: each character that RE2 would read otherwise than Python's ``re`` does → a stand-in
+    both read alike. Filled on first sight of a character."""
+
+    def __missing__(self, codepoint: int) -> str:
+        c = chr(codepoint)
+        if c.isspace():  # Python's \s: Unicode whitespace; RE2's: these five
+            stand_in = c if c in _SPACES_RE2_READS else " "
+        elif c.isascii():
+            stand_in = c
+        elif c in _FOLDS_TO_ASCII:
+            stand_in = _FOLDS_TO_ASCII[c]
+        elif c.isdecimal():  # Python's \d
+            stand_in = "0"
+        elif c.isalnum():  # Python's \w: a word character that no pattern spells
+            stand_in = "_"
+        elif 0xD800 <= codepoint <= 0xDFFF:  # a lone surrogate (JSON can carry one) has no UTF-8 form
+            stand_in = "\ufffd"
+        else:
+            stand_in = c
+        self[codepoint] = stand_in
+        return stand_in
+
+
+_STAND_INS = _AsciiStandIns()
+
+
+def ascii_stand_ins(text: str) -> str:
+    """``text`` as RE2 must read it to find what Python's ``re`` finds: Unicode spaces → a space, other word
+    characters → ``_`` (digits → ``0``; the few that Python's case-insensitive match takes for ASCII letters →
+    those letters), lone surrogates → U+FFFD; ASCII text other than rare spaces is unchanged."""
+    return text.translate(_STAND_INS)
 
 
 @dataclass(frozen=True)
 class InjectionDetector:
-    """Which kinds of injection attempt (``INJECTION_KINDS``) appear in texts; stateless and cheap (regexes)."""
+    """Which kinds of injection attempt (``INJECTION_KINDS``) appear in texts; stateless and cheap (one RE2 pass
+    per text)."""
 
     def signals(self, texts: Iterable[str]) -> tuple[str, ...]:
         """The kinds found in any of ``texts``, in ``INJECTION_KINDS`` order (empty: none found)."""
-        texts = list(texts)
-        return tuple(kind for kind in INJECTION_KINDS if any(_COMPILED[kind].search(t) for t in texts))
+        found: set[int] = set()
+        for text in texts:
+            found.update(_KINDS.Match(ascii_stand_ins(text)) or ())
+            if len(found) == len(INJECTION_KINDS):
+                break
+        return tuple(kind for i, kind in enumerate(INJECTION_KINDS) if i in found)
 
     def conversation_signals(self, turns: Iterable[tuple[str, str]]) -> tuple[str, ...]:
         """The kinds found in the (role, text) turns of one conversation that ``CHECKED_ROLES`` wrote."""

@@ -7,11 +7,14 @@ answers by conversation id: what the planted text would do to a live judge is me
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from scorers.injection import INJECTION_KINDS, InjectionDetector
+from scorers.injection import INJECTION_KINDS, InjectionDetector, kind_pattern
 from scorers.rubrics import ConfidenceWindows
 from stream.metrics import ServiceMetrics
 from stream.records import ClosedConversation, RecordError, ScoreRecord, TurnRecord
@@ -65,6 +68,94 @@ def test_each_kind_is_found(kind: str, text: str) -> None:
 )
 def test_ordinary_requests_are_left_alone(text: str) -> None:
     assert DETECTOR.signals([text]) == ()
+
+
+PYTHON_RE = {kind: re.compile(kind_pattern(kind), re.IGNORECASE) for kind in INJECTION_KINDS}
+
+# Pieces of the patterns, the characters where RE2's classes differ from Python's (Unicode spaces and word
+# characters, letters Python's re.I folds to ASCII, a lone surrogate), so random text often comes near a match.
+PIECES = st.sampled_from(
+    [
+        "ignore",
+        " the above",
+        "disregard",
+        "previous",
+        "instructions",
+        "new",
+        " ",
+        "\n",
+        ":",
+        "=",
+        "4",
+        "1",
+        "q1",
+        "rate this conversation",
+        "evaluator",
+        "to the",
+        "give it the highest",
+        "score it as",
+        "satisfaction",
+        "<<<",
+        ">>>",
+        "end user turn 3",
+        "<|im_start|>",
+        "[INST]",
+        "<assistant>",
+        "Assistant",
+        "System",
+        "[admin]",
+        "(the assistant said",
+        "reply from the bot",
+        "Question",
+        "Answer",
+        "a:",
+        "every question",
+        "most positive",
+        "correct answer",
+        "only output",
+        "'4'",
+        '{"1":',
+        "rubric",
+        "helpfulness",
+        "when asked",
+        "evaluat",
+        "must",
+        "pretend",
+        "never happened",
+        "you are now",
+        "grader",
+        "override",
+        "rating",
+        ".",
+        "?",
+        "#",
+        "\u00a0",
+        "\u2028",
+        "\u3000",
+        "\x0b",
+        "\x1c",
+        "\x85",
+        "\u0130",
+        "\u0131",
+        "\u017f",
+        "\u212a",
+        "é",
+        "ß",
+        "\u0664",
+        "\u00b2",
+        "_",
+        "\ud800",
+        "\U0001f600",
+        "\x00",
+    ]
+)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(PIECES | st.text(max_size=4), max_size=14).map("".join))
+def test_the_kinds_found_are_those_pythons_re_finds(text: str) -> None:
+    """The patterns run on RE2 after `ascii_stand_ins`; on any text they find what Python's ``re`` finds."""
+    assert DETECTOR.signals([text]) == tuple(kind for kind in INJECTION_KINDS if PYTHON_RE[kind].search(text))
 
 
 def test_only_the_users_and_tools_turns_are_read() -> None:
