@@ -346,8 +346,12 @@ def _publish_in_steps(pipeline: Pipeline, items: list[ReplayItem], steps: int) -
         yield i
 
 
-def test_kill_9_of_worker_and_sink_loses_nothing_and_shows_no_duplicates(pipeline: Pipeline) -> None:
-    worker = pipeline.start_worker("worker-1")
+@pytest.mark.parametrize("scoring_concurrency", [1, 4])
+def test_kill_9_of_worker_and_sink_loses_nothing_and_shows_no_duplicates(pipeline: Pipeline, scoring_concurrency: int) -> None:
+    """With ``scoring.concurrency`` 4, four score agents share the closed topic's queue and finish out of order: a
+    commit must still cover only the finished conversations."""
+    env = {"CONVOWATCH_SCORING__CONCURRENCY": str(scoring_concurrency)}
+    worker = pipeline.start_worker("worker-1", env)
     sink = pipeline.start_sink("sink-1")
     pipeline.wait_assigned([worker])
     items = _real_items()
@@ -357,7 +361,7 @@ def test_kill_9_of_worker_and_sink_loses_nothing_and_shows_no_duplicates(pipelin
         time.sleep(2)
         if step == 1:
             worker.kill9()  # mid-stream: conversations half assembled, some closed but maybe not scored
-            worker = pipeline.start_worker("worker-2")
+            worker = pipeline.start_worker("worker-2", env)
             pipeline.wait_assigned([worker])
         if step == 2:
             sink.kill9()  # mid-write: offsets not yet committed for what it was writing
