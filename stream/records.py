@@ -245,7 +245,8 @@ class ScoreRecord:
             for f in fields(self):  # each plain field holds what its annotation says
                 value = getattr(self, f.name)
                 holds, what = _HOLDS.get(str(f.type), (None, ""))
-                _check(holds is None or holds(value), f"{f.name} = {value!r} is not {what}")
+                if holds is not None and not holds(value):  # the message only then: it would repr the conversation
+                    raise RecordError(f"{f.name} = {value!r} is not {what}")
             if self.status == "scored":
                 _check(self.label in LABELS, f"label {self.label!r} of a scored record is not one of {LABELS}")
             elif self.label or self.dimensions or self.rubrics or self.behaviours:
@@ -362,7 +363,8 @@ def _count(x: Any) -> bool:
 
 
 def _time(t: Any, name: str) -> None:
-    _check(_finite(t) and _EARLIEST <= t < _LATEST, f"{name} = {t!r} is not an epoch time in seconds from 1900 to 2299")
+    if not (_finite(t) and _EARLIEST <= t < _LATEST):
+        raise RecordError(f"{name} = {t!r} is not an epoch time in seconds from 1900 to 2299")
 
 
 # What a value of each annotated type must be (ScoreRecord checks its plain fields with these); ints are counts.
