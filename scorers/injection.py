@@ -22,11 +22,10 @@ conversations (``bench/injection.py``).
 
 The patterns are Python ``re`` syntax, read case-insensitively with Python's Unicode classes; they run on RE2
 (``google-re2``), which reads every pattern of every kind in one linear pass over a text: 19 times cheaper than
-Python's ``re`` on the real conversations' turns, 54 times on the pipeline benchmark's (where Python's ``re`` was the
-largest cost of scoring). RE2's space, word, digit and
-word-boundary classes are ASCII, so a text is first mapped to the ASCII that Python's classes would see
-(`ascii_stand_ins`); tests/unit/test_injection.py checks on arbitrary text that the kinds found are those Python's
-``re`` finds.
+Python's ``re`` on the real conversations' turns, 54 times on the pipeline benchmark's (where Python's ``re`` was
+the largest cost of scoring). RE2's space, word, digit and word-boundary classes are ASCII, so a text is first
+mapped to the ASCII that Python's classes would see (`ascii_stand_ins`); tests/unit/test_injection.py checks on
+arbitrary text that the kinds found are those Python's ``re`` finds.
 """
 
 from __future__ import annotations
