@@ -216,7 +216,9 @@ class GuardedDelivery:
         self._next_offset[tp] = offset
         self._refetching[tp] = offset
         await self.seek(tp, offset)  # type: ignore[attr-defined]
-        self.on_buffer_drop(tp)  # type: ignore[attr-defined]  # fetch it even if Faust had set it aside
+        # Fetch it even if Faust had set it aside. A message's ``tp`` is aiokafka's TopicPartition; Faust's set of
+        # fetched partitions must hold its own TP (it asserts so, and the worker's fetcher crashed on it).
+        self.on_buffer_drop(TP(tp.topic, tp.partition))  # type: ignore[attr-defined]
         on_refetch: Callable[[str, str], None] | None = getattr(self.app, "on_refetch", None)  # type: ignore[attr-defined]
         if on_refetch is not None:
             on_refetch(tp.topic, reason)

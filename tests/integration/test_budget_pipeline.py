@@ -268,8 +268,10 @@ def test_a_worker_blocked_past_max_poll_interval_joins_its_group_again(pipeline:
     """A spent budget with a full buffer (``kafka.stream_buffer_maxsize`` 1): Faust stops fetching, so after
     ``max_poll_interval_s`` aiokafka leaves the group. aiokafka rejoins only after a fetch and Faust fetches only
     after the rejoin, so before `stream.app`'s ConsumerThread counted the revoke as fetch activity the worker
-    stopped for good here (found under load in bench/bounded_memory.py). Now it joins again, and once the budget
-    refills every conversation is scored exactly once."""
+    stopped for good here (found under load in bench/bounded_memory.py). After the rejoin, a record fetched out of
+    order is fetched again, which used to crash Faust's fetcher (`GuardedDelivery._refetch` handed it aiokafka's
+    TopicPartition; seen in CI). Now it joins again, and once the budget refills every conversation is scored
+    exactly once."""
     port = free_port()
     pipeline.extra_env.update(
         {
@@ -290,10 +292,8 @@ def test_a_worker_blocked_past_max_poll_interval_joins_its_group_again(pipeline:
     records = _records(pipeline)
     assert {cid: [r.status for r in rs] for cid, rs in records.items()} == {cid: ["scored"] for cid in ids}
     assert worker.popen.poll() is None
-    # Did the scenario happen? A stall refetch (kafka.refetch_idle_s, 10 s) fetches, which resets aiokafka's max-poll
-    # clock, so on some runs the blocked worker never leaves its group (seen once in CI). Raising refetch_idle_s
-    # past max_poll_interval_s does not help: the worker then does not recover within the wait (seen twice; not yet
-    # understood). Said so rather than passed silently.
-    if "LeaveGroup" not in log:
-        pytest.skip("the blocked worker never left its group in this run (a stall refetch fetched in time)")
-    assert log.count("Joined group") >= 2, worker.log_tail()
+    # The scenario happened: alone in its group, the blocked worker was revoked while it waited for the budget and
+    # joined again, and not because its heartbeats stopped. (aiokafka logs "LeaveGroup" only when it leaves a
+    # generation above 0, and tansu numbers the first one 0, so that line is no sign either way.)
+    assert "left in the closed topic while waiting for the judge budget" in log, worker.log_tail()
+    assert log.count("Joined group") >= 2 and "Heartbeat session expired" not in log, worker.log_tail()

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from aiokafka import TopicPartition
 from faust.types import TP
 
 from stream.delivery import GuardedDelivery, in_order_batches, offsets_text
@@ -132,6 +133,21 @@ def test_a_hole_is_fetched_again_once_and_nothing_after_it_is_taken_before_it_ar
     # The refetch delivers from 5 again.
     assert _takes(consumer, [5, 6, 7]) == [True, True, True]
     assert consumer.seeks == [(P0, 5)]
+
+
+def test_a_refetch_gives_faust_its_own_tp_when_the_message_carries_aiokafkas() -> None:
+    """Faust's aiokafka driver puts aiokafka's TopicPartition on a message; handed to ``on_buffer_drop`` it went
+    into Faust's set of fetched partitions, whose assertion (only Faust TPs) crashed the worker's fetcher
+    (seen in test_budget_pipeline.py with a full buffer)."""
+    consumer = _Consumer()
+    consumer._thread.committed[P0] = 5
+    aiokafka_tp = TopicPartition(TOPIC, 0)
+
+    async def go() -> bool:
+        return await consumer.take(_message(6, aiokafka_tp))
+
+    assert _run(go()) is False
+    assert consumer.buffer_drops == [P0] and all(type(tp) is TP for tp in consumer.buffer_drops)
 
 
 def test_records_gone_before_the_committed_offset_start_the_refetch_at_the_earliest_offset() -> None:
