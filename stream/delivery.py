@@ -15,6 +15,11 @@ topics (events and closed):
   not finished are withdrawn, so the commit stops below them and the event is delivered again.
 * **No silent stall.** When an agent has been idle for ``refetch_idle_s`` while a partition it owns has records
   past the offset it should take next, that partition is fetched again from there (a *stall*).
+* **A refetch is not undone.** Faust's fetch loop drops a record below its partition's *read offset* and sets
+  that offset after it hands a record to the agents, so a refetch's seek made meanwhile (by the agent, in
+  `take`) was overwritten with a later offset and the refetched records dropped, leaving the partition to the
+  stall check. `ReadOffsets` holds a refetched partition's read offset at the refetch's start until the
+  record there is read.
 
 Every refetch is logged (WARNING) and counted (``convowatch_partition_refetches_total``).
 """
@@ -31,6 +36,35 @@ from faust.types import TP, EventT, Message, StreamT
 from faust.types.tuples import ack_lock
 
 log = logging.getLogger(__name__)
+
+
+class ReadOffsets(defaultdict[TP, "int | None"]):
+    """Faust's read offsets (``Consumer._read_offset``; None = take any offset), with holds for refetches.
+
+    While ``hold(tp, offset)`` lasts, any read offset set for ``tp`` is replaced by the held one, so the fetch loop
+    takes the record at ``offset`` when the refetch brings it; setting exactly that offset (the fetch loop read it)
+    ends the hold. A rebalance ends it too (`GuardedDelivery` calls `release`).
+    """
+
+    def __init__(self) -> None:
+        super().__init__(lambda: None)
+        self._held: dict[TP, int] = {}
+
+    def hold(self, tp: TP, offset: int) -> None:
+        self._held[tp] = offset
+        super().__setitem__(tp, offset or None)  # Faust's own convention: 0 is "any"
+
+    def release(self, tp: TP) -> None:
+        self._held.pop(tp, None)
+
+    def __setitem__(self, tp: TP, offset: int | None) -> None:
+        held = self._held.get(tp)
+        if held is not None:
+            if offset != held:
+                offset = held or None
+            else:
+                del self._held[tp]
+        super().__setitem__(tp, offset)
 
 
 class GuardedDelivery:
@@ -51,6 +85,7 @@ class GuardedDelivery:
         self._in_flight: defaultdict[str, int] = defaultdict(int)  # events taken and not yet released, per topic
         self._last_activity: dict[str, float] = {}  # monotonic time of the last take or release, per topic
         self._committed_before: dict[TP, int] = {}  # what this consumer had committed when a partition came (back)
+        self._read_offset = ReadOffsets()  # Faust's, read by its fetch loop from when the consumer starts
 
     # -------------------------------------------------------------- what the agents call
 
@@ -63,7 +98,8 @@ class GuardedDelivery:
             expected = await self._start_offset(tp)
         if expected is None or offset == expected:
             self._next_offset[tp] = offset + 1
-            self._refetching.pop(tp, None)
+            if self._refetching.pop(tp, None) is not None:
+                self._read_offset.release(tp)  # the refetch arrived
             if offset in self._finished_offsets[tp]:
                 return False  # processed before a lower offset was handed back (`release`): not processed twice
             self._in_flight[tp.topic] += 1
@@ -168,6 +204,8 @@ class GuardedDelivery:
         for state in (self._next_offset, self._refetching, self._start, self._gone_below):
             for tp in tps:
                 state.pop(tp, None)
+        for tp in tps:
+            self._read_offset.release(tp)
 
     def _commit_floor(self, tp: TP) -> int | None:
         """The lowest offset of ``tp`` not yet committed, as far as known."""
@@ -216,6 +254,7 @@ class GuardedDelivery:
         self._next_offset[tp] = offset
         self._refetching[tp] = offset
         await self.seek(tp, offset)  # type: ignore[attr-defined]
+        self._read_offset.hold(tp, offset)
         # Fetch it even if Faust had set it aside. A message's ``tp`` is aiokafka's TopicPartition; Faust's set of
         # fetched partitions must hold its own TP (it asserts so, and the worker's fetcher crashed on it).
         self.on_buffer_drop(TP(tp.topic, tp.partition))  # type: ignore[attr-defined]

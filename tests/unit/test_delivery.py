@@ -56,6 +56,7 @@ class _FaustStandIn:
         self._acked: defaultdict[TP, list[int]] = defaultdict(list)
         self._acked_index: defaultdict[TP, set[int]] = defaultdict(set)
         self._committed_offset: defaultdict[TP, int | None] = defaultdict(lambda: None)
+        self._read_offset: defaultdict[TP, int | None] = defaultdict(lambda: None)
 
     async def earliest_offsets(self, *tps: TP) -> dict[TP, int]:
         return {tp: self.earliest[tp] for tp in tps}
@@ -65,6 +66,7 @@ class _FaustStandIn:
 
     async def seek(self, tp: TP, offset: int) -> None:
         self.seeks.append((tp, offset))
+        self._read_offset[tp] = offset or None  # as Faust's seek does
 
     def on_buffer_drop(self, tp: TP) -> None:
         self.buffer_drops.append(tp)
@@ -148,6 +150,48 @@ def test_a_refetch_gives_faust_its_own_tp_when_the_message_carries_aiokafkas() -
 
     assert _run(go()) is False
     assert consumer.buffer_drops == [P0] and all(type(tp) is TP for tp in consumer.buffer_drops)
+
+
+def _fetch_loop_hands_over(consumer: _Consumer, offset: int, tp: TP = P0) -> bool:
+    """Faust's fetch loop (``Consumer._drain_messages``) for one record: dropped below the partition's read offset;
+    else handed to the agent, which takes it, and then the read offset is set to it."""
+    read = consumer._read_offset[tp]
+    if read is not None and offset < read:
+        return False
+
+    async def agent() -> None:
+        if await consumer.take(_message(offset, tp)):
+            consumer.finished(_message(offset, tp))
+            consumer.release(_message(offset, tp))
+
+    _run(agent())
+    consumer._read_offset[tp] = offset
+    return True
+
+
+def test_the_fetch_loop_does_not_undo_a_refetch_made_while_it_handed_over_a_record() -> None:
+    """The agent's take refetches a hole while Faust's fetch loop is handing over the later record; the loop then
+    sets the read offset to that record's, which dropped the refetched records (the partition waited for the stall
+    check, 100 s with refetch_idle_s 60 in test_budget_pipeline.py)."""
+    consumer = _Consumer()
+    consumer._thread.committed[P0] = 2
+    assert _fetch_loop_hands_over(consumer, 3)  # offset 2 was passed over
+    assert consumer.seeks == [(P0, 2)]
+    assert _fetch_loop_hands_over(consumer, 4)  # the rest of the batch fetched before the refetch
+    assert [_fetch_loop_hands_over(consumer, offset) for offset in (2, 3, 4)] == [True, True, True]
+    assert consumer._next_offset[P0] == 5 and consumer.seeks == [(P0, 2)]
+    assert consumer._finished_offsets[P0] == {2, 3, 4}
+
+
+def test_a_refetch_from_offset_0_is_held_too_and_a_rebalance_ends_a_hold() -> None:
+    consumer = _Consumer()
+    assert _fetch_loop_hands_over(consumer, 1)  # never committed: starts at the earliest, 0
+    assert consumer.seeks == [(P0, 0)] and consumer._read_offset[P0] is None
+    assert _fetch_loop_hands_over(consumer, 0) and consumer._read_offset[P0] == 0
+    consumer._read_offset.hold(P0, 7)
+    _run(consumer.on_partitions_assigned({P0}))
+    consumer._read_offset[P0] = 3  # Faust's seek to the committed offset after the rebalance
+    assert consumer._read_offset[P0] == 3
 
 
 def test_records_gone_before_the_committed_offset_start_the_refetch_at_the_earliest_offset() -> None:
