@@ -16,10 +16,10 @@ topics (events and closed):
 * **No silent stall.** When an agent has been idle for ``refetch_idle_s`` while a partition it owns has records
   past the offset it should take next, that partition is fetched again from there (a *stall*).
 * **A refetch is not undone.** Faust's fetch loop drops a record below its partition's *read offset* and sets
-  that offset after it hands a record to the agents, so a refetch's seek made meanwhile (by the agent, in
-  `take`) was overwritten with a later offset and the refetched records dropped, leaving the partition to the
-  stall check. `ReadOffsets` holds a refetched partition's read offset at the refetch's start until the
-  record there is read.
+  that offset after it hands a record to the agents; with a full buffer it hands over later records of the old
+  fetch after a refetch's seek (made by the agent, in `take`), which would move the read offset past the
+  refetch's start and drop the refetched records, leaving the partition to the stall check. `ReadOffsets`
+  holds a refetched partition's read offset at the refetch's start until the record there is read.
 
 Every refetch is logged (WARNING) and counted (``convowatch_partition_refetches_total``).
 """
@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, MutableMapping
 from typing import Any
 
 from faust.types import TP, EventT, Message, StreamT
@@ -85,7 +85,8 @@ class GuardedDelivery:
         self._in_flight: defaultdict[str, int] = defaultdict(int)  # events taken and not yet released, per topic
         self._last_activity: dict[str, float] = {}  # monotonic time of the last take or release, per topic
         self._committed_before: dict[TP, int] = {}  # what this consumer had committed when a partition came (back)
-        self._read_offset = ReadOffsets()  # Faust's, read by its fetch loop from when the consumer starts
+        self._read_offsets = ReadOffsets()
+        self._read_offset: MutableMapping[TP, int | None] = self._read_offsets  # Faust's, used by its fetch loop
 
     # -------------------------------------------------------------- what the agents call
 
@@ -99,7 +100,7 @@ class GuardedDelivery:
         if expected is None or offset == expected:
             self._next_offset[tp] = offset + 1
             if self._refetching.pop(tp, None) is not None:
-                self._read_offset.release(tp)  # the refetch arrived
+                self._read_offsets.release(tp)  # the refetch arrived
             if offset in self._finished_offsets[tp]:
                 return False  # processed before a lower offset was handed back (`release`): not processed twice
             self._in_flight[tp.topic] += 1
@@ -205,7 +206,7 @@ class GuardedDelivery:
             for tp in tps:
                 state.pop(tp, None)
         for tp in tps:
-            self._read_offset.release(tp)
+            self._read_offsets.release(tp)
 
     def _commit_floor(self, tp: TP) -> int | None:
         """The lowest offset of ``tp`` not yet committed, as far as known."""
@@ -254,7 +255,7 @@ class GuardedDelivery:
         self._next_offset[tp] = offset
         self._refetching[tp] = offset
         await self.seek(tp, offset)  # type: ignore[attr-defined]
-        self._read_offset.hold(tp, offset)
+        self._read_offsets.hold(tp, offset)
         # Fetch it even if Faust had set it aside. A message's ``tp`` is aiokafka's TopicPartition; Faust's set of
         # fetched partitions must hold its own TP (it asserts so, and the worker's fetcher crashed on it).
         self.on_buffer_drop(TP(tp.topic, tp.partition))  # type: ignore[attr-defined]

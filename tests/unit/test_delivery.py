@@ -188,7 +188,7 @@ def test_a_refetch_from_offset_0_is_held_too_and_a_rebalance_ends_a_hold() -> No
     assert _fetch_loop_hands_over(consumer, 1)  # never committed: starts at the earliest, 0
     assert consumer.seeks == [(P0, 0)] and consumer._read_offset[P0] is None
     assert _fetch_loop_hands_over(consumer, 0) and consumer._read_offset[P0] == 0
-    consumer._read_offset.hold(P0, 7)
+    consumer._read_offsets.hold(P0, 7)
     _run(consumer.on_partitions_assigned({P0}))
     consumer._read_offset[P0] = 3  # Faust's seek to the committed offset after the rebalance
     assert consumer._read_offset[P0] == 3
