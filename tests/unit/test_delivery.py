@@ -170,9 +170,10 @@ def _fetch_loop_hands_over(consumer: _Consumer, offset: int, tp: TP = P0) -> boo
 
 
 def test_the_fetch_loop_does_not_undo_a_refetch_made_while_it_handed_over_a_record() -> None:
-    """The agent's take refetches a hole while Faust's fetch loop is handing over the later record; the loop then
-    sets the read offset to that record's, which dropped the refetched records (the partition waited for the stall
-    check, 100 s with refetch_idle_s 60 in test_budget_pipeline.py)."""
+    """The agent's take refetches a hole while Faust's fetch loop is handing over the later records of its last
+    fetch (a full buffer); the loop sets the read offset to each, which would drop the refetched records and leave
+    the partition to the stall check. (A 100 s wait for it, seen once in test_budget_pipeline.py with
+    refetch_idle_s 60, may have been this; two instrumented runs did not show it again.)"""
     consumer = _Consumer()
     consumer._thread.committed[P0] = 2
     assert _fetch_loop_hands_over(consumer, 3)  # offset 2 was passed over
