@@ -32,6 +32,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, MutableMapping
 from typing import Any
 
+from faust.transport.consumer import ensure_TP
 from faust.types import TP, EventT, Message, StreamT
 from faust.types.tuples import ack_lock
 
@@ -248,6 +249,9 @@ class GuardedDelivery:
         return self._next_offset.get(tp)
 
     async def _refetch(self, tp: TP, offset: int, reason: str, why: str) -> None:
+        # A message's ``tp`` is aiokafka's TopicPartition; Faust's sets of partitions must hold its own TP (it
+        # asserts so: the worker's fetcher crashed on one handed to ``on_buffer_drop``).
+        tp = ensure_TP(tp)
         earliest = (await self.earliest_offsets(tp)).get(tp)  # type: ignore[attr-defined]
         if earliest is not None and earliest > offset:  # the records before it are gone (retention)
             offset = self._gone_below[tp] = earliest
@@ -256,9 +260,7 @@ class GuardedDelivery:
         self._refetching[tp] = offset
         await self.seek(tp, offset)  # type: ignore[attr-defined]
         self._read_offsets.hold(tp, offset)
-        # Fetch it even if Faust had set it aside. A message's ``tp`` is aiokafka's TopicPartition; Faust's set of
-        # fetched partitions must hold its own TP (it asserts so, and the worker's fetcher crashed on it).
-        self.on_buffer_drop(TP(tp.topic, tp.partition))  # type: ignore[attr-defined]
+        self.on_buffer_drop(tp)  # type: ignore[attr-defined]  # fetch it even if Faust had set it aside
         on_refetch: Callable[[str, str], None] | None = getattr(self.app, "on_refetch", None)  # type: ignore[attr-defined]
         if on_refetch is not None:
             on_refetch(tp.topic, reason)

@@ -152,20 +152,14 @@ def test_a_refetch_gives_faust_its_own_tp_when_the_message_carries_aiokafkas() -
     assert consumer.buffer_drops == [P0] and all(type(tp) is TP for tp in consumer.buffer_drops)
 
 
-def _fetch_loop_hands_over(consumer: _Consumer, offset: int, tp: TP = P0) -> bool:
+def _fetch_loop_hands_over(consumer: _Consumer, offset: int) -> bool:
     """Faust's fetch loop (``Consumer._drain_messages``) for one record: dropped below the partition's read offset;
     else handed to the agent, which takes it, and then the read offset is set to it."""
-    read = consumer._read_offset[tp]
+    read = consumer._read_offset[P0]
     if read is not None and offset < read:
         return False
-
-    async def agent() -> None:
-        if await consumer.take(_message(offset, tp)):
-            consumer.finished(_message(offset, tp))
-            consumer.release(_message(offset, tp))
-
-    _run(agent())
-    consumer._read_offset[tp] = offset
+    _takes(consumer, [offset])
+    consumer._read_offset[P0] = offset
     return True
 
 
