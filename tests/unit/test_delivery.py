@@ -58,6 +58,7 @@ class _FaustStandIn:
         self._committed_offset: defaultdict[TP, int | None] = defaultdict(lambda: None)
         self._read_offset: defaultdict[TP, int | None] = defaultdict(lambda: None)
         self.assigned: set[TP] = {P0}
+        self._gap: defaultdict[TP, list[tuple[int, int]]] = defaultdict(list)  # Faust's: an IntervalTree per partition
 
     async def earliest_offsets(self, *tps: TP) -> dict[TP, int]:
         return {tp: self.earliest[tp] for tp in tps}
@@ -455,6 +456,18 @@ def test_after_deleted_records_the_commit_starts_at_the_earliest_offset() -> Non
         consumer.ack(offset)
         consumer.finished(_message(offset))
     assert consumer._new_offset(P0) == 12
+
+
+def test_the_offsets_faust_notes_as_skipped_are_dropped_for_guarded_topics_whose_commits_never_read_them() -> None:
+    """Faust's fetch loop notes a jump in a partition's offsets (a refetch's seek makes them) for its own commit
+    rule, which `GuardedDelivery` replaces for the guarded topics: kept, they would pile up for good."""
+    consumer = _Consumer()
+    consumer._committed_offset[P0] = 5
+    consumer._gap[P0].append((8, 12))
+    consumer.ack(5)
+    consumer.finished(_message(5))
+    assert consumer._new_offset(P0) == 6
+    assert P0 not in consumer._gap
 
 
 def test_a_long_run_of_uncommitted_offsets_is_logged_short() -> None:
