@@ -13,8 +13,7 @@
   partition their state lives in, so every state change happens in the
   agent, in order.
 * ``refetch_stalled`` (a timer) fetches a partition again when records wait
-  in it while its agent idles or takes only other partitions' events
-  (`GuardedDelivery`, below).
+  in it while its agent idles (`GuardedDelivery`, below).
 * ``score`` scores closed conversations with the active scorer version
   (`ScorerRollout`, stream/rollout.py) and publishes one `ScoreRecord` per
   conversation, scored or unscored; when a shadow version is rolled out, it

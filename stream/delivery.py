@@ -13,12 +13,8 @@ topics (events and closed):
   delivered twice is not processed twice. A record an agent takes and hands back unfinished is expected again.
 * **Only finished events are committed.** Agents call `finished`; before each commit, acked offsets that were
   not finished are withdrawn, so the commit stops below them and the event is delivered again.
-* **No silent stall.** A partition with records past the offset its agent should take next is fetched again
-  from there (a *stall*) when the agent has been idle for ``refetch_idle_s``, or when the agent kept taking
-  other partitions' events while this one delivered nothing for that long (a partition Faust stopped fetching
-  is not left behind because the others keep the agent busy). Time the agent stood still (no take or release
-  for half of ``refetch_idle_s``, e.g. a judge-budget wait) does not count: the partition's records may be
-  queued behind the blocked event.
+* **No silent stall.** When an agent has been idle for ``refetch_idle_s`` while a partition it owns has records
+  past the offset it should take next, that partition is fetched again from there (a *stall*).
 * **A refetch is not undone.** Faust's fetch loop drops a record below its partition's *read offset* and sets
   that offset after it hands a record to the agents; with a full buffer it hands over later records of the old
   fetch after a refetch's seek (made by the agent, in `take`), which would move the read offset past the
@@ -31,7 +27,6 @@ Every refetch is logged (WARNING) and counted (``convowatch_partition_refetches_
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, MutableMapping
@@ -90,9 +85,6 @@ class GuardedDelivery:
         self._gone_below: dict[TP, int] = {}  # the earliest offset, when records past the committed one were deleted
         self._in_flight: defaultdict[str, int] = defaultdict(int)  # events taken and not yet released, per topic
         self._last_activity: dict[str, float] = {}  # monotonic time of the last take or release, per topic
-        self._last_delivery: dict[TP, float] = {}  # monotonic time a record of the partition last reached `take`
-        self._busy_since: dict[str, float] = {}  # when the topic's agent last began taking after standing still
-        self._pause_s = math.inf  # a gap in the agent's takes and releases this long is standing still (idle or blocked)
         self._committed_before: dict[TP, int] = {}  # what this consumer had committed when a partition came (back)
         self._read_offsets = ReadOffsets()
         self._read_offset: MutableMapping[TP, int | None] = self._read_offsets  # Faust's, used by its fetch loop
@@ -102,7 +94,7 @@ class GuardedDelivery:
     async def take(self, message: Message) -> bool:
         """Whether the agent should process ``message`` now: the next offset of its partition."""
         tp, offset = message.tp, message.offset
-        self._last_delivery[tp] = self._note_activity(tp.topic)
+        self._last_activity[tp.topic] = time.monotonic()
         expected = self._next_offset.get(tp)
         if expected is None:
             expected = await self._start_offset(tp)
@@ -126,7 +118,7 @@ class GuardedDelivery:
         the partition stays with this worker and no seek to the committed offset follows."""
         tp, offset = message.tp, message.offset
         self._in_flight[tp.topic] -= 1
-        self._note_activity(tp.topic)
+        self._last_activity[tp.topic] = time.monotonic()
         if offset not in self._finished_offsets[tp] and self._next_offset.get(tp, offset) > offset:
             self._next_offset[tp] = offset
 
@@ -135,58 +127,30 @@ class GuardedDelivery:
         self._finished_offsets[message.tp].add(message.offset)
 
     async def refetch_stalled(self, idle_s: float) -> None:
-        """Fetch again each guarded partition with records past its next offset that waited ``idle_s``: while its
-        agent idled, or while the agent took only other partitions' events."""
+        """Fetch again each guarded partition with records past its next offset while its agent idles ``idle_s``."""
         app: Any = self.app  # type: ignore[attr-defined]
         now = time.monotonic()
-        self._pause_s = idle_s / 2
         if app.rebalancing or app.in_recovery:  # idle time counts from the end of a rebalance
             self._last_activity.update((topic, now) for topic in app.guarded_topics)
-            self._busy_since.update((topic, now) for topic in app.guarded_topics)
-            self._last_delivery.clear()
             return
         assigned = [tp for tp in self.assignment() if tp.topic in app.guarded_topics]  # type: ignore[attr-defined]
-        waited: dict[TP, str] = {}  # partition -> what its agent did while it waited
-        for tp in assigned:
-            if self._agent_idle(tp.topic, now, idle_s):
-                waited[tp] = f"while its agent idled {idle_s:g} s"
-            elif self._passed_over(tp, now, idle_s):
-                waited[tp] = f"{idle_s:g} s while its agent took other partitions' events"
-        if not waited:
+        idle = [
+            tp
+            for tp in assigned
+            if not self._in_flight[tp.topic] and now - self._last_activity.setdefault(tp.topic, now) >= idle_s
+        ]
+        if not idle:
             return
-        highwaters = await self.highwaters(*waited)  # type: ignore[attr-defined]
+        highwaters = await self.highwaters(*idle)  # type: ignore[attr-defined]
         if app.rebalancing:  # began while we waited: the partitions may not be ours any more
             return
-        for tp, while_ in waited.items():
+        for tp in idle:
             expected = self._next_offset.get(tp)
             if expected is None:
                 expected = await self._start_offset(tp)
             if expected is not None and highwaters.get(tp, -1) > expected:
-                await self._refetch(tp, expected, "stall", f"{highwaters[tp] - expected} records waited {while_}")
-                # Both clocks start again: the refetched records take a moment to arrive.
-                self._last_activity[tp.topic] = self._busy_since[tp.topic] = self._last_delivery[tp] = time.monotonic()
-
-    def _agent_idle(self, topic: str, now: float, idle_s: float) -> bool:
-        """The topic's agent has taken and released nothing for ``idle_s`` and holds no event (a judge-budget wait
-        is not idle)."""
-        return not self._in_flight[topic] and now - self._last_activity.setdefault(topic, now) >= idle_s
-
-    def _passed_over(self, tp: TP, now: float, idle_s: float) -> bool:
-        """The agent kept taking events, never standing still, for ``idle_s`` while none of ``tp``'s reached it.
-
-        Time the agent stood still (a judge-budget wait) does not count: ``tp``'s records may be behind the blocked
-        event in Faust's buffer."""
-        busy = now - self._last_activity.setdefault(tp.topic, now) < self._pause_s
-        since = max(self._last_delivery.setdefault(tp, now), self._busy_since.setdefault(tp.topic, now))
-        return busy and now - since >= idle_s
-
-    def _note_activity(self, topic: str) -> float:
-        """The topic's agent took or released an event now (returned)."""
-        now = time.monotonic()
-        if now - self._last_activity.get(topic, -math.inf) >= self._pause_s:
-            self._busy_since[topic] = now
-        self._last_activity[topic] = now
-        return now
+                await self._refetch(tp, expected, "stall", f"{highwaters[tp] - expected} records wait while idle {idle_s:g} s")
+                self._last_activity[tp.topic] = time.monotonic()
 
     # -------------------------------------------------------------- Faust's hooks
 
@@ -240,7 +204,7 @@ class GuardedDelivery:
     # -------------------------------------------------------------- internals
 
     def _forget(self, tps: set[TP]) -> None:
-        for state in (self._next_offset, self._refetching, self._start, self._gone_below, self._last_delivery):
+        for state in (self._next_offset, self._refetching, self._start, self._gone_below):
             for tp in tps:
                 state.pop(tp, None)
         for tp in tps:

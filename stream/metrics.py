@@ -170,7 +170,7 @@ class ServiceMetrics:
         self.partition_refetches = Counter(
             "convowatch_partition_refetches",
             "Partitions fetched again from the next offset to process, by topic and reason "
-            "(hole: a later record arrived first; stall: records waited while the agent idled or took other partitions').",
+            "(hole: a later record arrived first; stall: records waited while the agent idled).",
             ["topic", "reason"],
             registry=r,
         )

@@ -120,8 +120,7 @@ class KafkaSettings(BaseModel):
     refetch_idle_s: float = Field(
         default=10.0,
         gt=0,
-        description="A worker partition whose waiting records did not reach its agent for this long (the agent idle, or "
-        "taking only other partitions' events) is fetched again.",
+        description="A worker partition with records waiting while its agent has been idle this long is fetched again.",
     )
     max_poll_records: int = Field(
         default=500,

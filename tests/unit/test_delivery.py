@@ -57,7 +57,6 @@ class _FaustStandIn:
         self._acked_index: defaultdict[TP, set[int]] = defaultdict(set)
         self._committed_offset: defaultdict[TP, int | None] = defaultdict(lambda: None)
         self._read_offset: defaultdict[TP, int | None] = defaultdict(lambda: None)
-        self.assigned: set[TP] = {P0}
         self._gap: defaultdict[TP, list[tuple[int, int]]] = defaultdict(list)  # Faust's: an IntervalTree per partition
 
     async def earliest_offsets(self, *tps: TP) -> dict[TP, int]:
@@ -74,7 +73,7 @@ class _FaustStandIn:
         self.buffer_drops.append(tp)
 
     def assignment(self) -> set[TP]:
-        return self.assigned
+        return {P0}
 
     async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
         pass
@@ -266,89 +265,6 @@ def test_a_stalled_partition_is_fetched_again_only_when_its_agent_idles_with_rec
     time.sleep(0.06)
     _run(consumer.refetch_stalled(idle_s=0.05))
     assert consumer.seeks == [(P0, 6)]
-
-
-IDLE_S = 1.0  # the stall check's idle_s in the tests below; the agent stands still after IDLE_S / 2
-
-
-class _BusyAgent:
-    """An agent on partitions P0 and P1 that takes events every few milliseconds, each check of the stall timer
-    in between; ``next`` is the next offset of each partition."""
-
-    def __init__(self, consumer: _Consumer) -> None:
-        self.consumer = consumer
-        self.next: dict[TP, int] = {}
-
-    def take(self, tp: TP, finish: bool = True) -> None:
-        async def go() -> None:
-            offset = self.next.setdefault(tp, 0)
-            assert await self.consumer.take(_message(offset, tp))
-            self.next[tp] = offset + 1
-            if finish:
-                self.consumer.finished(_message(offset, tp))
-                self.consumer.release(_message(offset, tp))
-
-        _run(go())
-
-    def works(self, seconds: float, partitions: tuple[TP, ...]) -> None:
-        """Take an event of each of ``partitions`` and run the stall check, every 20 ms for ``seconds``."""
-        until = time.monotonic() + seconds
-        while time.monotonic() < until:
-            for tp in partitions:
-                self.take(tp)
-            _run(self.consumer.refetch_stalled(idle_s=IDLE_S))
-            time.sleep(0.02)
-
-
-def _two_partitions() -> tuple[_Consumer, TP]:
-    consumer = _Consumer()
-    p1 = TP(TOPIC, 1)
-    consumer.assigned = {P0, p1}
-    consumer._thread.committed.update({P0: 0, p1: 0})
-    consumer.end.update({P0: 1000, p1: 1000})  # records wait in both
-    return consumer, p1
-
-
-def test_a_partition_passed_over_while_its_agent_takes_other_partitions_is_fetched_again() -> None:
-    """Faust stopped fetching P0 while P1's records keep the agent busy: the agent never idles, so only the
-    per-partition clock can rescue P0."""
-    consumer, p1 = _two_partitions()
-    agent = _BusyAgent(consumer)
-    agent.works(IDLE_S * 0.75, (p1,))
-    assert consumer.seeks == []  # not yet IDLE_S
-    agent.works(IDLE_S * 0.5, (p1,))
-    assert consumer.seeks == [(P0, 0)] and consumer.refetches == [(TOPIC, "stall")]  # P1, delivering, is left alone
-    agent.works(IDLE_S * 0.5, (p1,))  # the refetch restarts P0's clock while its records are on their way
-    assert consumer.seeks == [(P0, 0)]
-
-
-def test_a_partition_that_delivers_or_has_nothing_waiting_is_not_fetched_again_while_the_agent_is_busy() -> None:
-    consumer, p1 = _two_partitions()
-    consumer.end[P0] = 0
-    agent = _BusyAgent(consumer)
-    agent.works(IDLE_S * 1.5, (p1,))  # P0 is passed over, but nothing waits in it
-    consumer.end[P0] = 1000
-    agent.works(IDLE_S * 1.5, (p1, P0))  # now records wait in P0, and it keeps delivering them
-    assert consumer.seeks == []
-
-
-def test_a_partition_waiting_behind_an_agent_that_stood_still_counts_only_the_time_the_agent_took_events() -> None:
-    """A judge-budget wait blocks the agent on a P1 conversation; P0's record may be behind it in Faust's buffer,
-    so the wait does not count as P0 being passed over."""
-    consumer, p1 = _two_partitions()
-    agent = _BusyAgent(consumer)
-    agent.works(IDLE_S * 0.25, (p1,))
-    agent.take(p1, finish=False)  # held (say, waiting for the judge budget)
-    for _ in range(4):  # longer than IDLE_S / 2: the agent stands still, neither idle nor busy
-        time.sleep(IDLE_S * 0.2)
-        _run(consumer.refetch_stalled(idle_s=IDLE_S))
-    blocked = _message(agent.next[p1] - 1, p1)
-    consumer.finished(blocked)
-    consumer.release(blocked)
-    agent.works(IDLE_S * 0.75, (p1,))  # P0 has waited well past IDLE_S, but the agent took events for less
-    assert consumer.seeks == []
-    agent.works(IDLE_S * 0.5, (p1,))
-    assert consumer.seeks == [(P0, 0)]
 
 
 def test_a_rebalance_that_begins_while_the_stall_check_waits_for_the_broker_stops_it() -> None:
