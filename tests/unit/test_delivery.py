@@ -376,7 +376,7 @@ def test_after_deleted_records_the_commit_starts_at_the_earliest_offset() -> Non
 
 def test_the_offsets_faust_notes_as_skipped_are_dropped_for_guarded_topics_whose_commits_never_read_them() -> None:
     """Faust's fetch loop notes a jump in a partition's offsets (a refetch's seek makes them) for its own commit
-    rule, which `GuardedDelivery` replaces for the guarded topics: kept, they would pile up for good."""
+    rule, which `GuardedDelivery` replaces for the guarded topics: kept, they pile up until the partition is revoked."""
     consumer = _Consumer()
     consumer._committed_offset[P0] = 5
     consumer._gap[P0].append((8, 12))
