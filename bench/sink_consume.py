@@ -2,9 +2,9 @@
 
 kafka-python checks every fetched batch's CRC-32C; without the `crc32c` package it does so in pure Python, which
 was ~20 % of the sink's CPU in a py-spy profile of bench/pipeline_throughput.py. This benchmark publishes
-`N_RECORDS` turn events of ~350 bytes to a tansu broker started here, then reads them back with the sink's
-consumer settings (no group), best of 3 reads, once with the C extension and once with it hidden (a child
-process each).
+`N_RECORDS` turn events of ~350 bytes to a tansu broker started here, then reads them back as the sink polls
+(500 records at a time; no consumer group), best of 3 reads, once with the C extension and once with it hidden (a
+child process each).
 
 Run: ``.venv/bin/python bench/sink_consume.py`` (about a minute); figures to bench/results/sink_consume.json.
 """
