@@ -12,7 +12,6 @@ Run: ``.venv/bin/python bench/sink_consume.py`` (about a minute); figures to ben
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,7 +24,7 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
 
 from kafka import KafkaConsumer, KafkaProducer  # noqa: E402
 
-from deploy.local.stack import StackConfig, start_kafka, stop  # noqa: E402
+from deploy.local.stack import stop  # noqa: E402
 
 N_RECORDS = 22_000
 RUNS = 3
@@ -35,12 +34,6 @@ VALUE = (
     b'"turn_index":3,"role":"user","text":"' + b"x" * 200 + b'"}'
 )
 RESULTS = ROOT / "bench" / "results" / "sink_consume.json"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def best_consume_rate(bootstrap: str) -> float:
@@ -71,12 +64,11 @@ def child(bootstrap: str, with_c: bool) -> float:
 
 
 def main() -> None:
-    import judge_cost  # bench/judge_cost.py, beside this script
+    import judge_cost  # bench/, beside this script; imported here to keep the timed children light
+    import pipeline_throughput
 
-    port = _free_port()
-    cfg = StackConfig(state_dir=Path(tempfile.mkdtemp(prefix="convowatch-bench-sink-")), kafka_port=port)
-    start_kafka(cfg)
-    bootstrap = f"127.0.0.1:{port}"
+    stack = pipeline_throughput.start_broker(Path(tempfile.mkdtemp(prefix="convowatch-bench-sink-")))
+    bootstrap = stack.bootstrap
     try:
         producer = KafkaProducer(bootstrap_servers=[bootstrap], linger_ms=5)
         for i in range(N_RECORDS):
@@ -85,7 +77,7 @@ def main() -> None:
         producer.close()
         rates = {"python_fallback": child(bootstrap, with_c=False), "c_extension": child(bootstrap, with_c=True)}
     finally:
-        stop(cfg, ["kafka"])
+        stop(stack.cfg, ["kafka"])
     for name, rate in rates.items():
         print(f"kafka-python consume, CRC-32C {name.replace('_', ' ')}: {rate:,.0f} records/s")
     RESULTS.write_text(
@@ -101,7 +93,8 @@ def main() -> None:
             },
             indent=2,
         )
-        + "\n"
+        + "\n",
+        encoding="utf-8",
     )
 
 
