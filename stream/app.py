@@ -4,10 +4,11 @@
          │  (validate; state in the `conversations` table)        │
          └──► dead-letter topic                                    └──► sink (stream/sink.py) → ClickHouse
 
-* ``assemble`` takes raw events a batch at a time, validates each (bad ones go
-  to the dead-letter topic with the original bytes and the reason), applies it
-  to the conversation's state with `ConversationAssembler`, publishes closed
-  conversations, and writes each state the batch changed once (`StateBatch`).
+* ``assemble`` takes raw events a batch at a time and applies them with
+  `BatchAssembler` (stream/batch_assembly.py: validate, apply each to its
+  conversation's state, enforce the caps), publishes the closed conversations
+  and the dead letters (bad events, with the original bytes and the reason),
+  then writes each state the batch changed once (`StateBatch`).
 * ``idle`` (a timer) publishes ``end`` events with cause ``idle_timeout`` or
   ``retention`` for conversations on this worker's partitions, into the
   partition their state lives in, so every state change happens in the
@@ -47,17 +48,17 @@ import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, EventT
 
-from stream.assembly import ConversationAssembler, State, Step, is_closed
+from stream.assembly import is_closed
+from stream.batch_assembly import BatchAssembler
 from stream.broker_loss import BrokerLossWatch
 from stream.budget import BudgetGate, BudgetWaitInterrupted
-from stream.capacity import ConversationRecency, per_partition_limit
-from stream.contract import RECORD_HEADROOM_BYTES, DeadLetter, EndEvent, InvalidEvent, TurnEvent, encode_event, parse_event
+from stream.contract import RECORD_HEADROOM_BYTES, DeadLetter, EndEvent, encode_event
 from stream.delivery import GuardedDelivery, in_order, in_order_batches
 from stream.metrics import ServiceMetrics
 from stream.records import ClosedConversation, RecordError
 from stream.rollout import ScorerRollout
 from stream.settings import Settings
-from stream.state_batch import StateBatch
+from stream.state_batch import StateBatch, write_to_table
 
 log = logging.getLogger(__name__)
 
@@ -211,72 +212,12 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
         partitions=k.partitions,
         schema=faust.Schema(key_type=str, key_serializer="raw", value_serializer="json"),
     )
-    assembler = ConversationAssembler(settings.assembly)
     a = settings.assembly
-    open_index = ConversationRecency(per_partition_limit(a.max_open_conversations, k.partitions))
-    closed_index = ConversationRecency(per_partition_limit(a.max_closed_conversations, k.partitions))
-
+    assembly = BatchAssembler(a, k.partitions, metrics)
     dead_letter_bytes = k.max_record_bytes - RECORD_HEADROOM_BYTES
 
-    async def dead_letter(reason: str, detail: str, event: faust.types.EventT) -> None:
-        msg = event.message
-        letter = DeadLetter.of_record(reason, detail, msg.value, msg.key, msg.topic, msg.partition, msg.offset)
-        await dead_letter_topic.send(key=msg.key, value=letter.to_json(max_bytes=dead_letter_bytes))
-        metrics.dead_letters.labels(reason).inc()
-
-    async def assemble_event(event: EventT, batch: StateBatch) -> None:
-        msg = event.message
-        try:
-            ev = parse_event(msg.value, key=msg.key, max_text_bytes=a.max_text_bytes, max_event_bytes=a.max_event_bytes)
-        except InvalidEvent as e:
-            metrics.events.labels("invalid", "dead_letter").inc()
-            await dead_letter(e.reason, e.detail, event)
-            return
-        etype = type(ev).__name__.removesuffix("Event").lower()
-        key = ev.conversation_id
-        current = batch.get(key)
-        step = assembler.apply(current, ev, partition=msg.partition, now=time.time())
-        metrics.events.labels(etype, step.outcome).inc()
-        if step.dead_letter is not None:
-            await dead_letter(*step.dead_letter, event)
-        await record(key, current, step, event, batch)
-        if isinstance(ev, TurnEvent) and step.outcome == "accepted":
-            open_index.touch(msg.partition, key)
-            for longest_idle in open_index.excess(msg.partition):
-                await close_for_capacity(longest_idle, event, batch)
-
-    async def record(key: str, current: State | None, step: Step, event: EventT, batch: StateBatch) -> None:
-        """Publish what ``step`` closed, then keep its state (and the indexes of the caps); ``event`` is of the
-        partition being processed, where the state lives."""
-        partition = event.message.partition
-        if step.closed is not None:
-            # Publish before recording the close: a crash in between re-closes (deduplicated downstream)
-            # instead of losing the conversation.
-            await closed_topic.send(key=key.encode("utf-8"), value=step.closed.to_json())
-            metrics.conversations_closed.labels(step.closed.close_cause).inc()
-        if step.state is None:
-            if current is not None:
-                batch.set(key, None, event)
-            closed_index.discard(partition, key)
-        elif step.state is not current:
-            batch.set(key, step.state, event)
-        if step.state is None or step.closed is not None:
-            open_index.discard(partition, key)
-        if step.closed is not None:
-            closed_index.touch(partition, key)
-            for oldest in closed_index.excess(partition):
-                closed_index.discard(partition, oldest)
-                if is_closed(batch.get(oldest)):
-                    batch.set(oldest, None, event)
-                    metrics.closed_forgotten_early.inc()
-
-    async def close_for_capacity(key: str, event: EventT, batch: StateBatch) -> None:
-        """Close ``key`` (open, in the partition being processed, so its state is written to the right changelog
-        partition) with cause ``capacity``."""
-        current = batch.get(key)
-        now = time.time()
-        step = assembler.apply(current, EndEvent(key, now, cause="capacity"), event.message.partition, now)
-        await record(key, current, step, event, batch)
+    async def send_dead_letter(letter: DeadLetter) -> None:
+        await dead_letter_topic.send(key=letter.key, value=letter.to_json(max_bytes=dead_letter_bytes))
 
     table_in_use = asyncio.Lock()  # a batch's changes reach the table only at its end: the idle timer waits for it
 
@@ -285,9 +226,12 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
         async for events in app.in_order_batches(stream, a.batch_max_events, a.batch_max_wait_s):
             async with table_in_use:
                 batch = StateBatch(table)
-                for event in events:
-                    await assemble_event(event, batch)
-                batch.flush()
+                out = assembly.apply([event.message for event in events], batch)
+                for key, value in out.closed:
+                    await closed_topic.send(key=key, value=value)
+                for letter in out.dead_letters:
+                    await send_dead_letter(letter)
+                write_to_table(table, batch, {event.message.partition: event for event in events})
             for event in events:
                 app.finished(event)
 
@@ -316,13 +260,15 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
                 for key, state in table.items()
                 if state is not None and TP(k.events_topic, state["partition"]) in actives
             ]
-            open_index.sync([(state["partition"], key, state["last_seen"]) for key, state in mine if not is_closed(state)])
-            closed_index.sync([(state["partition"], key, state["closed_at"]) for key, state in mine if is_closed(state)])
+            assembly.open_index.sync(
+                [(state["partition"], key, state["last_seen"]) for key, state in mine if not is_closed(state)]
+            )
+            assembly.closed_index.sync([(state["partition"], key, state["closed_at"]) for key, state in mine if is_closed(state)])
         for key, state in mine:
-            cause = assembler.due(state, now)
+            cause = assembly.assembler.due(state, now)
             if cause is not None:
                 await request_end(key, cause, state["partition"], now)
-        metrics.open_conversations.set(len(open_index))
+        metrics.open_conversations.set(len(assembly.open_index))
         metrics.assigned_partitions.set(sum(1 for tp in actives if tp.topic == k.events_topic))
         lags = await consumer_lag(app, actives)
         metrics.set_consumer_lag(lags)
@@ -341,7 +287,11 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
         try:
             closed = ClosedConversation.from_json(event.message.value)
         except RecordError as e:
-            await dead_letter("bad_closed_record", str(e), event)
+            msg = event.message
+            await send_dead_letter(
+                DeadLetter.of_record("bad_closed_record", str(e), msg.value, msg.key, msg.topic, msg.partition, msg.offset)
+            )
+            metrics.dead_letters.labels("bad_closed_record").inc()
             return True
         scorers = rollout.current  # one version scores the whole conversation, whatever switches meanwhile
         key = closed.conversation_id.encode("utf-8")

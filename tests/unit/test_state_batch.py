@@ -1,5 +1,5 @@
-"""`StateBatch`: a batch's reads see its own changes; each changed conversation reaches the table once, at flush,
-written while the event of its partition is Faust's current event (where Faust sends the changelog record)."""
+"""`StateBatch`: a batch's reads see its own changes; `write_to_table` writes each changed conversation to the table
+once, while an event of its partition is Faust's current event (where Faust sends the changelog record)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from faust.streams import current_event
 
-from stream.state_batch import StateBatch
+from stream.state_batch import StateBatch, write_to_table
 
 
 class RecordingTable(dict):
@@ -43,19 +43,18 @@ def _event(partition: int) -> Any:
     return _Event(partition)
 
 
-def test_reads_see_the_batch_and_each_key_is_written_once_at_flush() -> None:
+def test_reads_see_the_batch_and_each_key_is_written_once_with_its_partitions_event() -> None:
     table = RecordingTable({"a": {"turns": 1}, "gone": {"turns": 3}})
     batch = StateBatch(table)
-    e0, e1 = _event(0), _event(1)
-    batch.set("a", {"turns": 2}, e0)
-    batch.set("a", {"turns": 3}, e0)
-    batch.set("b", {"turns": 1}, e1)
-    batch.set("gone", None, e1)
-    batch.set("never", None, e0)  # deleting what the table does not have writes nothing
+    batch.set("a", {"turns": 2}, 0)
+    batch.set("a", {"turns": 3}, 0)
+    batch.set("b", {"turns": 1}, 1)
+    batch.set("gone", None, 1)
+    batch.set("never", None, 0)  # deleting what the table does not have writes nothing
     assert batch.get("a") == {"turns": 3} and batch.get("gone") is None and batch.get("c") is None
+    assert batch.changes() == [("a", {"turns": 3}, 0), ("b", {"turns": 1}, 1), ("gone", None, 1), ("never", None, 0)]
     assert table.writes == [] and table["a"] == {"turns": 1}
-    assert batch.flush() == 4
+    assert write_to_table(table, batch, {0: _event(0), 1: _event(1)}) == 4
     assert table.writes == [("set", "a", 0), ("set", "b", 1), ("del", "gone", 1)]
     assert dict(table) == {"a": {"turns": 3}, "b": {"turns": 1}}
-    assert len(batch) == 0 and batch.flush() == 0
-    assert current_event() is None  # the current event is restored after the flush
+    assert current_event() is None  # the current event is restored after the write
