@@ -38,6 +38,15 @@ def service_topics(settings: KafkaSettings) -> list[str]:
     ]
 
 
+def new_topic(settings: KafkaSettings, name: str) -> NewTopic:
+    """The topic to create: ``kafka.partitions`` partitions; the changelog compacted, since restoring a partition's
+    conversations needs only each one's last state (Faust would create its changelog so, but finds it made here, and
+    a changelog under the default delete policy keeps every state written for the retention period, all read back
+    on each restore)."""
+    configs = {"cleanup.policy": "compact"} if name == changelog_topic(settings) else {}
+    return NewTopic(name, settings.partitions, settings.replication_factor, topic_configs=configs)
+
+
 def ensure_topics(settings: KafkaSettings) -> list[str]:
     """Create missing topics; return the names created. Raises `TopicError` with the broker address on failure."""
     try:
@@ -54,7 +63,7 @@ def ensure_topics(settings: KafkaSettings) -> list[str]:
         created = []
         for name in wanted:
             try:
-                admin.create_topics([NewTopic(name, settings.partitions, settings.replication_factor)])
+                admin.create_topics([new_topic(settings, name)])
                 created.append(name)
             except TopicAlreadyExistsError:
                 pass
