@@ -8,7 +8,10 @@
   `BatchAssembler` (stream/batch_assembly.py: validate, apply each to its
   conversation's state, enforce the caps), publishes the closed conversations
   and the dead letters (bad events, with the original bytes and the reason),
-  then writes each state the batch changed once (`StateBatch`).
+  then writes each state the batch changed once (`StateBatch`). With
+  ``assembly.consumer`` batch, the `AssemblyStage` (stream/assembly_stage.py)
+  does this on its own aiokafka consumer instead, off Faust, whole polls at a
+  time; its states live in memory and in the same changelog.
 * ``idle`` (a timer) publishes ``end`` events with cause ``idle_timeout`` or
   ``retention`` for conversations on this worker's partitions, into the
   partition their state lives in, so every state change happens in the
@@ -48,7 +51,8 @@ import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, EventT
 
-from stream.assembly import is_closed
+from stream.assembly import State, is_closed
+from stream.assembly_stage import AssemblyStage
 from stream.batch_assembly import BatchAssembler
 from stream.broker_loss import BrokerLossWatch
 from stream.budget import BudgetGate, BudgetWaitInterrupted
@@ -106,6 +110,7 @@ class WorkerApp(faust.App):
     budget: BudgetGate | None = None
     guarded_topics: frozenset[str] = frozenset()  # topics delivered by `GuardedDelivery`
     on_refetch: Callable[[str, str], None] | None = None  # (topic, reason) of each refetch, for the metric
+    assembly_stage: AssemblyStage | None = None  # with assembly.consumer = batch: the assemble stage, off Faust
 
     @property
     def guarded_consumer(self) -> GuardedDelivery:
@@ -143,6 +148,8 @@ class WorkerApp(faust.App):
         without waiting for the budget (the waiting conversation's offset stays uncommitted)."""
         if self.budget is not None:
             self.budget.call_off()
+        if self.assembly_stage is not None:
+            await self.assembly_stage.stop()
         await super().on_stop()
 
     async def _consumer_wait_empty(self, consumer: Any, logger: Any) -> None:
@@ -206,41 +213,65 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
     closed_topic = raw_topic(k.closed_topic)
     scores_topic = raw_topic(k.scores_topic)
     dead_letter_topic = raw_topic(k.dead_letter_topic)
-    table = app.Table(
-        TABLE_NAME,
-        default=None,
-        partitions=k.partitions,
-        schema=faust.Schema(key_type=str, key_serializer="raw", value_serializer="json"),
-    )
     a = settings.assembly
-    assembly = BatchAssembler(a, k.partitions, metrics)
     dead_letter_bytes = k.max_record_bytes - RECORD_HEADROOM_BYTES
 
     async def send_dead_letter(letter: DeadLetter) -> None:
         await dead_letter_topic.send(key=letter.key, value=letter.to_json(max_bytes=dead_letter_bytes))
 
-    table_in_use = asyncio.Lock()  # a batch's changes reach the table only at its end: the idle timer waits for it
+    stage: AssemblyStage | None = None
+    if a.consumer == "batch":
+        stage = app.assembly_stage = AssemblyStage(settings, metrics)
+        app.guarded_topics = frozenset({k.closed_topic})
+        assembly, states_lock = stage.assembly, stage.lock
 
-    @app.agent(events_topic, name="assemble")
-    async def assemble(stream: faust.StreamT) -> None:
-        async for events in app.in_order_batches(stream, a.batch_max_events, a.batch_max_wait_s):
-            async with table_in_use:
-                batch = StateBatch(table)
-                out = assembly.apply([event.message for event in events], batch)
-                for key, value in out.closed:
-                    await closed_topic.send(key=key, value=value)
-                for letter in out.dead_letters:
-                    await send_dead_letter(letter)
-                write_to_table(table, batch, {event.message.partition: event for event in events})
-            for event in events:
-                app.finished(event)
+        def owned_states() -> list[tuple[str, State]]:
+            return [(key, state) for key, state in stage.states.items() if state["partition"] in stage.partitions]
+
+        @app.task
+        async def assemble_batches() -> None:
+            await stage.start()
+            await stage.run()
+
+    else:
+        table = app.Table(
+            TABLE_NAME,
+            default=None,
+            partitions=k.partitions,
+            schema=faust.Schema(key_type=str, key_serializer="raw", value_serializer="json"),
+        )
+        assembly = BatchAssembler(a, k.partitions, metrics)
+        # a batch's changes reach the table only at its end: the idle timer waits for it
+        states_lock = asyncio.Lock()
+
+        def owned_states() -> list[tuple[str, State]]:
+            actives = app.assignor.assigned_actives()
+            return [
+                (key, state)
+                for key, state in table.items()
+                if state is not None and TP(k.events_topic, state["partition"]) in actives
+            ]
+
+        @app.agent(events_topic, name="assemble")
+        async def assemble(stream: faust.StreamT) -> None:
+            async for events in app.in_order_batches(stream, a.batch_max_events, a.batch_max_wait_s):
+                async with states_lock:
+                    batch = StateBatch(table)
+                    out = assembly.apply([event.message for event in events], batch)
+                    for key, value in out.closed:
+                        await closed_topic.send(key=key, value=value)
+                    for letter in out.dead_letters:
+                        await send_dead_letter(letter)
+                    write_to_table(table, batch, {event.message.partition: event for event in events})
+                for event in events:
+                    app.finished(event)
 
     @app.timer(interval=k.refetch_idle_s / 2, name="refetch_stalled")
     async def refetch_stalled() -> None:
         await app.guarded_consumer.refetch_stalled(k.refetch_idle_s)
 
     requested: dict[str, float] = {}
-    loss_watch = BrokerLossWatch(metrics, "worker", (k.events_topic, k.closed_topic))
+    loss_watch = BrokerLossWatch(metrics, "worker", (k.closed_topic,) if stage else (k.events_topic, k.closed_topic))
 
     async def request_end(key: str, cause: str, partition: int, now: float) -> None:
         """Publish a worker ``end`` for ``key`` unless one was requested lately (it is on its way)."""
@@ -253,13 +284,8 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
     @app.timer(interval=a.idle_check_interval_s, name="idle")
     async def idle() -> None:
         now = time.time()
-        actives = app.assignor.assigned_actives()
-        async with table_in_use:
-            mine = [
-                (key, state)
-                for key, state in table.items()
-                if state is not None and TP(k.events_topic, state["partition"]) in actives
-            ]
+        async with states_lock:
+            mine = owned_states()
             assembly.open_index.sync(
                 [(state["partition"], key, state["last_seen"]) for key, state in mine if not is_closed(state)]
             )
@@ -269,9 +295,15 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
             if cause is not None:
                 await request_end(key, cause, state["partition"], now)
         metrics.open_conversations.set(len(assembly.open_index))
-        metrics.assigned_partitions.set(sum(1 for tp in actives if tp.topic == k.events_topic))
+        actives = app.assignor.assigned_actives()
         lags = await consumer_lag(app, actives)
-        metrics.set_consumer_lag(lags)
+        if stage is not None:
+            stage_lags = await stage.lags()
+            metrics.set_consumer_lag(lags | stage_lags)
+            await stage.check_broker_loss(stage_lags)
+        else:
+            metrics.assigned_partitions.set(sum(1 for tp in actives if tp.topic == k.events_topic))
+            metrics.set_consumer_lag(lags)
         # Records the broker lost are logged and counted (the runbook says how to recover): a partition whose log ends
         # below this worker's position, or one that came back after a rebalance without the offsets this worker committed.
         consumer = app.guarded_consumer

@@ -157,6 +157,13 @@ class AssemblySettings(BaseModel):
         gt=0,
         description="How long a closed conversation is remembered to recognise late and redelivered events.",
     )
+    consumer: Literal["faust", "batch"] = Field(
+        default="faust",
+        description="How the worker reads the events topic: faust = the assemble agent, its state a Faust table; "
+        "batch = its own aiokafka consumer, a whole poll at a time, its state in memory and the same changelog topic "
+        "(stream/assembly_stage.py; several times faster, bench/assembly_ceiling.py). batch is new: the fault suite "
+        "runs on faust, and a deployment switched to batch reads its events topic again from the start.",
+    )
     batch_max_events: int = Field(
         default=500,
         ge=1,
