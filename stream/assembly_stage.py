@@ -171,12 +171,12 @@ class AssemblyStage:
         self.loss_watch.confirm(committed)
 
     async def _restore(self, partitions: set[int]) -> int:
+        """Read the changelog partitions of ``partitions`` into `states`; how many conversations they hold."""
         tps = [TopicPartition(self.changelog, p) for p in sorted(partitions)]
         reader = AIOKafkaConsumer(
             bootstrap_servers=self.settings.kafka.bootstrap_servers, enable_auto_commit=False, group_id=None
         )
         await reader.start()
-        restored = 0
         try:
             reader.assign(tps)
             await reader.seek_to_beginning(*tps)
@@ -190,11 +190,10 @@ class AssemblyStage:
                             self.states.pop(key, None)
                         else:
                             self.states[key] = json.loads(record.value)
-                            restored += 1
                 remaining = {tp for tp in remaining if await reader.position(tp) < ends[tp]}
         finally:
             await reader.stop()
-        return restored
+        return sum(1 for state in self.states.values() if state["partition"] in partitions)
 
     # -- what the idle timer reads --------------------------------------------------
 
@@ -204,8 +203,12 @@ class AssemblyStage:
         for p in sorted(self.partitions):
             tp = TopicPartition(self.events_topic, p)
             highwater = self.consumer.highwater(tp)
+            try:
+                position = await self.consumer.position(tp)
+            except IllegalStateError:  # revoked while the listener has yet to run
+                continue
             if highwater is not None:
-                lags[(self.events_topic, p)] = highwater - await self.consumer.position(tp)
+                lags[(self.events_topic, p)] = highwater - position
         return lags
 
     async def check_broker_loss(self, lags: dict[tuple[str, int], int]) -> None:
