@@ -45,7 +45,7 @@ one. Prints a table and writes
 may share the machine).
 
 Run from the repository root:
-``.venv/bin/python bench/pipeline_throughput.py [--conversations 2000 --turns 10] [--quick]``
+``.venv/bin/python bench/pipeline_throughput.py [--conversations 2000 --turns 10] [--quick] [--assembly-consumer batch]``
 """
 
 from __future__ import annotations
@@ -671,8 +671,9 @@ def start_broker(root: Path) -> Stack:
     return Stack(cfg, start_kafka(cfg).url)
 
 
-def base_env(rubric_set: Path, calibrator: Path, answers: Path, tansu: bool) -> dict[str, str]:
+def base_env(rubric_set: Path, calibrator: Path, answers: Path, tansu: bool, consumer: str = "faust") -> dict[str, str]:
     env = {
+        "CONVOWATCH_ASSEMBLY__CONSUMER": consumer,
         "CONVOWATCH_JUDGE__BACKEND": "recorded",
         "CONVOWATCH_JUDGE__RECORDED_ANSWERS": str(answers),
         "CONVOWATCH_RUBRIC_SET": str(rubric_set),
@@ -719,7 +720,9 @@ def run(args: argparse.Namespace, root: Path) -> dict:
         print(f"tansu broker on {stack.bootstrap}", flush=True)
 
         # 1 + 3: throughput (tansu settings) and the raw consume rate of the same topic
-        p1 = Pipeline(root, "tput", stack.bootstrap, base_env(rubric_set, calibrator, answers, tansu=True))
+        p1 = Pipeline(
+            root, "tput", stack.bootstrap, base_env(rubric_set, calibrator, answers, tansu=True, consumer=args.assembly_consumer)
+        )
         pipelines.append(p1)
         results["preload"] = preload(p1, work1)
         print(f"pre-loaded {results['preload']['events']} events in {results['preload']['seconds']} s", flush=True)
@@ -737,7 +740,12 @@ def run(args: argparse.Namespace, root: Path) -> dict:
         )
 
         if not args.quick:
-            p1b = Pipeline(root, "tput-default-batch", stack.bootstrap, base_env(rubric_set, calibrator, answers, tansu=False))
+            p1b = Pipeline(
+                root,
+                "tput-default-batch",
+                stack.bootstrap,
+                base_env(rubric_set, calibrator, answers, tansu=False, consumer=args.assembly_consumer),
+            )
             pipelines.append(p1b)
             preload(p1b, work1b)
             results["throughput_default_producer_batch"] = throughput(p1b, work1b, timeout)
@@ -754,7 +762,12 @@ def run(args: argparse.Namespace, root: Path) -> dict:
                 ("throughput_one_worker_joined", 1, "one", work1c),
                 ("throughput_two_workers", 2, "two", work1d),
             ):
-                pj = Pipeline(root, f"tput-{tag}-joined", stack.bootstrap, base_env(rubric_set, calibrator, answers, tansu=True))
+                pj = Pipeline(
+                    root,
+                    f"tput-{tag}-joined",
+                    stack.bootstrap,
+                    base_env(rubric_set, calibrator, answers, tansu=True, consumer=args.assembly_consumer),
+                )
                 pipelines.append(pj)
                 ensure_topics(pj.kafka_settings())
                 results[key] = throughput(pj, work, timeout, workers=workers, publish_after_join=True)
@@ -769,7 +782,12 @@ def run(args: argparse.Namespace, root: Path) -> dict:
         n2 = max(10, min(n, int(rate * LATENCY_PHASE_SECONDS / (turns + 1))))
         work2 = workload("l", n2, turns, seed=2, real_ids=real_ids, event_interval_s=1.0 / rate)
         assert set(work2.ids) <= set(work2_ids)
-        p2 = Pipeline(root, "latency", stack.bootstrap, base_env(rubric_set, calibrator, answers, tansu=True))
+        p2 = Pipeline(
+            root,
+            "latency",
+            stack.bootstrap,
+            base_env(rubric_set, calibrator, answers, tansu=True, consumer=args.assembly_consumer),
+        )
         pipelines.append(p2)
         print(f"latency phase: {n2} conversations ({len(work2.items)} events) at {rate:.0f} events/s ...", flush=True)
         results["latency"] = latency(p2, work2, warm, rate, timeout)
@@ -803,6 +821,7 @@ def report(args: argparse.Namespace, results: dict, wall_s: float) -> dict:
             "workers": 1,
             "judge": "recorded (GPT-3.5 LLM-Rubric answers re-keyed to synthetic ids)",
             "worker_env": TANSU_SETTINGS,
+            "assembly_consumer": args.assembly_consumer,
             "store": {
                 "flush_interval_s": StoreSettings().flush_interval_s,
                 "batch_size": StoreSettings().batch_size,
@@ -900,6 +919,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--rate", type=float, default=None, help="latency phase events/s (default: half the measured rate, <= 1000)"
+    )
+    parser.add_argument(
+        "--assembly-consumer",
+        choices=("faust", "batch"),
+        default="faust",
+        help="the workers' assembly.consumer (default faust, the service's default)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, stores) and print its path")
     args = parser.parse_args(argv)
