@@ -31,6 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
+import judge_cost  # noqa: E402  (bench/, beside this script)
+import pipeline_throughput  # noqa: E402
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: E402
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # noqa: E402
 
@@ -128,25 +130,13 @@ async def assemble(bootstrap: str, topics: tuple[str, str, str], expect: int, ma
     }
 
 
-async def raw_consume(bootstrap: str, topic: str, expect: int) -> float:
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False)
-    await consumer.start()
-    try:
-        n, started = 0, time.perf_counter()
-        while n < expect:
-            n += sum(len(r) for r in (await consumer.getmany(timeout_ms=1000, max_records=10_000)).values())
-        return n / (time.perf_counter() - started)
-    finally:
-        await consumer.stop()
-
-
 async def measure(bootstrap: str, conversations: int, runs: int) -> dict:
     passes: dict[str, list[dict]] = {"default_batch": [], "batch_size_1": []}
     raw = []
     for run in range(runs):
         topics = await create_topics(bootstrap, run)
         expect = await preload(bootstrap, topics[0], conversations)
-        raw.append(await raw_consume(bootstrap, topics[0], expect))
+        raw.append((await pipeline_throughput._raw_consume(bootstrap, topics[0], expect, timeout=300))["events_per_s"])
         passes["default_batch"].append(await assemble(bootstrap, topics, expect, 16384))
         passes["batch_size_1"].append(await assemble(bootstrap, topics, expect, 1))
     return {
@@ -156,9 +146,6 @@ async def measure(bootstrap: str, conversations: int, runs: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import judge_cost  # bench/, beside this script
-    import pipeline_throughput
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--conversations", type=int, default=3000)
     parser.add_argument("--runs", type=int, default=3)
