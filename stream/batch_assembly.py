@@ -14,29 +14,13 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from stream.assembly import ConversationAssembler, State, Step, is_closed
 from stream.capacity import ConversationRecency, per_partition_limit
-from stream.contract import DeadLetter, EndEvent, InvalidEvent, TurnEvent, parse_event
+from stream.contract import ConsumedRecord, DeadLetter, EndEvent, InvalidEvent, TurnEvent, parse_event
 from stream.metrics import ServiceMetrics
 from stream.settings import AssemblySettings
 from stream.state_batch import StateBatch
-
-
-class EventRecord(Protocol):
-    """What is read of a consumed record (Faust's `Message` and aiokafka's `ConsumerRecord` both have it)."""
-
-    @property
-    def key(self) -> bytes | None: ...
-    @property
-    def value(self) -> bytes | None: ...
-    @property
-    def topic(self) -> str: ...
-    @property
-    def partition(self) -> int: ...
-    @property
-    def offset(self) -> int: ...
 
 
 @dataclass
@@ -58,14 +42,14 @@ class BatchAssembler:
         self.open_index = ConversationRecency(per_partition_limit(settings.max_open_conversations, partitions))
         self.closed_index = ConversationRecency(per_partition_limit(settings.max_closed_conversations, partitions))
 
-    def apply(self, records: Iterable[EventRecord], batch: StateBatch) -> AssembledBatch:
+    def apply(self, records: Iterable[ConsumedRecord], batch: StateBatch) -> AssembledBatch:
         """Apply ``records`` (each partition's in offset order) to the states seen through ``batch``."""
         out = AssembledBatch()
         for record in records:
             self._apply_one(record, batch, out)
         return out
 
-    def _apply_one(self, record: EventRecord, batch: StateBatch, out: AssembledBatch) -> None:
+    def _apply_one(self, record: ConsumedRecord, batch: StateBatch, out: AssembledBatch) -> None:
         s = self.settings
         try:
             ev = parse_event(record.value, key=record.key, max_text_bytes=s.max_text_bytes, max_event_bytes=s.max_event_bytes)
@@ -87,9 +71,8 @@ class BatchAssembler:
             for longest_idle in self.open_index.excess(partition):
                 self._close_for_capacity(longest_idle, partition, batch, out)
 
-    def _dead_letter(self, reason: str, detail: str, record: EventRecord, out: AssembledBatch) -> None:
-        r = record
-        out.dead_letters.append(DeadLetter.of_record(reason, detail, r.value, r.key, r.topic, r.partition, r.offset))
+    def _dead_letter(self, reason: str, detail: str, record: ConsumedRecord, out: AssembledBatch) -> None:
+        out.dead_letters.append(DeadLetter.of_message(reason, detail, record))
         self.metrics.dead_letters.labels(reason).inc()
 
     def _record(

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from scorers.conversation import ROLES
 from scorers.errors import UserError
@@ -517,6 +517,21 @@ def load_schema() -> dict[str, Any]:
     return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
 
 
+class ConsumedRecord(Protocol):
+    """What is read of a consumed record (Faust's `Message` and aiokafka's `ConsumerRecord` both have it)."""
+
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes | None: ...
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+
+
 class DeadLetterError(UserError, ValueError):
     """A dead-letter record that cannot be decoded; the message names the field."""
 
@@ -571,6 +586,12 @@ class DeadLetter:
             offset,
             time.time() if at is None else at,
         )
+
+    @classmethod
+    def of_message(cls, reason: str, detail: str, record: ConsumedRecord) -> DeadLetter:
+        """`of_record` for a consumed ``record`` of any Kafka client."""
+        r = record
+        return cls.of_record(reason, detail, r.value, r.key, r.topic, r.partition, r.offset)
 
     def to_dict(self, original_bytes: int | None = None) -> dict[str, Any]:
         """The record; with ``original_bytes``, ``original_base64`` holds only that many first bytes of the value

@@ -82,9 +82,7 @@ class ScoreSink:
                 try:
                     batch.scores.append(ScoreRecord.from_json(m.value))
                 except RecordError as e:
-                    batch.bad.append(
-                        DeadLetter.of_record("bad_score_record", str(e), m.value, m.key, m.topic, m.partition, m.offset)
-                    )
+                    batch.bad.append(DeadLetter.of_message("bad_score_record", str(e), m))
                 continue
             try:
                 event = parse_event(
