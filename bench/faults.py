@@ -15,7 +15,7 @@ conversations missing, conversations whose stored turns differ from those
 sent, conversations left open, dead letters) and, per fault, the seconds until
 the process it hit had caught up. Writes ``bench/results/faults.json``.
 
-Run from the repository root: ``.venv/bin/python bench/faults.py [--seed 1] [--quick]``
+Run from the repository root: ``.venv/bin/python bench/faults.py [--seed 1] [--quick] [--consumer batch]``
 """
 
 from __future__ import annotations
@@ -57,13 +57,14 @@ def report(result: dict[str, Any]) -> None:
     print(f"judge requests: {result['judge_requests']}")
 
 
-def run(seed: int, quick: bool) -> FaultReport:
+def run(seed: int, quick: bool, consumer: str) -> FaultReport:
     plan = dataclasses.replace(SHORT if quick else FULL, seed=seed)
     rubric_set, calibrator = pipeline_throughput.scoring_artifacts(pipeline_throughput.CACHE)
     with tempfile.TemporaryDirectory(prefix="convowatch-faults-") as tmp:
         root = Path(tmp)
         stack = pipeline_throughput.start_broker(root)
         pipeline = Pipeline(root / "pipeline", stack.bootstrap, rubric_set, calibrator)
+        pipeline.extra_env["CONVOWATCH_KAFKA__CONSUMER"] = consumer
         try:
             return run_fault_suite(pipeline, rubric_set, plan)
         finally:
@@ -75,6 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=1, help="the faults' order and moments")
     ap.add_argument("--quick", action="store_true", help="the short form of make test, results to /tmp")
+    ap.add_argument("--consumer", choices=("faust", "batch"), default="faust", help="the workers' kafka.consumer")
     args = ap.parse_args(argv)
     out = QUICK_OUTPUT if args.quick else OUTPUT
     result = {
@@ -82,7 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": " ".join([".venv/bin/python", "bench/faults.py", *(argv if argv is not None else sys.argv[1:])]),
         "machine": {"cpu": judge_cost.cpu_model()},
-        **run(args.seed, args.quick).as_dict(),
+        "consumer": args.consumer,
+        **run(args.seed, args.quick, args.consumer).as_dict(),
     }
     out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     report(result)

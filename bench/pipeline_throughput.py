@@ -45,7 +45,7 @@ one. Prints a table and writes
 may share the machine).
 
 Run from the repository root:
-``.venv/bin/python bench/pipeline_throughput.py [--conversations 2000 --turns 10] [--quick] [--assembly-consumer batch]``
+``.venv/bin/python bench/pipeline_throughput.py [--conversations 2000 --turns 10] [--quick] [--consumer batch]``
 """
 
 from __future__ import annotations
@@ -673,7 +673,7 @@ def start_broker(root: Path) -> Stack:
 
 def base_env(rubric_set: Path, calibrator: Path, answers: Path, tansu: bool, consumer: str = "faust") -> dict[str, str]:
     env = {
-        "CONVOWATCH_ASSEMBLY__CONSUMER": consumer,
+        "CONVOWATCH_KAFKA__CONSUMER": consumer,
         "CONVOWATCH_JUDGE__BACKEND": "recorded",
         "CONVOWATCH_JUDGE__RECORDED_ANSWERS": str(answers),
         "CONVOWATCH_RUBRIC_SET": str(rubric_set),
@@ -721,7 +721,7 @@ def run(args: argparse.Namespace, root: Path) -> dict:
 
         # 1 + 3: throughput (tansu settings) and the raw consume rate of the same topic
         p1 = Pipeline(
-            root, "tput", stack.bootstrap, base_env(rubric_set, calibrator, answers, tansu=True, consumer=args.assembly_consumer)
+            root, "tput", stack.bootstrap, base_env(rubric_set, calibrator, answers, tansu=True, consumer=args.consumer)
         )
         pipelines.append(p1)
         results["preload"] = preload(p1, work1)
@@ -744,7 +744,7 @@ def run(args: argparse.Namespace, root: Path) -> dict:
                 root,
                 "tput-default-batch",
                 stack.bootstrap,
-                base_env(rubric_set, calibrator, answers, tansu=False, consumer=args.assembly_consumer),
+                base_env(rubric_set, calibrator, answers, tansu=False, consumer=args.consumer),
             )
             pipelines.append(p1b)
             preload(p1b, work1b)
@@ -766,7 +766,7 @@ def run(args: argparse.Namespace, root: Path) -> dict:
                     root,
                     f"tput-{tag}-joined",
                     stack.bootstrap,
-                    base_env(rubric_set, calibrator, answers, tansu=True, consumer=args.assembly_consumer),
+                    base_env(rubric_set, calibrator, answers, tansu=True, consumer=args.consumer),
                 )
                 pipelines.append(pj)
                 ensure_topics(pj.kafka_settings())
@@ -786,7 +786,7 @@ def run(args: argparse.Namespace, root: Path) -> dict:
             root,
             "latency",
             stack.bootstrap,
-            base_env(rubric_set, calibrator, answers, tansu=True, consumer=args.assembly_consumer),
+            base_env(rubric_set, calibrator, answers, tansu=True, consumer=args.consumer),
         )
         pipelines.append(p2)
         print(f"latency phase: {n2} conversations ({len(work2.items)} events) at {rate:.0f} events/s ...", flush=True)
@@ -821,7 +821,7 @@ def report(args: argparse.Namespace, results: dict, wall_s: float) -> dict:
             "workers": 1,
             "judge": "recorded (GPT-3.5 LLM-Rubric answers re-keyed to synthetic ids)",
             "worker_env": TANSU_SETTINGS,
-            "assembly_consumer": args.assembly_consumer,
+            "consumer": args.consumer,
             "store": {
                 "flush_interval_s": StoreSettings().flush_interval_s,
                 "batch_size": StoreSettings().batch_size,
@@ -921,10 +921,10 @@ def main(argv: list[str] | None = None) -> int:
         "--rate", type=float, default=None, help="latency phase events/s (default: half the measured rate, <= 1000)"
     )
     parser.add_argument(
-        "--assembly-consumer",
+        "--consumer",
         choices=("faust", "batch"),
         default="faust",
-        help="the workers' assembly.consumer (default faust, the service's default)",
+        help="the workers' kafka.consumer (default faust, the service's default)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, stores) and print its path")
     args = parser.parse_args(argv)

@@ -8,10 +8,7 @@
   `BatchAssembler` (stream/batch_assembly.py: validate, apply each to its
   conversation's state, enforce the caps), publishes the closed conversations
   and the dead letters (bad events, with the original bytes and the reason),
-  then writes each state the batch changed once (`StateBatch`). With
-  ``assembly.consumer`` batch, the `AssemblyStage` (stream/assembly_stage.py)
-  does this on its own aiokafka consumer instead, off Faust, whole polls at a
-  time; its states live in memory and in the same changelog.
+  then writes each state the batch changed once (`StateBatch`).
 * ``idle`` (a timer) publishes ``end`` events with cause ``idle_timeout`` or
   ``retention`` for conversations on this worker's partitions, into the
   partition their state lives in, so every state change happens in the
@@ -29,7 +26,14 @@
   uncommitted, so they wait in the closed topic. A rebalance or a shutdown
   calls such a wait off (`WorkerApp`): the conversation is left unfinished,
   so its offset stays uncommitted and it is delivered again; neither waits
-  for the budget.
+  for the budget. What scoring one closed record means is `score_closed`
+  (stream/score_stage.py).
+
+With ``kafka.consumer`` batch the two agents are two `PollStage`s instead
+(stream/poll_stage.py), off Faust, each with its own aiokafka consumer group,
+a whole poll at a time: `AssemblyStage` (stream/assembly_stage.py, its states
+in memory and in the same changelog) and `ScoreStage` (stream/score_stage.py);
+Faust then runs only the timers and its producer (its consumer is not started).
 
 Delivery is at-least-once (`stream.delivery.GuardedDelivery`): each agent
 takes a partition's events in offset order from the committed offset, an
@@ -48,6 +52,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, cast
 
 import faust
+from faust.app.base import BootStrategy
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, EventT
 
@@ -55,12 +60,13 @@ from stream.assembly import State, is_closed
 from stream.assembly_stage import AssemblyStage
 from stream.batch_assembly import BatchAssembler
 from stream.broker_loss import BrokerLossWatch
-from stream.budget import BudgetGate, BudgetWaitInterrupted
+from stream.budget import BudgetGate
 from stream.contract import RECORD_HEADROOM_BYTES, DeadLetter, EndEvent, encode_event
 from stream.delivery import GuardedDelivery, in_order, in_order_batches
 from stream.metrics import ServiceMetrics
-from stream.records import ClosedConversation, RecordError
+from stream.poll_stage import PollStage
 from stream.rollout import ScorerRollout
+from stream.score_stage import ScoreStage, score_closed
 from stream.settings import Settings
 from stream.state_batch import StateBatch, write_to_table
 
@@ -110,7 +116,7 @@ class WorkerApp(faust.App):
     budget: BudgetGate | None = None
     guarded_topics: frozenset[str] = frozenset()  # topics delivered by `GuardedDelivery`
     on_refetch: Callable[[str, str], None] | None = None  # (topic, reason) of each refetch, for the metric
-    assembly_stage: AssemblyStage | None = None  # with assembly.consumer = batch: the assemble stage, off Faust
+    stages: tuple[PollStage, ...] = ()  # with kafka.consumer = batch: the assemble and score stages, off Faust
 
     @property
     def guarded_consumer(self) -> GuardedDelivery:
@@ -148,8 +154,8 @@ class WorkerApp(faust.App):
         without waiting for the budget (the waiting conversation's offset stays uncommitted)."""
         if self.budget is not None:
             self.budget.call_off()
-        if self.assembly_stage is not None:
-            await self.assembly_stage.stop()
+        for stage in self.stages:
+            await stage.stop()
         await super().on_stop()
 
     async def _consumer_wait_empty(self, consumer: Any, logger: Any) -> None:
@@ -201,7 +207,6 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
     app.fetch_max_wait_ms = int(k.fetch_max_wait_s * 1000)
     app.guarded_topics = frozenset({k.events_topic, k.closed_topic})
     app.on_refetch = lambda topic, reason: metrics.partition_refetches.labels(topic, reason).inc()
-    app.budget = rollout.current.active.budget  # every version's scorer shares it (ConversationScorer.for_version)
 
     def raw_topic(name: str) -> faust.TopicT:
         """A topic of raw bytes (keys and values) with ``kafka.partitions`` partitions."""
@@ -219,19 +224,29 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
     async def send_dead_letter(letter: DeadLetter) -> None:
         await dead_letter_topic.send(key=letter.key, value=letter.to_json(max_bytes=dead_letter_bytes))
 
-    stage: AssemblyStage | None = None
-    if a.consumer == "batch":
-        stage = app.assembly_stage = AssemblyStage(settings, metrics)
-        app.guarded_topics = frozenset({k.closed_topic})
-        assembly, states_lock = stage.assembly, stage.lock
+    if k.consumer == "batch":
+        assemble_stage = AssemblyStage(settings, metrics)
+        score_stage = ScoreStage(settings, rollout, metrics)
+        app.stages = (assemble_stage, score_stage)
+        app.guarded_topics = frozenset()
+        # Faust's consumer would have nothing to read, yet join a group and leave it again whenever it idled past
+        # max_poll_interval: it is not started (nor its table manager); the producer and the timers are.
+        app.boot_strategy = BootStrategy(app, enable_kafka_consumer=False)
+        assembly, states_lock = assemble_stage.assembly, assemble_stage.lock
 
         def owned_states() -> list[tuple[str, State]]:
-            return [(key, state) for key, state in stage.states.items() if state["partition"] in stage.partitions]
+            states, owned = assemble_stage.states, assemble_stage.partitions
+            return [(key, state) for key, state in states.items() if state["partition"] in owned]
 
         @app.task
         async def assemble_batches() -> None:
-            await stage.start()
-            await stage.run()
+            await assemble_stage.start()
+            await assemble_stage.run()
+
+        @app.task
+        async def score_batches() -> None:
+            await score_stage.start()
+            await score_stage.run()
 
     else:
         table = app.Table(
@@ -243,6 +258,8 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
         assembly = BatchAssembler(a, k.partitions, metrics)
         # a batch's changes reach the table only at its end: the idle timer waits for it
         states_lock = asyncio.Lock()
+
+        app.budget = rollout.current.active.budget  # every version's scorer shares it (ConversationScorer.for_version)
 
         def owned_states() -> list[tuple[str, State]]:
             actives = app.assignor.assigned_actives()
@@ -266,12 +283,14 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
                 for event in events:
                     app.finished(event)
 
-    @app.timer(interval=k.refetch_idle_s / 2, name="refetch_stalled")
-    async def refetch_stalled() -> None:
-        await app.guarded_consumer.refetch_stalled(k.refetch_idle_s)
+    if not app.stages:
+
+        @app.timer(interval=k.refetch_idle_s / 2, name="refetch_stalled")
+        async def refetch_stalled() -> None:
+            await app.guarded_consumer.refetch_stalled(k.refetch_idle_s)
 
     requested: dict[str, float] = {}
-    loss_watch = BrokerLossWatch(metrics, "worker", (k.closed_topic,) if stage else (k.events_topic, k.closed_topic))
+    loss_watch = BrokerLossWatch(metrics, "worker", (k.events_topic, k.closed_topic))  # the Faust consumer's
 
     async def request_end(key: str, cause: str, partition: int, now: float) -> None:
         """Publish a worker ``end`` for ``key`` unless one was requested lately (it is on its way)."""
@@ -295,56 +314,27 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
             if cause is not None:
                 await request_end(key, cause, state["partition"], now)
         metrics.open_conversations.set(len(assembly.open_index))
-        actives = app.assignor.assigned_actives()
-        lags = await consumer_lag(app, actives)
-        if stage is not None:
-            stage_lags = await stage.lags()
-            metrics.set_consumer_lag(lags | stage_lags)
-            await stage.check_broker_loss(stage_lags)
-        else:
-            metrics.assigned_partitions.set(sum(1 for tp in actives if tp.topic == k.events_topic))
-            metrics.set_consumer_lag(lags)
         # Records the broker lost are logged and counted (the runbook says how to recover): a partition whose log ends
         # below this worker's position, or one that came back after a rebalance without the offsets this worker committed.
-        consumer = app.guarded_consumer
-        committed = {tp: await consumer.committed_offsets(TP(*tp)) for tp in loss_watch.suspects(lags)}
-        committed |= {(tp.topic, tp.partition): c for tp, c in (await consumer.committed_since_assignment()).items()}
-        loss_watch.confirm(committed)
+        if app.stages:
+            lags: dict[tuple[str, int], int] = {}
+            for stage in app.stages:
+                lags |= await stage.lags()
+            metrics.set_consumer_lag(lags)
+            for stage in app.stages:
+                await stage.check_broker_loss(lags)
+        else:
+            actives = app.assignor.assigned_actives()
+            lags = await consumer_lag(app, actives)
+            metrics.assigned_partitions.set(sum(1 for tp in actives if tp.topic == k.events_topic))
+            metrics.set_consumer_lag(lags)
+            consumer = app.guarded_consumer
+            committed = {tp: await consumer.committed_offsets(TP(*tp)) for tp in loss_watch.suspects(lags)}
+            committed |= {(tp.topic, tp.partition): c for tp, c in (await consumer.committed_since_assignment()).items()}
+            loss_watch.confirm(committed)
         for key, at in list(requested.items()):
             if now - at > a.idle_check_interval_s * 10:
                 del requested[key]
-
-    async def score_event(event: EventT) -> bool:
-        """Score one closed conversation; False if it was not processed and must be delivered again."""
-        try:
-            closed = ClosedConversation.from_json(event.message.value)
-        except RecordError as e:
-            msg = event.message
-            await send_dead_letter(
-                DeadLetter.of_record("bad_closed_record", str(e), msg.value, msg.key, msg.topic, msg.partition, msg.offset)
-            )
-            metrics.dead_letters.labels("bad_closed_record").inc()
-            return True
-        scorers = rollout.current  # one version scores the whole conversation, whatever switches meanwhile
-        key = closed.conversation_id.encode("utf-8")
-        try:
-            record = await scorers.active.score(closed)
-        except BudgetWaitInterrupted:
-            # Not judged and not finished: its offset stays uncommitted and the partition's next owner, or this
-            # worker (GuardedDelivery.release hands it back), receives it again.
-            log.info(
-                "rebalance or shutdown: %s left in the closed topic while waiting for the judge budget", closed.conversation_id
-            )
-            return False
-        await scores_topic.send(key=key, value=record.to_json())
-        if scorers.shadow is not None and record.status != "unsampled" and scorers.shadows(closed.conversation_id):
-            try:
-                shadow = await scorers.shadow.score_shadow(closed, record)
-            except BudgetWaitInterrupted:  # the shadow is a sample: skip it rather than judge the active version again
-                log.info("rebalance or shutdown: %s not scored by the shadow version", closed.conversation_id)
-                return True
-            await scores_topic.send(key=key, value=shadow.to_json())
-        return True
 
     if rollout.watches:
 
@@ -352,10 +342,18 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
         async def scorer_rollout() -> None:
             await asyncio.get_running_loop().run_in_executor(None, rollout.refresh)  # loading may take seconds
 
-    @app.agent(closed_topic, name="score", concurrency=settings.scoring.concurrency)
-    async def score(stream: faust.StreamT) -> None:
-        async for event in app.in_order(stream):
-            if await score_event(event):
+    if k.consumer == "faust":
+
+        @app.agent(closed_topic, name="score", concurrency=settings.scoring.concurrency)
+        async def score(stream: faust.StreamT) -> None:
+            async for event in app.in_order(stream):
+                out = await score_closed(event.message, rollout, metrics)
+                if out is None:
+                    continue  # not finished: its offset stays uncommitted and it is delivered again
+                for record in out.scores:
+                    await scores_topic.send(key=out.key, value=record.to_json())
+                if out.dead_letter is not None:
+                    await send_dead_letter(out.dead_letter)
                 app.finished(event)
 
     app.convowatch_topics = (events_topic, closed_topic, scores_topic, dead_letter_topic)  # type: ignore[attr-defined]

@@ -128,6 +128,13 @@ class KafkaSettings(BaseModel):
         description="Most records one poll hands the worker (Kafka's max.poll.records). Time spent delivering a poll's "
         "records to the agents counts against max_poll_interval_s, so a backlog must not arrive in one huge poll.",
     )
+    consumer: Literal["faust", "batch"] = Field(
+        default="faust",
+        description="How the worker reads its topics: faust = the assemble and score agents, the conversations' state a "
+        "Faust table; batch = a consumer group of its own per stage, a whole poll at a time, the state in memory and the "
+        "same changelog topic (stream/poll_stage.py; several times faster, docs/benchmarks.md). batch is new: the fault "
+        "suite runs on faust, and a deployment switched to batch reads its events and closed topics again from the start.",
+    )
     stream_buffer_maxsize: int = Field(
         default=4096,
         ge=1,
@@ -156,13 +163,6 @@ class AssemblySettings(BaseModel):
         default=86_400.0,
         gt=0,
         description="How long a closed conversation is remembered to recognise late and redelivered events.",
-    )
-    consumer: Literal["faust", "batch"] = Field(
-        default="faust",
-        description="How the worker reads the events topic: faust = the assemble agent, its state a Faust table; "
-        "batch = its own aiokafka consumer, a whole poll at a time, its state in memory and the same changelog topic "
-        "(stream/assembly_stage.py; several times faster, bench/assembly_ceiling.py). batch is new: the fault suite "
-        "runs on faust, and a deployment switched to batch reads its events topic again from the start.",
     )
     batch_max_events: int = Field(
         default=500,

@@ -196,10 +196,6 @@ class FaultRun:
         return round(time.monotonic() - since, 2)
 
     @property
-    def worker_group(self) -> str:
-        return self.pipeline.env["CONVOWATCH_KAFKA__APP_ID"]
-
-    @property
     def sink_group(self) -> str:
         return self.pipeline.env["CONVOWATCH_KAFKA__SINK_GROUP"]
 
@@ -234,7 +230,7 @@ class FaultRun:
             {
                 "fault": "judge outage",
                 "seconds": self.plan.judge_outage_s,
-                "caught_up_s": self.caught_up_after(self.worker_group, "closed", back),
+                "caught_up_s": self.caught_up_after(self.pipeline.worker_group("closed"), "closed", back),
             }
         )
 
@@ -263,7 +259,7 @@ class FaultRun:
             if action == "worker kill":
                 worker.kill9()
                 worker = self.start_worker()
-                caught = self.caught_up_after(self.worker_group, "events", at)
+                caught = self.caught_up_after(self.pipeline.worker_group("events"), "events", at)
                 self.report.recoveries.append({"fault": action, "caught_up_s": caught})
             elif action == "sink kill":
                 sink.kill9()

@@ -128,6 +128,15 @@ class Pipeline:
     def topic(self, name: str) -> str:
         return self.env[f"CONVOWATCH_KAFKA__{name.upper()}_TOPIC"]
 
+    def worker_group(self, topic: str) -> str:
+        """The workers' consumer group that reads ``topic`` (events or closed): Faust's, the app id, or with
+        ``kafka.consumer`` batch the stage's (``<app_id>-assemble``, ``<app_id>-score``)."""
+        app_id = self.env["CONVOWATCH_KAFKA__APP_ID"]
+        if self.env.get("CONVOWATCH_KAFKA__CONSUMER", "faust") == "faust":
+            return app_id
+        stage = {"events": "assemble", "closed": "score"}[topic]
+        return f"{app_id}-{stage}"
+
     def _start(self, name: str, command: str, env: Mapping[str, str] | None = None) -> Process:
         port = free_port()
         log = self.root / f"{name}.log"

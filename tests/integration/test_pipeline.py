@@ -346,14 +346,14 @@ def _publish_in_steps(pipeline: Pipeline, items: list[ReplayItem], steps: int) -
         yield i
 
 
-@pytest.mark.parametrize("scoring_concurrency, assembly_consumer", [(1, "faust"), (4, "faust"), (1, "batch")])
+@pytest.mark.parametrize("scoring_concurrency, consumer", [(1, "faust"), (4, "faust"), (1, "batch")])
 def test_kill_9_of_worker_and_sink_loses_nothing_and_shows_no_duplicates(
-    pipeline: Pipeline, scoring_concurrency: int, assembly_consumer: str
+    pipeline: Pipeline, scoring_concurrency: int, consumer: str
 ) -> None:
     """With ``scoring.concurrency`` 4, four score agents share the closed topic's queue and finish out of order: a
-    commit must still cover only the finished conversations. With ``assembly.consumer`` batch, the restarted worker
+    commit must still cover only the finished conversations. With ``kafka.consumer`` batch, the restarted worker
     reads the open conversations back from the changelog the killed one wrote."""
-    env = {"CONVOWATCH_SCORING__CONCURRENCY": str(scoring_concurrency), "CONVOWATCH_ASSEMBLY__CONSUMER": assembly_consumer}
+    env = {"CONVOWATCH_SCORING__CONCURRENCY": str(scoring_concurrency), "CONVOWATCH_KAFKA__CONSUMER": consumer}
     worker = pipeline.start_worker("worker-1", env)
     sink = pipeline.start_sink("sink-1")
     pipeline.wait_assigned([worker])
@@ -390,9 +390,9 @@ def test_kill_9_of_worker_and_sink_loses_nothing_and_shows_no_duplicates(
 # ------------------------------------------------------------------ scale-out
 
 
-@pytest.mark.parametrize("assembly_consumer", ["faust", "batch"])
-def test_two_workers_split_the_partitions_and_score_everything_once(pipeline: Pipeline, assembly_consumer: str) -> None:
-    pipeline.extra_env["CONVOWATCH_ASSEMBLY__CONSUMER"] = assembly_consumer
+@pytest.mark.parametrize("consumer", ["faust", "batch"])
+def test_two_workers_split_the_partitions_and_score_everything_once(pipeline: Pipeline, consumer: str) -> None:
+    pipeline.extra_env["CONVOWATCH_KAFKA__CONSUMER"] = consumer
     a = pipeline.start_worker("worker-a")
     pipeline.wait_assigned([a])
     b = pipeline.start_worker("worker-b")
@@ -538,11 +538,11 @@ def test_judge_that_stays_down_leaves_conversations_unscored_with_the_reason(pip
 # ------------------------------------------------------------------ idle timeout, retention, max turns
 
 
-@pytest.mark.parametrize("assembly_consumer", ["faust", "batch"])
-def test_idle_timeout_max_turns_and_retention_in_a_real_worker(pipeline: Pipeline, assembly_consumer: str) -> None:
+@pytest.mark.parametrize("consumer", ["faust", "batch"])
+def test_idle_timeout_max_turns_and_retention_in_a_real_worker(pipeline: Pipeline, consumer: str) -> None:
     pipeline.extra_env.update(
         {
-            "CONVOWATCH_ASSEMBLY__CONSUMER": assembly_consumer,
+            "CONVOWATCH_KAFKA__CONSUMER": consumer,
             "CONVOWATCH_ASSEMBLY__IDLE_TIMEOUT_S": "3",
             "CONVOWATCH_ASSEMBLY__CLOSED_RETENTION_S": "6",
             "CONVOWATCH_ASSEMBLY__MAX_TURNS": "4",

@@ -1,0 +1,229 @@
+"""A worker stage on aiokafka directly: one topic, its own consumer group, a whole poll at a time.
+
+Faust delivers records to an agent one by one through its own fetch, dispatch and stream machinery, which costs
+several times what the worker does with them (docs/benchmarks.md, "The assemble stage without Faust"). A
+`PollStage` reads its topic with its own `AIOKafkaConsumer` and, for each poll:
+
+1. hands the records of the partitions it owns to `process` (the subclass), which sends what they produce with
+   `send` and returns, per partition, the offset up to which it finished them;
+2. waits until the broker has acknowledged every send;
+3. commits those offsets, and seeks back to them where records past them were left unfinished, so those come again.
+
+A crash anywhere before 3 delivers the poll again; a send that fails stops the worker rather than commit past it.
+`process` runs under `lock`, which a rebalance takes too: the poll in flight finishes and commits before partitions
+are revoked (`revoked`) or assigned (`assigned`). `interrupt` runs first, before the lock is taken (and when the stage
+stops), so a subclass can call off what could hold the poll (a judge budget wait), and `resume` once the new
+assignment is in place. The groups start from the earliest offsets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import CommitFailedError, IllegalStateError
+from aiokafka.structs import ConsumerRecord
+
+from stream.broker_loss import BrokerLossWatch
+from stream.metrics import ServiceMetrics
+from stream.settings import Settings
+
+log = logging.getLogger(__name__)
+
+Polled = dict[int, list[ConsumerRecord]]  # partition -> its records of one poll, in offset order
+
+
+class PollStage:
+    """One topic read a poll at a time (see the module): `start`, then `run` until `stop`."""
+
+    name = "stage"  # in log lines and client ids
+
+    def __init__(self, settings: Settings, metrics: ServiceMetrics, topic: str, max_poll_records: int, poll_wait_s: float):
+        self.settings = settings
+        self.metrics = metrics
+        self.topic = topic
+        self.group_id = f"{settings.kafka.app_id}-{self.name}"
+        self.max_poll_records = max_poll_records
+        self.poll_wait_s = poll_wait_s
+        self.partitions: set[int] = set()  # partitions owned and ready (`assigned` has run for them)
+        self.lock = asyncio.Lock()  # held while a poll or a rebalance runs (and whatever else reads the stage's state)
+        self.loss_watch = BrokerLossWatch(metrics, "worker", (topic,))
+        self._committed: dict[int, int] = {}  # partition -> the offset this worker last committed there
+        self._sends: list[asyncio.Future] = []
+        self._stopping = False
+        self._ran_out = asyncio.Event()  # set when `run` has returned (or never started)
+        self._ran_out.set()
+        self._started = False
+        self.consumer: AIOKafkaConsumer  # made by `start`
+        self.producer: AIOKafkaProducer
+
+    async def start(self) -> None:
+        """Connect (aiokafka's clients are made inside the running loop) and join the group."""
+        k = self.settings.kafka
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=k.bootstrap_servers,
+            group_id=self.group_id,
+            client_id=f"{self.group_id}-consumer",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=self.max_poll_records,
+            fetch_max_wait_ms=int(k.fetch_max_wait_s * 1000),
+            session_timeout_ms=int(k.session_timeout_s * 1000),
+            heartbeat_interval_ms=int(k.heartbeat_interval_s * 1000),
+            max_poll_interval_ms=int(k.max_poll_interval_s * 1000),
+        )
+        self.producer = AIOKafkaProducer(
+            bootstrap_servers=k.bootstrap_servers,
+            client_id=f"{self.group_id}-producer",
+            # Not kafka.producer_max_batch_size: that works around tansu's end offsets for Faust's table recovery,
+            # which the stages' restore does not need, and one record per request would make every poll wait for
+            # dozens of round trips.
+            max_request_size=k.max_record_bytes,
+            acks="all",
+        )
+        self._started = True
+        await self.producer.start()
+        await self.consumer.start()
+        self.consumer.subscribe([self.topic], listener=_Rebalance(self))
+
+    async def run(self) -> None:
+        """Process polls until `stop`; a failed send stops the worker (raised)."""
+        self._ran_out.clear()
+        try:
+            while not self._stopping:
+                polled = await self.consumer.getmany(timeout_ms=int(self.poll_wait_s * 1000))
+                if polled and not self._stopping:
+                    async with self.lock:
+                        await self._while_polling(self._poll({tp.partition: records for tp, records in polled.items()}))
+        finally:
+            self._ran_out.set()
+
+    async def _while_polling(self, work: Awaitable[None]) -> None:
+        """Await ``work`` while polling the consumer with its partitions paused (polls return nothing): Kafka takes a
+        consumer that stops polling for ``kafka.max_poll_interval_s`` for stalled and rebalances its group, and a
+        poll can wait that long (a spent judge budget)."""
+        task = asyncio.ensure_future(work)
+        self.consumer.pause(*self.consumer.assignment())
+        try:
+            while not task.done():
+                keepalive = asyncio.ensure_future(self.consumer.getmany(timeout_ms=int(self.poll_wait_s * 1000)))
+                await asyncio.wait({task, keepalive}, return_when=asyncio.FIRST_COMPLETED)
+                if not keepalive.done():
+                    keepalive.cancel()
+                    await asyncio.gather(keepalive, return_exceptions=True)
+                else:
+                    for tp, records in keepalive.result().items():  # not expected of paused partitions: read them again
+                        self.consumer.seek(tp, records[0].offset)
+        finally:
+            self.consumer.resume(*self.consumer.paused())
+            if not task.done():  # cancelled (the worker stops): do not leave the poll running unawaited
+                task.cancel()
+        task.result()
+
+    async def stop(self) -> None:
+        """Let the poll in flight finish (it commits), then leave the group and flush the producer."""
+        self._stopping = True
+        if not self._started:
+            return
+        self.interrupt()
+        await self._ran_out.wait()
+        await self.consumer.stop()
+        await self.producer.stop()
+
+    async def send(self, topic: str, key: bytes | None, value: bytes | None, partition: int | None = None) -> None:
+        """Send a record; the poll commits only once the broker has acknowledged it."""
+        self._sends.append(await self.producer.send(topic, key=key, value=value, partition=partition))
+
+    async def _poll(self, polled: Polled) -> None:
+        # Records of a partition revoked between the poll and now are left to its next owner (not committed here).
+        polled = {p: records for p, records in polled.items() if p in self.partitions and records}
+        if not polled:
+            return
+        self._sends = []
+        finished = await self.process(polled)
+        sends, self._sends = self._sends, []
+        await asyncio.gather(*sends)
+        offsets = {p: finished[p] for p in polled if p in finished}
+        try:
+            await self.consumer.commit({TopicPartition(self.topic, p): o for p, o in offsets.items()})
+        except (CommitFailedError, IllegalStateError) as e:  # a rebalance: the partitions' next owner reads them again
+            log.warning("%s: offsets %s not committed (%s); they will be delivered again", self.name, offsets, e)
+            return
+        self._committed.update(offsets)
+        for p, records in polled.items():
+            if offsets.get(p, records[0].offset) <= records[-1].offset:  # left some unfinished: read them again
+                self.consumer.seek(TopicPartition(self.topic, p), offsets.get(p, records[0].offset))
+
+    async def process(self, polled: Polled) -> dict[int, int]:
+        """Process one poll: send what it produces (`send`); per partition, the offset after the last record of the
+        unbroken run it finished from the start (the next one to read)."""
+        raise NotImplementedError
+
+    # -- rebalances -------------------------------------------------------------
+
+    def interrupt(self) -> None:
+        """A rebalance or a stop begins (the poll in flight may still run): call off what could hold it."""
+
+    def resume(self) -> None:
+        """The rebalance is over: the new assignment is in place."""
+
+    async def revoked(self, partitions: set[int]) -> None:
+        """``partitions`` are no longer this worker's (the caller holds the lock)."""
+        self.partitions -= partitions
+
+    async def assigned(self, partitions: set[int]) -> None:
+        """``partitions`` are newly this worker's (the caller holds the lock); then checks that the broker kept this
+        group's offsets of them."""
+        self.partitions |= partitions
+        committed = {}
+        for p in sorted(partitions):
+            if p in self._committed:
+                tp = TopicPartition(self.topic, p)
+                committed[(self.topic, p)] = (await self.consumer.committed(tp), self._committed[p])
+        self.loss_watch.confirm(committed)
+
+    # -- what the idle timer reads --------------------------------------------------
+
+    async def lags(self) -> dict[tuple[str, int], int]:
+        """High-water mark minus position of each owned partition whose high-water mark the broker has reported."""
+        lags = {}
+        for p in sorted(self.partitions):
+            tp = TopicPartition(self.topic, p)
+            highwater = self.consumer.highwater(tp)
+            try:
+                position = await self.consumer.position(tp)
+            except IllegalStateError:  # revoked while the listener has yet to run
+                continue
+            if highwater is not None:
+                lags[(self.topic, p)] = highwater - position
+        return lags
+
+    async def check_broker_loss(self, lags: dict[tuple[str, int], int]) -> None:
+        """Confirm partitions whose log now ends below this worker's position (`BrokerLossWatch`)."""
+        committed = {}
+        for topic, p in self.loss_watch.suspects(lags):
+            committed[(topic, p)] = (await self.consumer.committed(TopicPartition(topic, p)), self._committed.get(p))
+        self.loss_watch.confirm(committed)
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    """aiokafka awaits these during a rebalance, before the group rejoins and after it."""
+
+    def __init__(self, stage: PollStage) -> None:
+        self.stage = stage
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        self.stage.interrupt()
+        async with self.stage.lock:  # the poll in flight finishes and commits first
+            await self.stage.revoked({tp.partition for tp in revoked} & self.stage.partitions)
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        partitions = {tp.partition for tp in assigned}
+        async with self.stage.lock:
+            await self.stage.revoked(self.stage.partitions - partitions)
+            new = partitions - self.stage.partitions
+            if new:
+                await self.stage.assigned(new)
+        self.stage.resume()

@@ -1,0 +1,119 @@
+"""The score stage: closed topic → scores topic.
+
+`score_closed` is what scoring one record of the closed topic means, for either consumer: the active scorer
+version's record (`ScorerRollout`, stream/rollout.py), then the shadow version's when one is rolled out and the
+conversation is in its share; a record that is not a closed conversation becomes a dead letter. A judge budget wait
+that a rebalance or a stop called off leaves the conversation unfinished (``None``): it must be delivered again.
+
+`ScoreStage` runs it off Faust (``kafka.consumer`` batch), a poll at a time (a `PollStage`, consumer group
+``<kafka.app_id>-score``): up to ``scoring.concurrency`` conversations of the poll are scored at once, each one's
+records sent as soon as it is scored, and each partition committed up to its first unfinished conversation, which is
+read again — one a rebalance or a stop called off while it waited for the judge budget, or one not started because the
+poll had run for ``kafka.commit_interval_s`` (so a slow judge holds neither the commit nor, after a crash, the work
+done again to a whole poll). A rebalance or a stop calls budget waits off first, so neither waits for the budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from itertools import zip_longest
+
+from stream.budget import BudgetWaitInterrupted
+from stream.contract import RECORD_HEADROOM_BYTES, ConsumedRecord, DeadLetter
+from stream.metrics import ServiceMetrics
+from stream.poll_stage import Polled, PollStage
+from stream.records import ClosedConversation, RecordError, ScoreRecord
+from stream.rollout import ScorerRollout
+from stream.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ClosedScores:
+    """What one record of the closed topic produced: its score records (the active version's, then the shadow's),
+    keyed by conversation id, or the dead letter of a record that is not a closed conversation."""
+
+    key: bytes | None
+    scores: tuple[ScoreRecord, ...] = ()
+    dead_letter: DeadLetter | None = None
+
+
+async def score_closed(record: ConsumedRecord, rollout: ScorerRollout, metrics: ServiceMetrics) -> ClosedScores | None:
+    """Score one record of the closed topic (see the module); None if it was not judged and must come again."""
+    try:
+        closed = ClosedConversation.from_json(record.value)
+    except RecordError as e:
+        metrics.dead_letters.labels("bad_closed_record").inc()
+        return ClosedScores(record.key, dead_letter=DeadLetter.of_message("bad_closed_record", str(e), record))
+    scorers = rollout.current  # one version scores the whole conversation, whatever switches meanwhile
+    try:
+        active = await scorers.active.score(closed)
+    except BudgetWaitInterrupted:
+        # Not judged and not finished: its offset stays uncommitted and it is delivered again.
+        log.info("rebalance or shutdown: %s left in the closed topic while waiting for the judge budget", closed.conversation_id)
+        return None
+    scores = [active]
+    if scorers.shadow is not None and active.status != "unsampled" and scorers.shadows(closed.conversation_id):
+        try:
+            scores.append(await scorers.shadow.score_shadow(closed, active))
+        except BudgetWaitInterrupted:  # the shadow is a sample: skip it rather than judge the active version again
+            log.info("rebalance or shutdown: %s not scored by the shadow version", closed.conversation_id)
+    return ClosedScores(closed.conversation_id.encode("utf-8"), tuple(scores))
+
+
+class ScoreStage(PollStage):
+    """The worker's score stage off Faust (see the module): `start`, then `run` until `stop`."""
+
+    name = "score"
+
+    def __init__(self, settings: Settings, rollout: ScorerRollout, metrics: ServiceMetrics) -> None:
+        k = settings.kafka
+        super().__init__(settings, metrics, k.closed_topic, k.max_poll_records, k.fetch_max_wait_s)
+        self.rollout = rollout
+        self.concurrency = settings.scoring.concurrency
+        self.budget = rollout.current.active.budget  # every version's scorer shares it (ConversationScorer.for_version)
+        self._dead_letter_bytes = k.max_record_bytes - RECORD_HEADROOM_BYTES
+
+    async def process(self, polled: Polled) -> dict[int, int]:
+        """Score the poll's conversations, the partitions' in turn, ``scoring.concurrency`` at once, each one's records
+        sent as soon as it is scored; none is started after ``kafka.commit_interval_s``, so a slow judge does not hold
+        the commit (and the work a crash would repeat) for a whole poll: the rest are read again."""
+        deadline = time.monotonic() + self.settings.kafka.commit_interval_s
+        slots = asyncio.Semaphore(self.concurrency)
+
+        async def score(record: ConsumedRecord) -> ClosedScores | None:
+            async with slots:
+                if time.monotonic() > deadline:
+                    return None
+                out = await score_closed(record, self.rollout, self.metrics)
+            if out is not None:
+                await self._publish(out)
+            return out
+
+        in_turn = [r for rs in zip_longest(*polled.values()) for r in rs if r is not None]
+        outcomes = dict(zip(((r.partition, r.offset) for r in in_turn), await asyncio.gather(*map(score, in_turn))))
+        # Each partition is read again from its first record left unfinished (those after it, if scored, twice).
+        return {
+            p: next((r.offset for r in records if outcomes[(p, r.offset)] is None), records[-1].offset + 1)
+            for p, records in polled.items()
+        }
+
+    async def _publish(self, out: ClosedScores) -> None:
+        k = self.settings.kafka
+        for record in out.scores:
+            await self.send(k.scores_topic, out.key, record.to_json())
+        if out.dead_letter is not None:
+            letter = out.dead_letter
+            await self.send(k.dead_letter_topic, letter.key, letter.to_json(max_bytes=self._dead_letter_bytes))
+
+    def interrupt(self) -> None:
+        if self.budget is not None:
+            self.budget.call_off()
+
+    def resume(self) -> None:
+        if self.budget is not None:
+            self.budget.resume()
