@@ -11,8 +11,8 @@ The states of the partitions this worker owns live in memory (`states`) and in t
 are assigned, their states are read back from the changelog before any of their events is processed, keeping every
 record of each fetched batch (tansu reports a batch's first offset as the end of a log, so a reader that stops at
 the reported end would miss the rest of that batch); when they are revoked, the poll in flight is finished and
-committed first, then their states are dropped. Switching a running deployment from the Faust consumer would read
-the events topic again from its start (not supported yet).
+committed first, then their states are dropped. A deployment switched from the Faust consumer starts where the
+Faust workers left the events topic (`PollStage`) and reads their open conversations from the same changelog.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class AssemblyStage(PollStage):
             await self.send(k.dead_letter_topic, letter.key, letter.to_json(max_bytes=self._dead_letter_bytes))
         for conversation_id, state, partition in batch.changes():
             state_json = None if state is None else json.dumps(state).encode("utf-8")
-            await self.send(self.changelog, conversation_id.encode("utf-8"), state_json, partition)
+            await self.send(self.changelog, changelog_key(conversation_id), state_json, partition)
             if state is None:
                 self.states.pop(conversation_id, None)
             else:
@@ -98,7 +98,7 @@ class AssemblyStage(PollStage):
             while remaining:
                 for records in (await reader.getmany(*remaining, timeout_ms=1000)).values():
                     for record in records:  # every record of the batch, past the reported end too (see the module)
-                        key = record.key.decode("utf-8")
+                        key = conversation_of(record.key)
                         if record.value is None:
                             self.states.pop(key, None)
                         else:
@@ -107,3 +107,18 @@ class AssemblyStage(PollStage):
         finally:
             await reader.stop()
         return sum(1 for state in self.states.values() if state["partition"] in partitions)
+
+
+def changelog_key(conversation_id: str) -> bytes:
+    """A conversation's key in the changelog, as the Faust table writes it (JSON), so either consumer reads the other's."""
+    return json.dumps(conversation_id).encode("utf-8")
+
+
+def conversation_of(key: bytes) -> str:
+    """The conversation id of a changelog key; a key that is not JSON is the raw id the batch stage wrote before
+    2026-11-27."""
+    try:
+        conversation_id = json.loads(key)
+    except ValueError:
+        return key.decode("utf-8")
+    return conversation_id if isinstance(conversation_id, str) else key.decode("utf-8")

@@ -13,7 +13,12 @@ A crash anywhere before 3 delivers the poll again; a send that fails stops the w
 `process` runs under `lock`, which a rebalance takes too: the poll in flight finishes and commits before partitions
 are revoked (`revoked`) or assigned (`assigned`). `interrupt` runs first, before the lock is taken (and when the stage
 stops), so a subclass can call off what could hold the poll (a judge budget wait), and `resume` once the new
-assignment is in place. The groups start from the earliest offsets.
+assignment is in place. While a poll is processed the consumer keeps polling with its partitions paused: Kafka takes
+a consumer that stops polling for ``kafka.max_poll_interval_s`` for stalled, and a poll can wait that long.
+
+A group with no offsets in its topic yet first takes those of the Faust workers' group (``kafka.app_id``, the
+``faust`` consumer), if that has any (else it starts at the earliest offsets): a deployment switched from ``faust``
+goes on where it was instead of judging everything again.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import logging
 from collections.abc import Awaitable
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import CommitFailedError, IllegalStateError
 from aiokafka.structs import ConsumerRecord
 
@@ -84,6 +90,7 @@ class PollStage:
             acks="all",
         )
         self._started = True
+        await self._adopt_faust_offsets()
         await self.producer.start()
         await self.consumer.start()
         self.consumer.subscribe([self.topic], listener=_Rebalance(self))
@@ -174,7 +181,7 @@ class PollStage:
         self.partitions -= partitions
 
     async def assigned(self, partitions: set[int]) -> None:
-        """``partitions`` are newly this worker's (the caller holds the lock); then checks that the broker kept this
+        """``partitions`` are newly this worker's (the caller holds the lock): checks that the broker kept this
         group's offsets of them."""
         self.partitions |= partitions
         committed = {}
@@ -183,6 +190,35 @@ class PollStage:
                 tp = TopicPartition(self.topic, p)
                 committed[(self.topic, p)] = (await self.consumer.committed(tp), self._committed[p])
         self.loss_watch.confirm(committed)
+
+    async def _adopt_faust_offsets(self) -> None:
+        """A deployment switched from ``kafka.consumer`` faust: its workers' group (``kafka.app_id``) committed how far
+        they got in this topic. If this stage's group has no offsets in it yet, commit those as its own before it
+        joins, so it starts there rather than read the topic again from its start (every conversation closed and
+        judged again). The Faust workers must all have stopped: the two groups do not share the work."""
+        k = self.settings.kafka
+        admin = AIOKafkaAdminClient(bootstrap_servers=k.bootstrap_servers)
+        await admin.start()
+        try:
+            [topic] = await admin.describe_topics([self.topic])
+            tps = [TopicPartition(self.topic, p["partition"]) for p in topic["partitions"]]
+            ours = await admin.list_consumer_group_offsets(self.group_id, partitions=tps) if tps else {}
+            if not tps or any(meta.offset >= 0 for meta in ours.values()):
+                return
+            faust = await admin.list_consumer_group_offsets(k.app_id, partitions=tps)
+        finally:
+            await admin.close()
+        offsets = {tp: meta.offset for tp, meta in faust.items() if meta.offset >= 0}
+        if not offsets:
+            return
+        committer = AIOKafkaConsumer(bootstrap_servers=k.bootstrap_servers, group_id=self.group_id, enable_auto_commit=False)
+        await committer.start()
+        try:
+            committer.assign(list(offsets))
+            await committer.commit(offsets)
+        finally:
+            await committer.stop()
+        log.info("%s: starts %s where the group %s left it: %s", self.name, self.topic, k.app_id, sorted(offsets.items()))
 
     # -- what the idle timer reads --------------------------------------------------
 

@@ -387,6 +387,39 @@ def test_kill_9_of_worker_and_sink_loses_nothing_and_shows_no_duplicates(
     print(f"re-delivered score records after the crashes: {redelivered}")
 
 
+def test_a_deployment_switched_from_faust_to_batch_goes_on_where_the_faust_workers_left_off(pipeline: Pipeline) -> None:
+    """``kafka.consumer`` faust → batch: the stages' new groups have no offsets; they start where the Faust workers'
+    group (``kafka.app_id``) left the events and closed topics, and read the open conversations back from the same
+    changelog. Without that the batch worker would read both topics from the start and judge every conversation
+    again."""
+    by_id: dict[str, list[ReplayItem]] = {}
+    for item in _real_items():
+        by_id.setdefault(item.event.conversation_id, []).append(item)
+    ids = set(by_id)
+    open_at_switch = sorted(ids)[::3]  # all but their last turn and end before the switch, the rest after it
+    before = [i for cid, items in by_id.items() for i in (items[:-2] if cid in open_at_switch else items)]
+    after = [i for cid in open_at_switch for i in by_id[cid][-2:]]
+
+    faust = pipeline.start_worker("worker-faust", {"CONVOWATCH_KAFKA__CONSUMER": "faust"})
+    pipeline.wait_assigned([faust])
+    pipeline.produce((i.key, i.raw) for i in before)
+    _wait_scores(pipeline, ids - set(open_at_switch))
+    wait_for(lambda: faust.metric_sum("convowatch_open_conversations") == len(open_at_switch), timeout=60, what="open")
+    faust.terminate()
+    assert faust.popen.returncode == 0, faust.log_tail()
+
+    batch = pipeline.start_worker("worker-batch", {"CONVOWATCH_KAFKA__CONSUMER": "batch"})
+    pipeline.wait_assigned([batch])
+    pipeline.produce((i.key, i.raw) for i in after)
+    records = _wait_scores(pipeline, ids)
+    log = batch.log.read_text(errors="replace")
+    assert log.count(f"where the group {pipeline.env['CONVOWATCH_KAFKA__APP_ID']} left it") == 2, batch.log_tail()
+    # Nothing judged twice, and the conversations open at the switch have every turn, read back from the changelog.
+    assert {cid: len(rs) for cid, rs in records.items() if len(rs) != 1} == {}
+    turns_sent = {cid: sum(isinstance(i.event, TurnEvent) for i in items) for cid, items in by_id.items()}
+    assert {cid: len(rs[0].conversation.turns) for cid, rs in records.items()} == turns_sent
+
+
 # ------------------------------------------------------------------ scale-out
 
 
