@@ -1,4 +1,4 @@
-"""The Faust worker: events → conversations → scores, as two agents and two timers.
+"""The worker, a Faust app: events → conversations → scores, as two stages and two timers.
 
     events topic ──assemble──► closed topic ──score──► scores topic
          │  (validate; state in the `conversations` table)        │
@@ -29,7 +29,7 @@
   for the budget. What scoring one closed record means is `score_closed`
   (stream/score_stage.py).
 
-With ``kafka.consumer`` batch the two agents are two `PollStage`s instead
+With ``kafka.consumer`` batch (the default) the two agents above are two `PollStage`s instead
 (stream/poll_stage.py), off Faust, each with its own aiokafka consumer group,
 a whole poll at a time: `AssemblyStage` (stream/assembly_stage.py, its states
 in memory and in the same changelog) and `ScoreStage` (stream/score_stage.py);

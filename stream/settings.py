@@ -93,7 +93,11 @@ class KafkaSettings(BaseModel):
     dead_letter_topic: str = "convowatch.dead-letters"
     partitions: int = Field(default=4, ge=1, description="Partitions of each topic created on start (= max workers).")
     replication_factor: int = Field(default=1, ge=1)
-    app_id: str = Field(default="convowatch", description="Faust app id = the workers' consumer group.")
+    app_id: str = Field(
+        default="convowatch",
+        description="Faust app id; the workers' consumer groups are <app_id>-assemble and <app_id>-score (consumer "
+        "batch), or <app_id> (faust).",
+    )
     data_dir: Path = Field(
         default=Path(".convowatch/worker"),
         description="The worker's local directory (Faust needs one even though its table lives in memory and the broker); "
@@ -128,12 +132,13 @@ class KafkaSettings(BaseModel):
         description="Most records one poll hands the worker (Kafka's max.poll.records). Time spent delivering a poll's "
         "records to the agents counts against max_poll_interval_s, so a backlog must not arrive in one huge poll.",
     )
-    consumer: Literal["faust", "batch"] = Field(
-        default="faust",
-        description="How the worker reads its topics: faust = the assemble and score agents, the conversations' state a "
-        "Faust table; batch = a consumer group of its own per stage, a whole poll at a time, the state in memory and the "
-        "same changelog topic (stream/poll_stage.py; several times faster, docs/benchmarks.md). batch is new: the fault "
-        "suite runs on faust, and a deployment switched to batch reads its events and closed topics again from the start.",
+    consumer: Literal["batch", "faust"] = Field(
+        default="batch",
+        description="How the worker reads its topics: batch = a consumer group of its own per stage, a whole poll at a "
+        "time, the conversations' state in memory and in the changelog topic (stream/poll_stage.py); faust = the "
+        "assemble and score agents, the state a Faust table on the same changelog (the default before 2026-11-27; "
+        "slower, docs/benchmarks.md). To switch a deployment from faust, stop every faust worker first: the batch "
+        "groups start where the Faust group left off (the other way, the Faust group would read both topics again).",
     )
     stream_buffer_maxsize: int = Field(
         default=4096,

@@ -70,7 +70,7 @@ def _settings_env() -> dict[str, str]:
     """The demo's configuration, as the CONVOWATCH_* environment the service reads."""
     return {
         "CONVOWATCH_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:9092",
-        # tansu workarounds (deploy/local/README.md): exact table recovery, fast group joins.
+        # tansu workarounds (deploy/local/README.md): exact table recovery (kafka.consumer faust), fast group joins.
         "CONVOWATCH_KAFKA__PRODUCER_MAX_BATCH_SIZE": "1",
         "CONVOWATCH_KAFKA__SESSION_TIMEOUT_S": "6",
         "CONVOWATCH_KAFKA__HEARTBEAT_INTERVAL_S": "1",

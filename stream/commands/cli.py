@@ -1094,7 +1094,7 @@ def run_cmd(obj: _Context) -> None:
 
     \b
     Start as many workers as there are partitions (kafka.partitions); they
-    share the work as one consumer group (kafka.app_id). Scores go to the
+    share the work as consumer groups named after kafka.app_id. Scores go to the
     scores topic; run `convowatch sink` to write them to ClickHouse.
     Metrics: http://METRICS_HOST:METRICS_PORT/metrics.
     """
