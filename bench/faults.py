@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=1, help="the faults' order and moments")
     ap.add_argument("--quick", action="store_true", help="the short form of make test, results to /tmp")
-    ap.add_argument("--consumer", choices=("faust", "batch"), default="faust", help="the workers' kafka.consumer")
+    ap.add_argument("--consumer", choices=("batch", "faust"), default="batch", help="the workers' kafka.consumer")
     args = ap.parse_args(argv)
     out = QUICK_OUTPUT if args.quick else OUTPUT
     result = {

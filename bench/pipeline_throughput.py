@@ -671,7 +671,7 @@ def start_broker(root: Path) -> Stack:
     return Stack(cfg, start_kafka(cfg).url)
 
 
-def base_env(rubric_set: Path, calibrator: Path, answers: Path, tansu: bool, consumer: str = "faust") -> dict[str, str]:
+def base_env(rubric_set: Path, calibrator: Path, answers: Path, tansu: bool, consumer: str = "batch") -> dict[str, str]:
     env = {
         "CONVOWATCH_KAFKA__CONSUMER": consumer,
         "CONVOWATCH_JUDGE__BACKEND": "recorded",
@@ -922,9 +922,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--consumer",
-        choices=("faust", "batch"),
-        default="faust",
-        help="the workers' kafka.consumer (default faust, the service's default)",
+        choices=("batch", "faust"),
+        default="batch",
+        help="the workers' kafka.consumer (default batch, the service's default)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, stores) and print its path")
     args = parser.parse_args(argv)

@@ -24,6 +24,7 @@ from pathlib import Path
 from kafka import KafkaConsumer, KafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
 
+from stream.settings import KafkaSettings
 from tests.infra import free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -132,7 +133,7 @@ class Pipeline:
         """The workers' consumer group that reads ``topic`` (events or closed): Faust's, the app id, or with
         ``kafka.consumer`` batch the stage's (``<app_id>-assemble``, ``<app_id>-score``)."""
         app_id = self.env["CONVOWATCH_KAFKA__APP_ID"]
-        if self.env.get("CONVOWATCH_KAFKA__CONSUMER", "faust") == "faust":
+        if self.env.get("CONVOWATCH_KAFKA__CONSUMER", KafkaSettings().consumer) == "faust":
             return app_id
         stage = {"events": "assemble", "closed": "score"}[topic]
         return f"{app_id}-{stage}"
