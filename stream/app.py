@@ -283,11 +283,21 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
                 for event in events:
                     app.finished(event)
 
-    if not app.stages:
-
         @app.timer(interval=k.refetch_idle_s / 2, name="refetch_stalled")
         async def refetch_stalled() -> None:
             await app.guarded_consumer.refetch_stalled(k.refetch_idle_s)
+
+        @app.agent(closed_topic, name="score", concurrency=settings.scoring.concurrency)
+        async def score(stream: faust.StreamT) -> None:
+            async for event in app.in_order(stream):
+                out = await score_closed(event.message, rollout, metrics)
+                if out is None:
+                    continue  # not finished: its offset stays uncommitted and it is delivered again
+                for record in out.scores:
+                    await scores_topic.send(key=out.key, value=record.to_json())
+                if out.dead_letter is not None:
+                    await send_dead_letter(out.dead_letter)
+                app.finished(event)
 
     requested: dict[str, float] = {}
     loss_watch = BrokerLossWatch(metrics, "worker", (k.events_topic, k.closed_topic))  # the Faust consumer's
@@ -341,20 +351,6 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
         @app.timer(interval=settings.scoring.registry_poll_s, name="scorer_rollout")
         async def scorer_rollout() -> None:
             await asyncio.get_running_loop().run_in_executor(None, rollout.refresh)  # loading may take seconds
-
-    if k.consumer == "faust":
-
-        @app.agent(closed_topic, name="score", concurrency=settings.scoring.concurrency)
-        async def score(stream: faust.StreamT) -> None:
-            async for event in app.in_order(stream):
-                out = await score_closed(event.message, rollout, metrics)
-                if out is None:
-                    continue  # not finished: its offset stays uncommitted and it is delivered again
-                for record in out.scores:
-                    await scores_topic.send(key=out.key, value=record.to_json())
-                if out.dead_letter is not None:
-                    await send_dead_letter(out.dead_letter)
-                app.finished(event)
 
     app.convowatch_topics = (events_topic, closed_topic, scores_topic, dead_letter_topic)  # type: ignore[attr-defined]
     return app

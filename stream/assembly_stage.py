@@ -25,7 +25,6 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from stream.assembly import State
 from stream.batch_assembly import BatchAssembler
-from stream.contract import RECORD_HEADROOM_BYTES
 from stream.metrics import ServiceMetrics
 from stream.poll_stage import Polled, PollStage
 from stream.settings import Settings
@@ -46,7 +45,6 @@ class AssemblyStage(PollStage):
         self.changelog = changelog_topic(k)
         self.assembly = BatchAssembler(a, k.partitions, metrics)
         self.states: dict[str, State] = {}  # the conversations of the partitions in `partitions`
-        self._dead_letter_bytes = k.max_record_bytes - RECORD_HEADROOM_BYTES
 
     async def process(self, polled: Polled) -> dict[int, int]:
         batch = StateBatch(self.states)
@@ -55,7 +53,7 @@ class AssemblyStage(PollStage):
         for key, value in out.closed:
             await self.send(k.closed_topic, key, value)
         for letter in out.dead_letters:
-            await self.send(k.dead_letter_topic, letter.key, letter.to_json(max_bytes=self._dead_letter_bytes))
+            await self.send_dead_letter(letter)
         for conversation_id, state, partition in batch.changes():
             state_json = None if state is None else json.dumps(state).encode("utf-8")
             await self.send(self.changelog, changelog_key(conversation_id), state_json, partition)

@@ -33,6 +33,7 @@ from aiokafka.errors import CommitFailedError, IllegalStateError
 from aiokafka.structs import ConsumerRecord
 
 from stream.broker_loss import BrokerLossWatch
+from stream.contract import RECORD_HEADROOM_BYTES, DeadLetter
 from stream.metrics import ServiceMetrics
 from stream.settings import Settings
 
@@ -142,6 +143,11 @@ class PollStage:
     async def send(self, topic: str, key: bytes | None, value: bytes | None, partition: int | None = None) -> None:
         """Send a record; the poll commits only once the broker has acknowledged it."""
         self._sends.append(await self.producer.send(topic, key=key, value=value, partition=partition))
+
+    async def send_dead_letter(self, letter: DeadLetter) -> None:
+        """`send` ``letter`` to the dead-letter topic, its original cut to what fits in one record."""
+        k = self.settings.kafka
+        await self.send(k.dead_letter_topic, letter.key, letter.to_json(max_bytes=k.max_record_bytes - RECORD_HEADROOM_BYTES))
 
     async def _poll(self, polled: Polled) -> None:
         # Records of a partition revoked between the poll and now are left to its next owner (not committed here).

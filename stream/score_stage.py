@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from itertools import zip_longest
 
 from stream.budget import BudgetWaitInterrupted
-from stream.contract import RECORD_HEADROOM_BYTES, ConsumedRecord, DeadLetter
+from stream.contract import ConsumedRecord, DeadLetter
 from stream.metrics import ServiceMetrics
 from stream.poll_stage import Polled, PollStage
 from stream.records import ClosedConversation, RecordError, ScoreRecord
@@ -76,7 +76,6 @@ class ScoreStage(PollStage):
         self.rollout = rollout
         self.concurrency = settings.scoring.concurrency
         self.budget = rollout.current.active.budget  # every version's scorer shares it (ConversationScorer.for_version)
-        self._dead_letter_bytes = k.max_record_bytes - RECORD_HEADROOM_BYTES
 
     async def process(self, polled: Polled) -> dict[int, int]:
         """Score the poll's conversations, the partitions' in turn, ``scoring.concurrency`` at once, each one's records
@@ -107,8 +106,7 @@ class ScoreStage(PollStage):
         for record in out.scores:
             await self.send(k.scores_topic, out.key, record.to_json())
         if out.dead_letter is not None:
-            letter = out.dead_letter
-            await self.send(k.dead_letter_topic, letter.key, letter.to_json(max_bytes=self._dead_letter_bytes))
+            await self.send_dead_letter(out.dead_letter)
 
     def interrupt(self) -> None:
         if self.budget is not None:
