@@ -176,6 +176,16 @@ def test_uss_to_rubric_set_that_the_cli_scores_with(tmp_path, domain):
     assert got["rubric_set"] == rubric_set.version and got["n"] == 4 and got["n_positive"] == 2
 
 
+def _keep_first_turns(path: Path, n: int) -> None:
+    """Cut every labelled conversation in ``path`` to its first ``n`` turns: Gemma on a 2-core CPU reads a whole
+    MultiWOZ dialogue in tens of seconds, and these tests check what is asked, not what is answered."""
+    items = load_labelled_jsonl(path)
+    write_labelled_jsonl(
+        path,
+        [dataclasses.replace(i, conversation=dataclasses.replace(i.conversation, turns=i.conversation.turns[:n])) for i in items],
+    )
+
+
 def _judge_behind(proxy: servers.ScriptedServer, llama_server: servers.LlamaServer, cache: Path) -> dict[str, str]:
     """Settings of an OpenAI-compatible judge (and generator) that is ``llama_server`` reached through ``proxy``."""
     return {
@@ -196,6 +206,8 @@ def test_learn_and_evaluate_ask_all_questions_of_a_conversation_in_one_call(tmp_
         "data", "uss", "--file", MWOZ, "--labelled-out", train, "--n-per-class", "4", "--seed", "5", "--split-out-test", test
     )
     assert r.returncode == 0, r.stderr
+    _keep_first_turns(train, 2)
+    _keep_first_turns(test, 2)
     pool = _seed_pool_head(2)
     pool_file = tmp_path / "pool.json"
     pool.save(pool_file)
@@ -237,6 +249,7 @@ def test_offline_commands_show_models_only_redacted_text(tmp_path, domain, llama
     train = tmp_path / "train.jsonl"
     r = convowatch("data", "uss", "--file", MWOZ, "--labelled-out", train, "--n-per-class", "2", "--seed", "5")
     assert r.returncode == 0, r.stderr
+    _keep_first_turns(train, 2)
     email, card = "jane.doe@example.com", "4111 1111 1111 1111"
     planted = []
     for item in load_labelled_jsonl(train):
