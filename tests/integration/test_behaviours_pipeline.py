@@ -20,7 +20,7 @@ from stream.replay.sources import ReplayItem
 from stream.sampling import unit_hash
 from stream.scoring import BEHAVIOUR_SALT
 from tests.infra import convowatch
-from tests.integration.test_pipeline import _few_conversations, _ids, _real_items, _wait_scores, _wait_sink_caught_up
+from tests.integration.test_pipeline import _ids, _real_items, _shortest_conversations, _wait_scores, _wait_sink_caught_up
 from tests.pipeline import Pipeline
 from tests.servers import LlamaServer
 
@@ -66,7 +66,7 @@ def test_behaviours_of_every_assistant_turn_are_judged_stored_and_counted(
     worker = pipeline.start_worker()
     sink = pipeline.start_sink()
     pipeline.wait_assigned([worker])
-    items, ids = _few_conversations(2)
+    items, ids = _shortest_conversations(2)  # 4 assistant turns in all: Gemma on CPU answers each in seconds
     assistant_turns = _assistant_turns(items, ids)
     pipeline.produce((i.key, i.raw) for i in items)
 

@@ -529,6 +529,17 @@ def _few_conversations(n: int) -> tuple[list[ReplayItem], set[str]]:
     return [i for i in items if i.event.conversation_id in ids], ids
 
 
+def _shortest_conversations(n: int) -> tuple[list[ReplayItem], set[str]]:
+    """The ``n`` real conversations with the least turn text: for tests whose judge is a real (slow) model."""
+    items = _real_items()
+    text: dict[str, int] = {}
+    for e in (i.event for i in items):
+        if isinstance(e, TurnEvent):
+            text[e.conversation_id] = text.get(e.conversation_id, 0) + len(e.text)
+    ids = set(sorted(text, key=lambda cid: (text[cid], cid))[:n])
+    return [i for i in items if i.event is not None and i.event.conversation_id in ids], ids
+
+
 def test_judge_outage_is_retried_and_conversations_are_scored_after_recovery(pipeline: Pipeline) -> None:
     port = free_port()
     pipeline.extra_env.update(_judge_env(port, max_attempts=30))
