@@ -32,7 +32,7 @@ from tests.infra import free_port, wait_for
 from tests.integration.test_pipeline import N_QUESTIONS, RecoveringJudgeServer, _few_conversations, _judge_env
 from tests.pipeline import Pipeline, Process
 
-N_CONVERSATIONS = 8
+N_CONVERSATIONS = 6  # three budget windows: pairs 2 and 3 wait for the pair before them
 MINUTE_S = 20  # the budget's "minute": long enough to outlast max_poll_interval (15 s in TANSU_SETTINGS)
 CALLS_PER_MINUTE = 2 * N_QUESTIONS  # two conversations' worth of calls (one call per question)
 CLOCKS_S = 0.5  # the budget runs on the monotonic clock, scored_at is wall-clock time
@@ -161,7 +161,7 @@ def test_a_spent_budget_holds_conversations_in_the_closed_topic_and_loses_none(p
     # (a conversation is admitted only once the calls of the one two before it have left the window).
     times = sorted(r.scored_at for rs in records.values() for r in rs)
     assert all(b - a >= MINUTE_S - CLOCKS_S for a, b in zip(times, times[2:])), times
-    # Three waits of about a window each (pairs 2-4 wait for the pair before them), less the time between a
+    # A wait of about a window for every pair after the first (each waits for the pair before it), less the time between a
     # settlement and the next conversation's acquire (CLOCKS_S covers it on an idle machine; 2 s allows for load).
     assert worker.metric_sum("convowatch_judge_budget_wait_seconds_total") >= (N_CONVERSATIONS // 2 - 1) * (MINUTE_S - 2)
     # The cost counter prices the tokens the judge reported.
@@ -284,7 +284,8 @@ def test_a_worker_blocked_past_max_poll_interval_joins_its_group_again(pipeline:
             "CONVOWATCH_KAFKA__CONSUMER": "faust",  # Faust's stream buffer; the batch stages keep polling while they wait
         }
     )
-    items, ids = _few_conversations(N_CONVERSATIONS)
+    # Four windows: with three the last wait ended before the blocked consumer's revoke came (seen here).
+    items, ids = _few_conversations(N_CONVERSATIONS + 2)
     with RecoveringJudgeServer(port, failures=0):
         worker = pipeline.start_worker("worker-1")
         pipeline.wait_assigned([worker])
