@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.errors import CommitFailedError, KafkaError
@@ -35,12 +35,23 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class SinkBatch:
-    """What one poll produced, decoded."""
+    """Decoded records waiting to be written: those of one poll, or of several gathered for one write."""
 
-    scores: list[ScoreRecord]
-    feedback: list[FeedbackRow]
-    ratings: list[RatingRow]
-    bad: list[DeadLetter]
+    scores: list[ScoreRecord] = field(default_factory=list)
+    feedback: list[FeedbackRow] = field(default_factory=list)
+    ratings: list[RatingRow] = field(default_factory=list)
+    bad: list[DeadLetter] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        """Records that become rows (dead letters do not)."""
+        return len(self.scores) + len(self.feedback) + len(self.ratings)
+
+    def add_rows(self, other: SinkBatch) -> None:
+        """Gather ``other``'s rows (not its dead letters) into this batch."""
+        self.scores += other.scores
+        self.feedback += other.feedback
+        self.ratings += other.ratings
 
 
 class ScoreSink:
@@ -76,7 +87,7 @@ class ScoreSink:
 
     def decode(self, messages) -> SinkBatch:
         k = self.settings.kafka
-        batch = SinkBatch([], [], [], [])
+        batch = SinkBatch()
         for m in messages:
             if m.topic == k.scores_topic:
                 try:
@@ -154,31 +165,48 @@ class ScoreSink:
         self.producer.flush()
 
     def run(self, stop: threading.Event) -> None:
-        """Poll, write, commit; until ``stop`` is set. Uncommitted batches are re-delivered after a restart."""
-        timeout_ms = int(self.settings.store.flush_interval_s * 1000)
+        """Poll, write, commit; until ``stop`` is set. Uncommitted records are re-delivered after a restart.
+
+        Polls are gathered into one write (each insert makes parts that ClickHouse merges: behind a backlog, one insert
+        per poll kept chDB's merge threads busy): it writes once it has caught up with its partitions, holds
+        ``store.batch_size`` rows, or has held a record for ``store.flush_interval_s``, and commits only after the write."""
+        store = self.settings.store
+        pending = SinkBatch()
+        held_since: float | None = None  # when the oldest polled, uncommitted record was polled
         while not stop.is_set():
-            polled = self.consumer.poll(timeout_ms=timeout_ms, max_records=self.settings.store.batch_size)
+            wait_s = store.flush_interval_s if held_since is None else held_since + store.flush_interval_s - time.monotonic()
+            polled = self.consumer.poll(
+                timeout_ms=max(0, int(wait_s * 1000)), max_records=max(1, store.batch_size - pending.rows)
+            )
             messages = [m for part in polled.values() for m in part]
-            self.report_lag()
-            if not messages:
+            caught_up = self.report_lag()
+            if messages:
+                batch = self.decode(messages)
+                if batch.bad:
+                    self.dead_letter(batch.bad)
+                pending.add_rows(batch)
+                if held_since is None:
+                    held_since = time.monotonic()
+            if held_since is None:
                 continue
-            batch = self.decode(messages)
-            if batch.bad:
-                self.dead_letter(batch.bad)
-            if (batch.scores or batch.feedback or batch.ratings) and not self.write(batch, stop):
+            if not (caught_up or pending.rows >= store.batch_size or time.monotonic() - held_since >= store.flush_interval_s):
+                continue
+            if pending.rows and not self.write(pending, stop):
                 break
+            pending, held_since = SinkBatch(), None
             try:
                 self.consumer.commit()
                 self._committed.update(
                     {(tp.topic, tp.partition): self.consumer.position(tp) for tp in self.consumer.assignment()}
                 )
             except (CommitFailedError, KafkaError) as e:
-                # A rebalance took the partitions: the batch is re-delivered to their new owner and rewritten idempotently.
+                # A rebalance took the partitions: the records are re-delivered to their new owner and rewritten idempotently.
                 log.warning("offset commit failed after a durable write (will be re-delivered, deduplicated): %s", e)
 
-    def report_lag(self) -> None:
+    def report_lag(self) -> bool:
         """Consumer lag per assigned partition, where the broker has reported a high-water mark; a partition whose
-        records the broker lost (stream/broker_loss.py) is read again from its beginning."""
+        records the broker lost (stream/broker_loss.py) is read again from its beginning. True if every assigned
+        partition is read up to its high-water mark."""
         lags = {}
         assigned = {(tp.topic, tp.partition): tp for tp in self.consumer.assignment()}
         for key, tp in assigned.items():
@@ -191,6 +219,7 @@ class ScoreSink:
             committed = {key: (self.consumer.committed(assigned[key]), self._committed.get(key)) for key in suspects}
             for key in self.loss_watch.confirm(committed):
                 self.consumer.seek_to_beginning(assigned[key])
+        return len(lags) == len(assigned) and all(lag <= 0 for lag in lags.values())
 
     def close(self) -> None:
         self.consumer.close()

@@ -697,6 +697,39 @@ def test_past_max_closed_conversations_the_oldest_closed_are_forgotten_early_and
     wait_for(lambda: worker.metric_sum("convowatch_open_conversations") == 1, timeout=30, what="the forgotten one opened again")
 
 
+def test_a_sink_behind_a_backlog_writes_it_at_once_and_commits_after_the_write(pipeline: Pipeline) -> None:
+    """The sink gathers its polls into one write once it has caught up (or holds ``store.batch_size`` rows, or has
+    held a record ``store.flush_interval_s``): 400 events, 40 of them feedback, read in polls of at most 100, make one
+    insert, not one per poll that held a row (each insert is parts for chDB to merge)."""
+    pipeline.extra_env.update({"CONVOWATCH_STORE__BATCH_SIZE": "100", "CONVOWATCH_STORE__FLUSH_INTERVAL_S": "5"})
+    records = []
+    for c in range(40):
+        cid = f"backlog-{c:02d}"
+        turns = [TurnEvent(cid, n, ("user", "assistant")[n % 2], f"turn {n}", 1.7e9 + n, {}) for n in range(9)]
+        records += [(cid.encode(), encode_event(e)) for e in (*turns, FeedbackEvent(cid, 1, "down", 1.7e9 + 9))]
+    pipeline.produce(records)
+    sink = pipeline.start_sink()
+    wait_for(lambda: sink.metric_sum("convowatch_sink_rows_total", table="feedback") >= 40, timeout=60, what="the feedback")
+    assert sink.metric_sum("convowatch_sink_latency_seconds_count") == 1  # writes
+    assert sink.metric_sum("convowatch_sink_rows_total", table="feedback") == 40
+    ends: dict[int, int] = {}
+    for m in pipeline.consume("events", len(records)):
+        ends[m.partition] = max(ends.get(m.partition, 0), m.offset + 1)
+    admin = KafkaAdminClient(bootstrap_servers=pipeline.bootstrap)
+    group = pipeline.env["CONVOWATCH_KAFKA__SINK_GROUP"]
+
+    def committed() -> dict[int, int]:
+        offsets = admin.list_group_offsets(group)[group]
+        return {tp.partition: om.offset for tp, om in offsets.items() if tp.topic == pipeline.topic("events")}
+
+    try:
+        wait_for(lambda: committed() == ends, timeout=30, what="the events topic committed to its end")
+    finally:
+        admin.close()
+    sink.terminate()
+    assert pipeline.query_store("SELECT count() AS n FROM convowatch.feedback FINAL") == [{"n": 40}]
+
+
 def test_feedback_while_open_is_judged_and_counted_against_the_scorers_label(pipeline: Pipeline) -> None:
     """Thumbs on open conversations travel with them to the scorer: judged with π = 1, counted by label and feedback."""
     pipeline.extra_env["CONVOWATCH_SCORING__SAMPLING__DEFAULT_RATE"] = "0.01"  # only feedback makes them judged
