@@ -61,7 +61,7 @@ from stream.assembly_stage import AssemblyStage
 from stream.batch_assembly import BatchAssembler
 from stream.broker_loss import BrokerLossWatch
 from stream.budget import BudgetGate
-from stream.contract import RECORD_HEADROOM_BYTES, DeadLetter, EndEvent, encode_event
+from stream.contract import DeadLetter, EndEvent, encode_event
 from stream.delivery import GuardedDelivery, in_order, in_order_batches
 from stream.metrics import ServiceMetrics
 from stream.poll_stage import PollStage
@@ -219,10 +219,9 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
     scores_topic = raw_topic(k.scores_topic)
     dead_letter_topic = raw_topic(k.dead_letter_topic)
     a = settings.assembly
-    dead_letter_bytes = k.max_record_bytes - RECORD_HEADROOM_BYTES
 
     async def send_dead_letter(letter: DeadLetter) -> None:
-        await dead_letter_topic.send(key=letter.key, value=letter.to_json(max_bytes=dead_letter_bytes))
+        await dead_letter_topic.send(key=letter.key, value=letter.record_value(k.max_record_bytes))
 
     if k.consumer == "batch":
         assemble_stage = AssemblyStage(settings, metrics)

@@ -628,6 +628,11 @@ class DeadLetter:
             raise ValueError(f"a dead letter needs {overhead} bytes without its original, more than max_bytes {max_bytes}")
         return raw
 
+    def record_value(self, max_record_bytes: int) -> bytes:
+        """`to_json` for a producer whose records are at most ``max_record_bytes`` (``kafka.max_record_bytes``), room
+        left for the key, headers and batch framing."""
+        return self.to_json(max_bytes=max_record_bytes - RECORD_HEADROOM_BYTES)
+
     @classmethod
     def from_json(cls, raw: bytes) -> DeadLetter:
         """Decode a dead-letter record; the original bytes come back exactly."""

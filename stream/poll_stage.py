@@ -33,7 +33,7 @@ from aiokafka.errors import CommitFailedError, IllegalStateError
 from aiokafka.structs import ConsumerRecord
 
 from stream.broker_loss import BrokerLossWatch
-from stream.contract import RECORD_HEADROOM_BYTES, DeadLetter
+from stream.contract import DeadLetter
 from stream.metrics import ServiceMetrics
 from stream.settings import Settings
 
@@ -147,7 +147,7 @@ class PollStage:
     async def send_dead_letter(self, letter: DeadLetter) -> None:
         """`send` ``letter`` to the dead-letter topic, its original cut to what fits in one record."""
         k = self.settings.kafka
-        await self.send(k.dead_letter_topic, letter.key, letter.to_json(max_bytes=k.max_record_bytes - RECORD_HEADROOM_BYTES))
+        await self.send(k.dead_letter_topic, letter.key, letter.record_value(k.max_record_bytes))
 
     async def _poll(self, polled: Polled) -> None:
         # Records of a partition revoked between the poll and now are left to its next owner (not committed here).

@@ -24,7 +24,7 @@ from kafka import KafkaConsumer, KafkaProducer
 from kafka.errors import CommitFailedError, KafkaError
 
 from stream.broker_loss import BrokerLossWatch
-from stream.contract import RECORD_HEADROOM_BYTES, DeadLetter, FeedbackEvent, InvalidEvent, RatingEvent, parse_event
+from stream.contract import DeadLetter, FeedbackEvent, InvalidEvent, RatingEvent, parse_event
 from stream.metrics import ServiceMetrics
 from stream.records import ACTIVE, FeedbackRow, RatingRow, RecordError, ScoreRecord
 from stream.settings import Settings
@@ -159,7 +159,7 @@ class ScoreSink:
 
     def dead_letter(self, letters: list[DeadLetter]) -> None:
         for letter in letters:
-            value = letter.to_json(max_bytes=self.settings.kafka.max_record_bytes - RECORD_HEADROOM_BYTES)
+            value = letter.record_value(self.settings.kafka.max_record_bytes)
             self.producer.send(self.settings.kafka.dead_letter_topic, key=letter.key, value=value)
             self.metrics.dead_letters.labels(letter.reason).inc()
         self.producer.flush()

@@ -577,6 +577,7 @@ def test_a_dead_letter_too_large_for_a_record_keeps_the_start_size_and_hash_of_i
     dl = DeadLetter("too_large", "event is 1500012 bytes", original, b"c-1", "convowatch.events", 0, 9, 1.0)
     raw = dl.to_json(max_bytes=limit)
     assert len(dl.to_json()) > limit >= len(raw) > limit - 16
+    assert dl.record_value(1_000_000) == raw  # what the worker and the sink send, under kafka.max_record_bytes 1,000,000
     d = json.loads(raw)
     Draft202012Validator(SCHEMA["$defs"]["deadLetter"]).validate(d)
     kept = base64.b64decode(d["original_base64"])
