@@ -167,9 +167,9 @@ class ScoreSink:
     def run(self, stop: threading.Event) -> None:
         """Poll, write, commit; until ``stop`` is set. Uncommitted records are re-delivered after a restart.
 
-        Polls are gathered into one write (each insert makes parts that ClickHouse merges: behind a backlog, one insert
-        per poll kept chDB's merge threads busy): it writes once it has caught up with its partitions, holds
-        ``store.batch_size`` rows, or has held a record for ``store.flush_interval_s``, and commits only after the write."""
+        Polls are gathered into one write (each insert makes parts that ClickHouse merges, so fewer, larger inserts):
+        it writes once it has caught up with its partitions, holds ``store.batch_size`` rows, or has held a record for
+        ``store.flush_interval_s``, and commits only after the write."""
         store = self.settings.store
         pending = SinkBatch()
         held_since: float | None = None  # when the oldest polled, uncommitted record was polled
