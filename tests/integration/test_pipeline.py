@@ -65,10 +65,10 @@ def _wait_scores(pipeline: Pipeline, ids: set[str], timeout: float = 180) -> dic
     return result
 
 
-def _wait_sink_caught_up(pipeline: Pipeline, timeout: float = 120) -> None:
-    """Until the sink group's committed offsets cover every record on the scores topic (counted by reading it)."""
+def _wait_sink_caught_up(pipeline: Pipeline, timeout: float = 120, topic: str = "scores") -> None:
+    """Until the sink group's committed offsets cover every record on ``topic`` (counted by reading it)."""
     last: dict[int, int] = {}
-    for m in pipeline.consume("scores", 10**9, timeout=5):
+    for m in pipeline.consume(topic, 10**9, timeout=5):
         last[m.partition] = max(last.get(m.partition, -1), m.offset)
     admin = KafkaAdminClient(bootstrap_servers=pipeline.bootstrap)
     try:
@@ -76,7 +76,7 @@ def _wait_sink_caught_up(pipeline: Pipeline, timeout: float = 120) -> None:
         def committed() -> bool:
             group = pipeline.env["CONVOWATCH_KAFKA__SINK_GROUP"]
             offsets = admin.list_group_offsets(group)[group]
-            got = {tp.partition: om.offset for tp, om in offsets.items() if tp.topic == pipeline.topic("scores")}
+            got = {tp.partition: om.offset for tp, om in offsets.items() if tp.topic == pipeline.topic(topic)}
             return all(got.get(p, -1) > off for p, off in last.items())
 
         wait_for(committed, timeout=timeout, interval=0.5, what="sink commits")
@@ -712,20 +712,7 @@ def test_a_sink_behind_a_backlog_writes_it_at_once_and_commits_after_the_write(p
     wait_for(lambda: sink.metric_sum("convowatch_sink_rows_total", table="feedback") >= 40, timeout=60, what="the feedback")
     assert sink.metric_sum("convowatch_sink_latency_seconds_count") == 1  # writes
     assert sink.metric_sum("convowatch_sink_rows_total", table="feedback") == 40
-    ends: dict[int, int] = {}
-    for m in pipeline.consume("events", len(records)):
-        ends[m.partition] = max(ends.get(m.partition, 0), m.offset + 1)
-    admin = KafkaAdminClient(bootstrap_servers=pipeline.bootstrap)
-    group = pipeline.env["CONVOWATCH_KAFKA__SINK_GROUP"]
-
-    def committed() -> dict[int, int]:
-        offsets = admin.list_group_offsets(group)[group]
-        return {tp.partition: om.offset for tp, om in offsets.items() if tp.topic == pipeline.topic("events")}
-
-    try:
-        wait_for(lambda: committed() == ends, timeout=30, what="the events topic committed to its end")
-    finally:
-        admin.close()
+    _wait_sink_caught_up(pipeline, timeout=30, topic="events")  # committed after the write, to the topic's end
     sink.terminate()
     assert pipeline.query_store("SELECT count() AS n FROM convowatch.feedback FINAL") == [{"n": 40}]
 
