@@ -21,6 +21,7 @@ import json
 import logging
 from itertools import chain
 
+import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from stream.assembly import State
@@ -55,7 +56,7 @@ class AssemblyStage(PollStage):
         for letter in out.dead_letters:
             await self.send_dead_letter(letter)
         for conversation_id, state, partition in batch.changes():
-            state_json = None if state is None else json.dumps(state).encode("utf-8")
+            state_json = None if state is None else orjson.dumps(state)
             await self.send(self.changelog, changelog_key(conversation_id), state_json, partition)
             if state is None:
                 self.states.pop(conversation_id, None)
@@ -100,7 +101,7 @@ class AssemblyStage(PollStage):
                         if record.value is None:
                             self.states.pop(key, None)
                         else:
-                            self.states[key] = json.loads(record.value)
+                            self.states[key] = orjson.loads(record.value)
                 remaining = {tp for tp in remaining if await reader.position(tp) < ends[tp]}
         finally:
             await reader.stop()
@@ -108,8 +109,10 @@ class AssemblyStage(PollStage):
 
 
 def changelog_key(conversation_id: str) -> bytes:
-    """A conversation's key in the changelog, as the Faust table writes it (JSON), so either consumer reads the other's."""
-    return json.dumps(conversation_id).encode("utf-8")
+    """A conversation's key in the changelog, as the Faust table writes it (JSON, by orjson once that is installed), so
+    either consumer reads the other's. Keys written before orjson was a dependency escape non-ASCII characters
+    (``\\u00e9``); `conversation_of` reads both, and a restore keeps the later record of the two."""
+    return orjson.dumps(conversation_id)
 
 
 def conversation_of(key: bytes) -> str:

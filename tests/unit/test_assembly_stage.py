@@ -25,3 +25,8 @@ def test_a_key_is_written_as_the_faust_table_writes_it_and_read_back(conversatio
 @pytest.mark.parametrize("conversation_id", [i for i in IDS if not i.startswith("quote")])
 def test_a_raw_key_the_stage_wrote_before_is_still_read(conversation_id: str) -> None:
     assert conversation_of(conversation_id.encode("utf-8")) == conversation_id
+
+
+def test_a_key_written_before_orjson_escaped_non_ascii_and_is_still_read() -> None:
+    # Faust's JSON codec (and this stage) wrote with the standard library until orjson became a dependency.
+    assert conversation_of(b'"quote \\" and \\u00e9"') == 'quote " and é'

@@ -87,6 +87,9 @@ def test_a_record_written_before_behaviours_reads_with_none() -> None:
         ({"rubrics_unasked": ["r1"]}, r"rubrics_unasked = \['r1'\] is not a list of strings"),
         ({"main_probabilities": (0.5, float("nan"))}, r"main_probabilities = \(0.5, nan\) is not a list of finite numbers"),
         ({"extra": []}, r"extra = \[\] is not an object"),
+        # orjson writes NaN as null rather than refuse it: the record refuses it
+        ({"extra": {"p": [0.5, float("nan")]}}, r"extra = \{'p': \[0.5, nan\]\} is not an object of JSON values"),
+        ({"extra": {1: "a"}}, r"extra = \{1: 'a'\} is not an object of JSON values"),
         ({"judge_prompt_tokens": -1}, r"judge_prompt_tokens = -1 is not a count"),
         ({"attempts": 1.5}, r"attempts = 1.5 is not a count"),
     ],
