@@ -55,6 +55,7 @@ bench: install
 	$(PY) bench/local_judge_latency.py
 	$(PY) bench/pipeline_throughput.py
 	$(PY) bench/sink_consume.py
+	$(PY) bench/record_codec.py
 	$(PY) bench/assembly_ceiling.py
 	$(PY) bench/faults.py
 	$(PY) bench/bounded_memory.py
