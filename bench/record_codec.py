@@ -1,4 +1,4 @@
-"""What the worker and the sink spend on JSON per record: orjson (the service's codec) against the standard library.
+"""What the worker and the sink spend on JSON per record: msgspec (the service's codec) against the standard library.
 
 py-spy on the worker during `bench/pipeline_throughput.py --quick --conversations 3000 --consumer batch` (2026-11-27,
 Intel Xeon) put ~13 % of the samples holding the GIL in the standard library's JSON: encoding closed conversations
@@ -9,10 +9,10 @@ pipeline benchmark's workload (`synthetic_events`, 10 turns of 200 bytes and an 
 * `ScoreRecord.to_json` / `from_json` of a scored record of each (the score stage and the sink), with ``--rubrics``
   rubric scores and ``--dimensions`` calibrated dimensions of 4 answers (the real LLM-Rubric calibrator has 9);
 
-each with the service's codec (orjson, stream/records.py) and with the standard library's in its place (the code
-before orjson), best of ``--runs``, alternating the two. Events stay with the standard library: an orjson-first
-`parse_event` (with the standard library reading again whatever it refused, commit 1f7b15a) took 24.1 against 24.5 µs
-per event in this benchmark (best of 9, Intel Xeon), so it was not kept.
+each with the service's codec (msgspec, stream/records.py) and with the standard library's in its place (the code
+before msgspec), best of ``--runs``, alternating the two. Events stay with the standard library: an orjson-first
+`parse_event` (with the standard library reading again whatever orjson refused, commit 1f7b15a) took 24.1 against
+24.5 µs per event in this benchmark (best of 9, Intel Xeon), so it was not kept.
 
 Run: ``.venv/bin/python bench/record_codec.py [--conversations 2000] [--runs 5]``; figures to
 bench/results/record_codec.json.
@@ -57,7 +57,7 @@ def _stdlib_load(raw: bytes | None) -> dict[str, Any]:
 
 @contextmanager
 def standard_library() -> Iterator[None]:
-    """The service's code with the standard library's JSON where orjson is now."""
+    """The service's code with the standard library's JSON where msgspec is now."""
     with (
         mock.patch.object(records, "_dump", _stdlib_dump),
         mock.patch.object(records, "_load", _stdlib_load),
@@ -144,10 +144,10 @@ def main() -> None:
         "ScoreRecord.to_json": (lambda s: s.to_json(), scored),
         "ScoreRecord.from_json": (ScoreRecord.from_json, score_json),
     }
-    best: dict[str, dict[str, float]] = {name: {"orjson": float("inf"), "stdlib": float("inf")} for name in calls}
+    best: dict[str, dict[str, float]] = {name: {"msgspec": float("inf"), "stdlib": float("inf")} for name in calls}
     for _ in range(args.runs):
         for name, (call, items) in calls.items():
-            best[name]["orjson"] = min(best[name]["orjson"], per_call_us(call, items))
+            best[name]["msgspec"] = min(best[name]["msgspec"], per_call_us(call, items))
             with standard_library():
                 best[name]["stdlib"] = min(best[name]["stdlib"], per_call_us(call, items))
     sizes = {
@@ -158,9 +158,9 @@ def main() -> None:
     print(
         f"{len(events)} events, {len(closed)} conversations; mean bytes: " + ", ".join(f"{k} {v:,.0f}" for k, v in sizes.items())
     )
-    print(f"{'call':38s} {'stdlib µs':>10s} {'orjson µs':>10s} {'ratio':>6s}")
+    print(f"{'call':38s} {'stdlib µs':>10s} {'msgspec µs':>10s} {'ratio':>6s}")
     for name, b in best.items():
-        print(f"{name:38s} {b['stdlib']:10.1f} {b['orjson']:10.1f} {b['stdlib'] / b['orjson']:6.2f}")
+        print(f"{name:38s} {b['stdlib']:10.1f} {b['msgspec']:10.1f} {b['stdlib'] / b['msgspec']:6.2f}")
     out = {
         "args": vars(args),
         "host": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version()},

@@ -21,7 +21,7 @@ import json
 import logging
 from itertools import chain
 
-import orjson
+import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from stream.assembly import State
@@ -56,7 +56,7 @@ class AssemblyStage(PollStage):
         for letter in out.dead_letters:
             await self.send_dead_letter(letter)
         for conversation_id, state, partition in batch.changes():
-            state_json = None if state is None else orjson.dumps(state)
+            state_json = None if state is None else msgspec.json.encode(state)
             await self.send(self.changelog, changelog_key(conversation_id), state_json, partition)
             if state is None:
                 self.states.pop(conversation_id, None)
@@ -101,7 +101,7 @@ class AssemblyStage(PollStage):
                         if record.value is None:
                             self.states.pop(key, None)
                         else:
-                            self.states[key] = orjson.loads(record.value)
+                            self.states[key] = msgspec.json.decode(record.value)
                 remaining = {tp for tp in remaining if await reader.position(tp) < ends[tp]}
         finally:
             await reader.stop()
@@ -109,10 +109,8 @@ class AssemblyStage(PollStage):
 
 
 def changelog_key(conversation_id: str) -> bytes:
-    """A conversation's key in the changelog, as the Faust table writes it (JSON, by orjson once that is installed), so
-    either consumer reads the other's. Keys written before orjson was a dependency escape non-ASCII characters
-    (``\\u00e9``); `conversation_of` reads both, and a restore keeps the later record of the two."""
-    return orjson.dumps(conversation_id)
+    """A conversation's key in the changelog, as the Faust table writes it (JSON), so either consumer reads the other's."""
+    return json.dumps(conversation_id).encode("utf-8")
 
 
 def conversation_of(key: bytes) -> str:
