@@ -395,7 +395,7 @@ _decode_json = msgspec.json.Decoder().decode
 
 
 def _dump(obj: dict[str, Any]) -> bytes:
-    """Compact UTF-8 JSON, with msgspec (~6x faster than `json` on closed conversations and score records,
+    """Compact UTF-8 JSON, with msgspec (~5x faster than `json` on closed conversations and score records,
     bench/record_codec.py). msgspec would write NaN as null rather than refuse it: every record checks that its
     numbers are finite when it is built."""
     return _encode_json(obj)
@@ -413,6 +413,8 @@ def _load(raw: bytes | None) -> dict[str, Any]:
             d = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise RecordError(f"not JSON: {e}") from e
+    except RecursionError:
+        raise RecordError("not JSON: nested too deeply to read") from None
     if not isinstance(d, dict):
         raise RecordError("record must be a JSON object")
     if d.get("record_version") != RECORD_VERSION:

@@ -87,7 +87,7 @@ def test_a_record_written_before_behaviours_reads_with_none() -> None:
         ({"rubrics_unasked": ["r1"]}, r"rubrics_unasked = \['r1'\] is not a list of strings"),
         ({"main_probabilities": (0.5, float("nan"))}, r"main_probabilities = \(0.5, nan\) is not a list of finite numbers"),
         ({"extra": []}, r"extra = \[\] is not an object"),
-        # orjson writes NaN as null rather than refuse it: the record refuses it
+        # msgspec writes NaN as null rather than refuse it: the record refuses it
         ({"extra": {"p": [0.5, float("nan")]}}, r"extra = \{'p': \[0.5, nan\]\} is not an object of JSON values"),
         ({"extra": {1: "a"}}, r"extra = \{1: 'a'\} is not an object of JSON values"),
         ({"judge_prompt_tokens": -1}, r"judge_prompt_tokens = -1 is not a count"),
@@ -142,6 +142,22 @@ def test_decoding_a_record_with_a_bad_value_is_a_record_error() -> None:
     d["close_cause"] = "bored"
     with pytest.raises(RecordError, match=r"^close_cause 'bored' is not one of"):
         ClosedConversation.from_json(json.dumps(d).encode())
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        (b"\xff{}", r"not JSON"),  # not UTF-8
+        (b'{"record_version": NaN}', r"record_version nan is not 1"),  # read by `json`, which takes NaN
+        (b"[" * 100_000 + b"]" * 100_000, r"not JSON: nested too deeply"),
+        (b"[1, 2]", r"record must be a JSON object"),
+    ],
+)
+def test_bytes_that_are_not_a_record_are_a_record_error(raw: bytes, message: str) -> None:
+    """Whatever is on the topic, decoding raises `RecordError` (which the sink dead-letters), never anything else."""
+    for record_type in (ScoreRecord, ClosedConversation):
+        with pytest.raises(RecordError, match=message):
+            record_type.from_json(raw)
 
 
 def test_times_before_1970_are_valid() -> None:
