@@ -401,19 +401,23 @@ def _dump(obj: dict[str, Any]) -> bytes:
     return _encode_json(obj)
 
 
+def _read_json(raw: bytes) -> Any:
+    """``raw`` read by msgspec; what msgspec refuses (numbers `json` reads as infinities, lone surrogate escapes) is read
+    by `json`, so the record's own checks name the bad value."""
+    try:
+        return _decode_json(raw)
+    except (msgspec.MsgspecError, UnicodeDecodeError):
+        return json.loads(raw)
+
+
 def _load(raw: bytes | None) -> dict[str, Any]:
-    """The record's JSON object, read by msgspec; what msgspec refuses (numbers `json` reads as infinities, lone
-    surrogate escapes) is read by `json`, so the record's own checks name the bad value."""
     if raw is None:  # a Kafka record with a null value (a tombstone)
         raise RecordError("the record has no value (null)")
     try:
-        d = _decode_json(raw)
-    except (msgspec.MsgspecError, UnicodeDecodeError):
-        try:
-            d = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise RecordError(f"not JSON: {e}") from e
-    except RecursionError:
+        d = _read_json(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RecordError(f"not JSON: {e}") from e
+    except RecursionError:  # from either reader
         raise RecordError("not JSON: nested too deeply to read") from None
     if not isinstance(d, dict):
         raise RecordError("record must be a JSON object")

@@ -150,6 +150,7 @@ def test_decoding_a_record_with_a_bad_value_is_a_record_error() -> None:
         (b"\xff{}", r"not JSON"),  # not UTF-8
         (b'{"record_version": NaN}', r"record_version nan is not 1"),  # read by `json`, which takes NaN
         (b"[" * 100_000 + b"]" * 100_000, r"not JSON: nested too deeply"),
+        (b'["\\ud800",' + b"[" * 100_000 + b"]" * 100_001, r"not JSON: nested too deeply"),  # msgspec refuses, then json
         (b"[1, 2]", r"record must be a JSON object"),
     ],
 )
