@@ -45,7 +45,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from scorers.conversation import Conversation
 from scorers.judges.base import Judge, Judgement, Provenance
@@ -201,7 +200,12 @@ def change_probability(windows: ConfidenceWindows, mean: float, variance: float,
     if variance <= 0:
         return 0.0 if low < mean else 1.0
     sd = math.sqrt(variance)
-    cdf = _normal_cdf if dof is None else stats.t(dof).cdf
+    if dof is None:
+        cdf = _normal_cdf
+    else:
+        from scipy import stats  # imported here: ~1 s to import, and the service's default (dof None) never needs it
+
+        cdf = stats.t(dof).cdf
     inside = float(cdf((high - mean) / sd) - cdf((low - mean) / sd))
     return max(0.0, 1.0 - inside)
 

@@ -18,11 +18,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
-from scipy import stats
 
 from scorers.errors import UserError
 
@@ -63,18 +63,27 @@ def _correlation(test: Callable[..., Any], y: ArrayLike, yhat: ArrayLike) -> flo
     return float(test(a, b).statistic)
 
 
+# scipy.stats is imported where it is used: importing it takes ~1 s, and most commands and the service never need it.
+
+
 def pearson(y: ArrayLike, yhat: ArrayLike) -> float:
     """Pearson correlation; NaN when either side is constant (correlation undefined)."""
+    from scipy import stats
+
     return _correlation(stats.pearsonr, y, yhat)
 
 
 def spearman(y: ArrayLike, yhat: ArrayLike) -> float:
     """Spearman rank correlation; NaN when either side is constant."""
+    from scipy import stats
+
     return _correlation(stats.spearmanr, y, yhat)
 
 
 def kendall(y: ArrayLike, yhat: ArrayLike) -> float:
     """Kendall's tau-b (scipy's default, handles ties); NaN when either side is constant."""
+    from scipy import stats
+
     return _correlation(stats.kendalltau, y, yhat)
 
 
@@ -223,11 +232,13 @@ def wilson_interval(hits: int, n: int, level: float = DEFAULT_CI_LEVEL) -> Confi
         raise MetricError(f"need 0 <= hits <= n and n > 0, got hits={hits}, n={n}")
     if not 0 < level < 1:
         raise MetricError(f"level must be in (0, 1), got {level}")
-    z = float(stats.norm.ppf(0.5 + level / 2))
+    z = NormalDist().inv_cdf(0.5 + level / 2)
     rate = hits / n
     centre = (rate + z * z / (2 * n)) / (1 + z * z / n)
     half = z / (1 + z * z / n) * math.sqrt(rate * (1 - rate) / n + z * z / (4 * n * n))
-    return ConfidenceInterval(estimate=rate, low=max(0.0, centre - half), high=min(1.0, centre + half), level=level)
+    low = 0.0 if hits == 0 else max(0.0, centre - half)  # exact at the ends, where rounding leaves ~1e-17
+    high = 1.0 if hits == n else min(1.0, centre + half)
+    return ConfidenceInterval(estimate=rate, low=low, high=high, level=level)
 
 
 def clustered_rate(hits: ArrayLike, turns: ArrayLike, weights: ArrayLike | None = None) -> tuple[float, float]:
@@ -257,4 +268,4 @@ def two_proportion_z(hits_a: int, n_a: int, hits_b: int, n_b: int) -> tuple[floa
     if se == 0:
         return 0.0, 1.0
     z = (hits_b / n_b - hits_a / n_a) / se
-    return z, float(stats.norm.sf(z))
+    return z, 0.5 * math.erfc(z / math.sqrt(2))  # the standard normal's survival function at z
