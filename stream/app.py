@@ -56,6 +56,7 @@ from faust.app.base import BootStrategy
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, EventT
 
+from stream import changelog_codec
 from stream.assembly import State, is_closed
 from stream.assembly_stage import AssemblyStage
 from stream.batch_assembly import BatchAssembler
@@ -183,6 +184,7 @@ async def consumer_lag(app: faust.App, partitions: Iterable[TP]) -> dict[tuple[s
 
 def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetrics) -> faust.App:
     """Build the worker's Faust app from settings (no module-level globals, so tests can build several)."""
+    changelog_codec.register()  # the changelog's bytes must not depend on whether orjson is installed
     k = settings.kafka
     app = WorkerApp(
         k.app_id,

@@ -24,6 +24,7 @@ from itertools import chain
 import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from stream import changelog_codec
 from stream.assembly import State
 from stream.batch_assembly import BatchAssembler
 from stream.metrics import ServiceMetrics
@@ -110,7 +111,7 @@ class AssemblyStage(PollStage):
 
 def changelog_key(conversation_id: str) -> bytes:
     """A conversation's key in the changelog, as the Faust table writes it (JSON), so either consumer reads the other's."""
-    return json.dumps(conversation_id).encode("utf-8")
+    return changelog_codec.dumps(conversation_id)
 
 
 def conversation_of(key: bytes) -> str:
