@@ -60,9 +60,12 @@ class TurnRecord:
     timestamp: float
 
     def __post_init__(self) -> None:
-        _check(_count(self.index), f"turn index {self.index!r} is not a non-negative integer")
-        _check(self.role in ROLES, f"turn {self.index}: role {self.role!r} is not one of {ROLES}")
-        _check(isinstance(self.text, str), f"turn {self.index}: text is not a string")
+        if not _count(self.index):
+            raise RecordError(f"turn index {self.index!r} is not a non-negative integer")
+        if self.role not in ROLES:
+            raise RecordError(f"turn {self.index}: role {self.role!r} is not one of {ROLES}")
+        if not isinstance(self.text, str):
+            raise RecordError(f"turn {self.index}: text is not a string")
         _time(self.timestamp, f"turn {self.index} timestamp")
 
 
@@ -82,17 +85,20 @@ class ClosedConversation:
     feedback_ratings: tuple[str, ...] = ()  # the latest rating of each turn rated while it was open, by turn index
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.conversation_id, str) and self.conversation_id != "", "conversation_id is empty")
-        _check(self.close_cause in CLOSE_CAUSES, f"close_cause {self.close_cause!r} is not one of {CLOSE_CAUSES}")
+        if not (isinstance(self.conversation_id, str) and self.conversation_id != ""):
+            raise RecordError("conversation_id is empty")
+        if self.close_cause not in CLOSE_CAUSES:
+            raise RecordError(f"close_cause {self.close_cause!r} is not one of {CLOSE_CAUSES}")
         for name in ("closed_at", "first_event_at", "last_event_at"):
             _time(getattr(self, name), name)
-        _check(all(isinstance(t, TurnRecord) for t in self.turns), "turns are not TurnRecords")
-        _check(all(map(_count, self.missing_turn_indices)), "missing_turn_indices are not indices")
-        _check(isinstance(self.negative_feedback, bool), f"negative_feedback {self.negative_feedback!r} is not true or false")
-        _check(
-            all(r in RATINGS for r in self.feedback_ratings),
-            f"feedback_ratings {self.feedback_ratings!r} are not all in {RATINGS}",
-        )
+        if not all(isinstance(t, TurnRecord) for t in self.turns):
+            raise RecordError("turns are not TurnRecords")
+        if not all(map(_count, self.missing_turn_indices)):
+            raise RecordError("missing_turn_indices are not indices")
+        if not isinstance(self.negative_feedback, bool):
+            raise RecordError(f"negative_feedback {self.negative_feedback!r} is not true or false")
+        if not all(r in RATINGS for r in self.feedback_ratings):
+            raise RecordError(f"feedback_ratings {self.feedback_ratings!r} are not all in {RATINGS}")
 
     def content_hash(self) -> str:
         """`Conversation.content_hash` of this conversation (roles and texts), without building the Conversation."""
@@ -161,8 +167,10 @@ class DimensionPrediction:
 
     def __post_init__(self) -> None:
         in_range = all(_finite(p) and -_ROUNDING <= p <= 1 + _ROUNDING for p in self.probabilities)
-        _check(in_range, f"{self.question_id}: probabilities {self.probabilities!r} are not in [0, 1]")
-        _check(_finite(self.expected_value), f"{self.question_id}: expected_value = {self.expected_value!r} is not finite")
+        if not in_range:
+            raise RecordError(f"{self.question_id}: probabilities {self.probabilities!r} are not in [0, 1]")
+        if not _finite(self.expected_value):
+            raise RecordError(f"{self.question_id}: expected_value = {self.expected_value!r} is not finite")
 
 
 @dataclass(frozen=True)
@@ -174,8 +182,10 @@ class RubricHit:
     score: float
 
     def __post_init__(self) -> None:
-        _check(self.polarity in POLARITIES, f"rubric {self.rubric_id}: polarity {self.polarity!r} is not one of {POLARITIES}")
-        _check(_finite(self.score), f"rubric {self.rubric_id}: score = {self.score!r} is not finite")
+        if self.polarity not in POLARITIES:
+            raise RecordError(f"rubric {self.rubric_id}: polarity {self.polarity!r} is not one of {POLARITIES}")
+        if not _finite(self.score):
+            raise RecordError(f"rubric {self.rubric_id}: score = {self.score!r} is not finite")
 
 
 @dataclass(frozen=True)
@@ -188,13 +198,15 @@ class BehaviourHit:
     hit: bool
 
     def __post_init__(self) -> None:
-        where = f"behaviour {self.behaviour_id} of turn {self.turn_index!r}"
-        _check(_count(self.turn_index), f"{where}: turn_index is not a count")
-        _check(
-            _finite(self.probability) and 0 <= self.probability <= 1,
-            f"{where}: probability {self.probability!r} is not in [0, 1]",
-        )
-        _check(isinstance(self.hit, bool), f"{where}: hit = {self.hit!r} is not a boolean")
+        if not _count(self.turn_index):
+            raise RecordError(f"{self._where()}: turn_index is not a count")
+        if not (_finite(self.probability) and 0 <= self.probability <= 1):
+            raise RecordError(f"{self._where()}: probability {self.probability!r} is not in [0, 1]")
+        if not isinstance(self.hit, bool):
+            raise RecordError(f"{self._where()}: hit = {self.hit!r} is not a boolean")
+
+    def _where(self) -> str:
+        return f"behaviour {self.behaviour_id} of turn {self.turn_index!r}"
 
 
 @dataclass(frozen=True)
@@ -239,27 +251,37 @@ class ScoreRecord:
     def __post_init__(self) -> None:
         cid = getattr(self.conversation, "conversation_id", self.conversation)
         try:
-            _check(isinstance(self.conversation, ClosedConversation), "conversation is not a ClosedConversation")
-            _check(self.status in STATUSES, f"status {self.status!r} is not one of {STATUSES}")
-            _check(self.role in SCORER_ROLES, f"role {self.role!r} is not one of {SCORER_ROLES}")
+            if not isinstance(self.conversation, ClosedConversation):
+                raise RecordError("conversation is not a ClosedConversation")
+            if self.status not in STATUSES:
+                raise RecordError(f"status {self.status!r} is not one of {STATUSES}")
+            if self.role not in SCORER_ROLES:
+                raise RecordError(f"role {self.role!r} is not one of {SCORER_ROLES}")
             unknown = [k for k in self.injection_signals if k not in INJECTION_KINDS]
-            _check(not unknown, f"injection_signals {unknown!r} are not among {INJECTION_KINDS}")
+            if unknown:
+                raise RecordError(f"injection_signals {unknown!r} are not among {INJECTION_KINDS}")
             for f in fields(self):  # each plain field holds what its annotation says
                 value = getattr(self, f.name)
                 holds, what = _HOLDS.get(str(f.type), (None, ""))
                 if holds is not None and not holds(value):  # the message only then: it would repr the conversation
                     raise RecordError(f"{f.name} = {value!r} is not {what}")
             if self.status == "scored":
-                _check(self.label in LABELS, f"label {self.label!r} of a scored record is not one of {LABELS}")
+                if self.label not in LABELS:
+                    raise RecordError(f"label {self.label!r} of a scored record is not one of {LABELS}")
             elif self.label or self.dimensions or self.rubrics or self.behaviours:
                 raise RecordError(f"an {self.status} record carries a label, dimensions, rubrics or behaviours")
             pi = self.inclusion_probability
-            _check(0 < pi <= 1, f"inclusion_probability = {pi!r} is not in (0, 1]")
+            if not (0 < pi <= 1):
+                raise RecordError(f"inclusion_probability = {pi!r} is not in (0, 1]")
             _time(self.scored_at, "scored_at")
-            _check(self.judge_latency_s >= 0, f"judge_latency_s = {self.judge_latency_s!r} is negative")
-            _check(all(isinstance(d, DimensionPrediction) for d in self.dimensions), "dimensions are not DimensionPredictions")
-            _check(all(isinstance(h, RubricHit) for h in self.rubrics), "rubrics are not RubricHits")
-            _check(all(isinstance(h, BehaviourHit) for h in self.behaviours), "behaviours are not BehaviourHits")
+            if not (self.judge_latency_s >= 0):
+                raise RecordError(f"judge_latency_s = {self.judge_latency_s!r} is negative")
+            if not all(isinstance(d, DimensionPrediction) for d in self.dimensions):
+                raise RecordError("dimensions are not DimensionPredictions")
+            if not all(isinstance(h, RubricHit) for h in self.rubrics):
+                raise RecordError("rubrics are not RubricHits")
+            if not all(isinstance(h, BehaviourHit) for h in self.behaviours):
+                raise RecordError("behaviours are not BehaviourHits")
         except RecordError as e:
             raise RecordError(f"score record for conversation {cid!r}: {e}") from None
 
@@ -319,9 +341,12 @@ class FeedbackRow:
 
     def __post_init__(self) -> None:
         try:
-            _check(isinstance(self.conversation_id, str) and self.conversation_id != "", "conversation_id is empty")
-            _check(isinstance(self.rating, str) and self.rating != "", "rating is empty")
-            _check(isinstance(self.turn_index, int) and not isinstance(self.turn_index, bool), "turn_index is not an integer")
+            if not (isinstance(self.conversation_id, str) and self.conversation_id != ""):
+                raise RecordError("conversation_id is empty")
+            if not (isinstance(self.rating, str) and self.rating != ""):
+                raise RecordError("rating is empty")
+            if not (isinstance(self.turn_index, int) and not isinstance(self.turn_index, bool)):
+                raise RecordError("turn_index is not an integer")
             _time(self.timestamp, "timestamp")
             _time(self.received_at, "received_at")
         except RecordError as e:
@@ -342,18 +367,16 @@ class RatingRow:
 
     def __post_init__(self) -> None:
         try:
-            _check(isinstance(self.conversation_id, str) and self.conversation_id != "", "conversation_id is empty")
-            _check(_count(self.scale) and self.scale >= 2, f"scale {self.scale!r} is not a count >= 2")
-            _check(_count(self.score) and 1 <= self.score <= self.scale, f"score {self.score!r} is not in 1..{self.scale}")
+            if not (isinstance(self.conversation_id, str) and self.conversation_id != ""):
+                raise RecordError("conversation_id is empty")
+            if not (_count(self.scale) and self.scale >= 2):
+                raise RecordError(f"scale {self.scale!r} is not a count >= 2")
+            if not (_count(self.score) and 1 <= self.score <= self.scale):
+                raise RecordError(f"score {self.score!r} is not in 1..{self.scale}")
             _time(self.timestamp, "timestamp")
             _time(self.received_at, "received_at")
         except RecordError as e:
             raise RecordError(f"rating of conversation {self.conversation_id!r}: {e}") from None
-
-
-def _check(ok: bool, problem: str) -> None:
-    if not ok:
-        raise RecordError(problem)
 
 
 def _finite(x: Any) -> bool:
