@@ -64,8 +64,6 @@ def _correlation(test: Callable[..., Any], y: ArrayLike, yhat: ArrayLike) -> flo
 
 
 # scipy.stats is imported where it is used: importing it takes ~1 s, and most commands and the service never need it.
-
-
 def pearson(y: ArrayLike, yhat: ArrayLike) -> float:
     """Pearson correlation; NaN when either side is constant (correlation undefined)."""
     from scipy import stats
