@@ -36,6 +36,7 @@ from stream.tables import CONVERSATION_RATINGS, FEEDBACK, MIGRATIONS, MIGRATIONS
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
+    from clickhouse_connect.driver.insert import InsertContext
 
     from stream.settings import StoreSettings
 
@@ -60,6 +61,9 @@ class ClickHouseStore:
         self.dsn = _redact(dsn)
         self.chdb_path: Path | None = None
         self._closed = False
+        # Each table's insert context (its column types), made once: clickhouse-connect otherwise runs DESCRIBE TABLE
+        # before every insert, a query per table per write (a round trip to a server). Forgotten when an insert fails.
+        self._insert_contexts: dict[tuple[str, tuple[str, ...]], InsertContext] = {}
         scheme = urlsplit(dsn).scheme.lower() if "://" in dsn else ""
         if scheme == "chdb":
             self.chdb_path = _chdb_dir(dsn)
@@ -201,9 +205,15 @@ class ClickHouseStore:
 
     def _insert(self, table: str, rows: list[list[Any]], columns: Sequence[str]) -> None:
         self._check_open()
+        key = (table, tuple(columns))
         try:
-            self._client.insert(f"{self.database}.{table}", rows, column_names=list(columns))
+            context = self._insert_contexts.get(key)
+            if context is None:
+                context = self._client.create_insert_context(f"{self.database}.{table}", column_names=list(columns))
+                self._insert_contexts[key] = context
+            self._client.insert(context=context, data=rows)
         except ClickHouseDriverError as e:
+            self._insert_contexts.pop(key, None)  # the table may have changed: describe it again next time
             raise StoreError(f"writing {len(rows)} rows to {self.database}.{table} on {self.dsn}: {e}") from e
 
     def _check_open(self) -> None:

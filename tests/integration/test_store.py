@@ -10,6 +10,7 @@ import time
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -651,6 +652,26 @@ def test_write_scores_is_one_insert_per_table(store_factory) -> None:
         {"table": t, "b": 1} for t in ("conversation_scores", "conversations", "dimension_predictions", "rubric_scores")
     ]
     assert final_counts(store) == written
+
+
+def test_a_tables_column_types_are_asked_once_and_again_after_a_failed_insert(store_factory) -> None:
+    """clickhouse-connect describes the table before every insert unless given its column types: the store asks once
+    per table, and again after an insert fails (the table may have changed under it)."""
+    store = store_factory()
+    row = FeedbackRow("c1", 1, "thumbs_down", "wrong answer", T0 + 5, {}, T0 + 6)
+    describes = mock.patch.object(store._client, "create_insert_context", wraps=store._client.create_insert_context)
+    with describes as spy:  # a spy on the real client: every call still goes to chDB
+        store.write_feedback([row])
+        store.write_feedback([replace(row, turn_index=2)])
+        assert spy.call_count == 1
+        store._client.command(f"ALTER TABLE {store.database}.feedback DROP COLUMN comment")
+        with pytest.raises(StoreError, match=r"writing 1 rows to \w+\.feedback"):
+            store.write_feedback([replace(row, turn_index=3)])
+        store._client.command(f"ALTER TABLE {store.database}.feedback ADD COLUMN comment String")
+        store.write_feedback([replace(row, turn_index=4)])
+        assert spy.call_count == 2  # asked again, and the insert with the new layout went through
+    rows = store.query("SELECT turn_index, comment FROM feedback FINAL ORDER BY turn_index")
+    assert rows == [{"turn_index": 1, "comment": ""}, {"turn_index": 2, "comment": ""}, {"turn_index": 4, "comment": "wrong answer"}]
 
 
 def test_times_before_1970_are_stored_and_read_back(store_factory) -> None:
