@@ -671,7 +671,11 @@ def test_a_tables_column_types_are_asked_once_and_again_after_a_failed_insert(st
         store.write_feedback([replace(row, turn_index=4)])
         assert spy.call_count == 2  # asked again, and the insert with the new layout went through
     rows = store.query("SELECT turn_index, comment FROM feedback FINAL ORDER BY turn_index")
-    assert rows == [{"turn_index": 1, "comment": ""}, {"turn_index": 2, "comment": ""}, {"turn_index": 4, "comment": "wrong answer"}]
+    assert rows == [
+        {"turn_index": 1, "comment": ""},
+        {"turn_index": 2, "comment": ""},
+        {"turn_index": 4, "comment": "wrong answer"},
+    ]
 
 
 def test_times_before_1970_are_stored_and_read_back(store_factory) -> None:
