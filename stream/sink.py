@@ -24,13 +24,15 @@ from kafka import KafkaConsumer, KafkaProducer
 from kafka.errors import CommitFailedError, KafkaError
 
 from stream.broker_loss import BrokerLossWatch
-from stream.contract import DeadLetter, FeedbackEvent, InvalidEvent, RatingEvent, parse_event
+from stream.contract import DeadLetter, FeedbackEvent, InvalidEvent, RatingEvent, may_be_of_type, parse_event
 from stream.metrics import ServiceMetrics
 from stream.records import ACTIVE, FeedbackRow, RatingRow, RecordError, ScoreRecord
 from stream.settings import Settings
 from stream.store import ClickHouseStore, StoreError
 
 log = logging.getLogger(__name__)
+
+ROW_EVENT_TYPES = ("feedback", "rating")  # the events the sink writes; the workers take the turns and ends
 
 
 @dataclass
@@ -94,6 +96,8 @@ class ScoreSink:
                     batch.scores.append(ScoreRecord.from_json(m.value))
                 except RecordError as e:
                     batch.bad.append(DeadLetter.of_message("bad_score_record", str(e), m))
+                continue
+            if not may_be_of_type(m.value, ROW_EVENT_TYPES):  # a turn or an end: skipped without parsing it
                 continue
             try:
                 event = parse_event(

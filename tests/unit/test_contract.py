@@ -19,6 +19,7 @@ from jsonschema import Draft202012Validator
 from scorers.conversation import ROLES
 from stream.contract import (
     END_CAUSES,
+    EVENT_TYPES,
     MAX_RATING_SCALE,
     MAX_TURN_INDEX,
     REASONS,
@@ -36,6 +37,7 @@ from stream.contract import (
     event_key,
     format_timestamp,
     load_schema,
+    may_be_of_type,
     parse_event,
     parse_timestamp,
 )
@@ -369,6 +371,31 @@ def test_encode_parse_round_trip(event: Any) -> None:
     assert parse_event(raw, key=event_key(event), max_text_bytes=BIG, max_event_bytes=BIG) == event
     assert encode_event(parse_event(raw, max_text_bytes=BIG, max_event_bytes=BIG)) == raw
     assert VALIDATOR.is_valid(json.loads(raw))
+
+
+ROW_KINDS = ("feedback", "rating")
+
+
+@given(events | mutated_events() | json_values)
+def test_may_be_of_type_is_true_of_every_event_of_those_types(value: Any) -> None:
+    """The sink skips a record without parsing it when `may_be_of_type` says no: never one it would have written."""
+    raws = [encode_event(value)] if isinstance(value, EVENT_TYPES) else [json.dumps(value).encode(), dump(value)]
+    for raw in raws:
+        try:
+            event = parse_event(raw, max_text_bytes=BIG, max_event_bytes=BIG)
+        except InvalidEvent:
+            continue
+        if isinstance(event, (FeedbackEvent, RatingEvent)):
+            assert may_be_of_type(raw, ROW_KINDS)
+
+
+def test_may_be_of_type_sees_a_type_spelt_with_escapes_and_skips_turns_and_ends() -> None:
+    escaped = dump(FEEDBACK).replace(b'"feedback"', b'"\\u0066eedback"')
+    assert isinstance(parse_event(escaped), FeedbackEvent) and may_be_of_type(escaped, ROW_KINDS)
+    assert may_be_of_type(dump(RATING), ROW_KINDS) and may_be_of_type(dump(FEEDBACK), ROW_KINDS)
+    assert not may_be_of_type(dump(TURN), ROW_KINDS) and not may_be_of_type(dump(END), ROW_KINDS)
+    assert not may_be_of_type(None, ROW_KINDS)
+    assert may_be_of_type(dump({**TURN, "attributes": {"topic": "rating"}}), ROW_KINDS)  # a false yes: parse_event decides
 
 
 @settings(max_examples=300)
