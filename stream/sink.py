@@ -173,7 +173,8 @@ class ScoreSink:
 
         Polls are gathered into one write (each insert makes parts that ClickHouse merges, so fewer, larger inserts):
         it writes once it has caught up with its partitions, holds ``store.batch_size`` rows, or has held a record for
-        ``store.flush_interval_s``, and commits only after the write."""
+        ``store.flush_interval_s``, and commits only after the write. Stopped, it writes and commits what it holds (one
+        attempt: if the store fails, the records are re-delivered to the next sink)."""
         store = self.settings.store
         pending = SinkBatch()
         held_since: float | None = None  # when the oldest polled, uncommitted record was polled
@@ -195,17 +196,23 @@ class ScoreSink:
                 continue
             if not (caught_up or pending.rows >= store.batch_size or time.monotonic() - held_since >= store.flush_interval_s):
                 continue
-            if pending.rows and not self.write(pending, stop):
-                break
+            if not self.write_and_commit(pending, stop):
+                return
             pending, held_since = SinkBatch(), None
-            try:
-                self.consumer.commit()
-                self._committed.update(
-                    {(tp.topic, tp.partition): self.consumer.position(tp) for tp in self.consumer.assignment()}
-                )
-            except (CommitFailedError, KafkaError) as e:
-                # A rebalance took the partitions: the records are re-delivered to their new owner and rewritten idempotently.
-                log.warning("offset commit failed after a durable write (will be re-delivered, deduplicated): %s", e)
+        if held_since is not None:
+            self.write_and_commit(pending, stop)
+
+    def write_and_commit(self, pending: SinkBatch, stop: threading.Event) -> bool:
+        """Write ``pending`` (`write`), then commit the positions of every record polled; False if not written."""
+        if pending.rows and not self.write(pending, stop):
+            return False
+        try:
+            self.consumer.commit()
+            self._committed.update({(tp.topic, tp.partition): self.consumer.position(tp) for tp in self.consumer.assignment()})
+        except (CommitFailedError, KafkaError) as e:
+            # A rebalance took the partitions: the records are re-delivered to their new owner and rewritten idempotently.
+            log.warning("offset commit failed after a durable write (will be re-delivered, deduplicated): %s", e)
+        return True
 
     def report_lag(self) -> bool:
         """Consumer lag per assigned partition, where the broker has reported a high-water mark; a partition whose

@@ -19,10 +19,16 @@ from pathlib import Path
 
 import pytest
 from kafka import KafkaAdminClient
+from prometheus_client import CollectorRegistry
 
 from stream.contract import DeadLetter, EndEvent, FeedbackEvent, InvalidEvent, RatingEvent, TurnEvent, encode_event, parse_event
+from stream.metrics import ServiceMetrics
 from stream.records import ScoreRecord
 from stream.replay.sources import ReplayItem, llm_rubric_events
+from stream.settings import Settings
+from stream.sink import ScoreSink
+from stream.topics import ensure_topics
+from tests.chdb_fixture import chdb_dsn, chdb_store, store_factory  # noqa: F401
 from tests.infra import free_port, wait_for
 from tests.pipeline import Pipeline
 
@@ -715,6 +721,53 @@ def test_a_sink_behind_a_backlog_writes_it_at_once_and_commits_after_the_write(p
     _wait_sink_caught_up(pipeline, timeout=30, topic="events")  # committed after the write, to the topic's end
     sink.terminate()
     assert pipeline.query_store("SELECT count() AS n FROM convowatch.feedback FINAL") == [{"n": 40}]
+
+
+def test_a_sink_stopped_while_it_holds_records_writes_and_commits_them(
+    pipeline: Pipeline, store_factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sink behind a backlog holds polled records until it has caught up; stopped before that, it writes and commits
+    what it holds instead of leaving it all to be read again. In-process (the real broker and chDB engine), so the stop
+    comes exactly after the first poll that held records."""
+    for name, value in {
+        **pipeline.env,
+        "CONVOWATCH_STORE__BATCH_SIZE": "500",
+        "CONVOWATCH_STORE__FLUSH_INTERVAL_S": "60",
+    }.items():
+        monkeypatch.setenv(name, value)
+    settings = Settings()
+    ensure_topics(settings.kafka)
+    records = []
+    for c in range(300):
+        cid = f"held-{c:03d}"
+        turns = [TurnEvent(cid, n, ("user", "assistant")[n % 2], f"turn {n}", 1.7e9 + n, {}) for n in range(9)]
+        records += [(cid.encode(), encode_event(e)) for e in (*turns, FeedbackEvent(cid, 1, "down", 1.7e9 + 9))]
+    pipeline.produce(records)  # 3,000 events: more than one poll of at most 500
+    store = store_factory()
+    sink = ScoreSink(settings, store, ServiceMetrics(registry=CollectorRegistry()))
+    stop, polled = threading.Event(), []
+    decode = sink.decode
+
+    def decode_then_stop(messages):  # the stop arrives while the first poll's records are held
+        polled.extend(messages)
+        stop.set()
+        return decode(messages)
+
+    sink.decode = decode_then_stop  # type: ignore[method-assign]
+    try:
+        sink.run(stop)
+        committed = {tp: sink.consumer.committed(tp) for tp in sink.consumer.assignment()}
+    finally:
+        sink.consumer.close()
+        sink.producer.close()
+    assert 0 < len(polled) < len(records)
+    positions: dict = {}
+    for m in polled:
+        positions[m.partition] = max(positions.get(m.partition, 0), m.offset + 1)
+    assert {tp.partition: o for tp, o in committed.items() if tp.topic == pipeline.topic("events") and o} == positions
+    feedback = sum(1 for m in polled if b'"feedback"' in m.value)
+    assert feedback > 0
+    assert store.query("SELECT count() AS n FROM feedback FINAL") == [{"n": feedback}]
 
 
 def test_feedback_while_open_is_judged_and_counted_against_the_scorers_label(pipeline: Pipeline) -> None:
