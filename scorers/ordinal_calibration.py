@@ -85,10 +85,24 @@ class _LinkModel:
         return cls(np.asarray(data["weights"], dtype=np.float64), cuts, offsets)
 
     def probabilities(self, z: np.ndarray, judges: Sequence[str | None]) -> np.ndarray:
-        eta = z @ self.weights + np.array([self.offsets.get(j, 0.0) if j is not None else 0.0 for j in judges])
+        eta = z @ self.weights
+        if any(j is not None for j in judges):
+            eta = eta + np.array([self.offsets.get(j, 0.0) if j is not None else 0.0 for j in judges])
         at_most = expit(self.cuts[None, :] - eta[:, None])
-        edges = np.hstack([np.zeros((len(eta), 1)), at_most, np.ones((len(eta), 1))])
-        return np.diff(edges, axis=1)
+        # P(answer = i) = P(<= i) - P(<= i-1), with P(<= 0) = 0 and P(<= k) = 1 (in place: the worker calls this per
+        # conversation and question, where numpy's per-call overhead is most of the cost)
+        probabilities = np.empty((len(eta), len(self.cuts) + 1))
+        probabilities[:, :-1] = at_most
+        probabilities[:, -1] = 1.0
+        probabilities[:, 1:] -= at_most
+        return probabilities
+
+
+def _answer_values(k: int) -> np.ndarray:
+    """1..k as floats, read-only: every `Prediction` of a question shares it."""
+    values = np.arange(1, k + 1, dtype=np.float64)
+    values.flags.writeable = False
+    return values
 
 
 def _label_weights(data: RubricData, question: str, conversation_weights: Mapping[str, float]) -> np.ndarray:
@@ -207,6 +221,7 @@ class OrdinalCalibrator:
         self._models: dict[str, _LinkModel] = {}
         self._layout: dict[str, int] = {}  # the questions of a feature row x, in order, and their option counts
         self._blocks: list[tuple[str, int, int]] = []  # each input question, its start in x, its options
+        self._values: dict[str, np.ndarray] = {}  # each question's answer values, 1..k
         self._mean = np.zeros(0)
         self._sd = np.ones(0)
         self.training_data_hash_ = ""
@@ -239,6 +254,7 @@ class OrdinalCalibrator:
         self._layout = dict(layout)
         starts = dict(zip(self._layout, np.cumsum([0, *self._layout.values()])))
         self._blocks = [(q, int(starts[q]), self._layout[q]) for q in inputs]
+        self._values = {q: _answer_values(k) for q, k in self._layout.items()}
 
     @property
     def judges_(self) -> tuple[str, ...]:
@@ -255,15 +271,15 @@ class OrdinalCalibrator:
         if x.shape[1] < width:
             raise CalibrationError(f"feature rows have {x.shape[1]} values, expected at least {width}")
         columns = []
-        for question, start, k in self._blocks:
-            p = x[:, start : start + k]
-            total = p.sum(axis=1, keepdims=True)
-            with np.errstate(invalid="ignore", divide="ignore"):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            for question, start, k in self._blocks:
+                p = x[:, start : start + k]
+                total = p.sum(axis=1, keepdims=True)
                 share = np.where(total > 0, p / total, np.nan)
-            if question in self.nominal_inputs:
-                columns.append(share[:, :-1])
-            else:
-                columns.append((share @ np.arange(1, k + 1))[:, None])
+                if question in self.nominal_inputs:
+                    columns.append(share[:, :-1])
+                else:
+                    columns.append((share @ self._values[question])[:, None])
         return np.hstack(columns)
 
     def _standardised_features(self, x: ArrayLike) -> np.ndarray:
@@ -409,8 +425,7 @@ class OrdinalCalibrator:
         judges = [judge] * len(z) if judge is None or isinstance(judge, str) else list(judge)
         if len(judges) != len(z):
             raise CalibrationError(f"{len(judges)} judges for {len(z)} feature rows")
-        k = self._layout[question]
-        return Prediction(question, self._models[question].probabilities(z, judges), np.arange(1, k + 1, dtype=float))
+        return Prediction(question, self._models[question].probabilities(z, judges), self._values[question])
 
     def predict_all(self, x: ArrayLike, judge: str | None | Sequence[str | None] = None) -> dict[str, Prediction]:
         """Every fitted question's prediction."""
