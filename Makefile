@@ -56,6 +56,8 @@ bench: install
 	$(PY) bench/pipeline_throughput.py
 	$(PY) bench/sink_consume.py
 	$(PY) bench/record_codec.py
+	$(PY) bench/scoring_cpu.py
+	$(PY) bench/store_write.py
 	$(PY) bench/assembly_ceiling.py
 	$(PY) bench/faults.py
 	$(PY) bench/bounded_memory.py

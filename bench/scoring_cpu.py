@@ -1,0 +1,116 @@
+"""The worker's CPU per conversation for scoring, in-process: what the score stage does with a closed conversation.
+
+The pipeline benchmark (`bench/pipeline_throughput.py`) measures the whole worker, but on these 2-core VMs its runs
+vary by ±20 % with the host, more than most single changes save. This benchmark times the score stage's own work,
+without Kafka, on the pipeline benchmark's workload (`synthetic_events`, 10 turns and an end per conversation, ids
+re-keyed to real LLM-Rubric ids), with the recorded GPT-3.5 judge and the same cached rubric set and calibrator:
+
+* ``score_once``: judge (the recorded answers), rubric score, calibrated predictions, the `ScoreRecord`;
+* of it, ``predict_judgement``: the calibrator's predictions for every question of one conversation;
+* ``observe``: the scoring metrics of one record;
+* ``to_json``: the record's JSON for the scores topic.
+
+Best of ``--runs`` over ``--conversations``, in µs per conversation. Run from the repository root:
+``.venv/bin/python bench/scoring_cpu.py [--conversations 2000] [--runs 5]``; figures to bench/results/scoring_cpu.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+for path in (ROOT, ROOT / "bench"):
+    if str(path) not in sys.path:  # run as a script from a checkout
+        sys.path.insert(0, str(path))
+
+import pipeline_throughput  # noqa: E402  (bench/, beside this script)
+from prometheus_client import CollectorRegistry  # noqa: E402
+
+from stream.contract import TurnEvent  # noqa: E402
+from stream.records import ClosedConversation, TurnRecord  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "scoring_cpu.json"
+
+
+def closed_conversations(work: pipeline_throughput.Workload) -> list[ClosedConversation]:
+    """Each conversation of the workload as the assemble stage closes it (its turns, closed by its end event)."""
+    turns: dict[str, list[TurnRecord]] = {}
+    for item in work.items:
+        event = item.event
+        if isinstance(event, TurnEvent):
+            turns.setdefault(event.conversation_id, []).append(
+                TurnRecord(event.turn_index, event.role, event.text, event.timestamp)
+            )
+    return [
+        ClosedConversation(cid, tuple(ts), {}, "end", ts[-1].timestamp, ts[0].timestamp, ts[-1].timestamp)
+        for cid, ts in turns.items()
+    ]
+
+
+def best_us(call: Callable[[], object], n: int, runs: int) -> float:
+    """Best of ``runs`` timings of ``call`` (which does ``n`` items), in µs per item."""
+    best = float("inf")
+    for _ in range(runs):
+        started = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - started)
+    return best * 1e6 / n
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--conversations", type=int, default=2000)
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args(argv)
+
+    rubric_set, calibrator = pipeline_throughput.scoring_artifacts(pipeline_throughput.CACHE)
+    header, rows = pipeline_throughput.real_answer_rows()
+    work = pipeline_throughput.workload("s", args.conversations, 10, seed=1, real_ids=list(rows))
+    with tempfile.TemporaryDirectory() as tmp:
+        answers = Path(tmp) / "answers.tsv"
+        pipeline_throughput.write_judge_answers(answers, header, rows, work.ids)
+        env = pipeline_throughput.base_env(rubric_set, calibrator, answers, tansu=False)
+        os.environ.update(env)
+        from stream.metrics import ServiceMetrics
+        from stream.service import build_scorer
+        from stream.settings import Settings
+
+        scorer = build_scorer(Settings(), ServiceMetrics(registry=CollectorRegistry()))
+    calibration = scorer.calibrator
+    assert calibration is not None
+    conversations = closed_conversations(work)
+    judgements = [scorer._judge_rubrics(c.to_conversation()).judgement for c in conversations]
+    records = [scorer.score_once(c) for c in conversations]
+    n, runs = len(conversations), args.runs
+    figures = {
+        "score_once": best_us(lambda: [scorer.score_once(c) for c in conversations], n, runs),
+        "predict_judgement": best_us(lambda: [calibration.predict_judgement(j) for j in judgements], n, runs),
+        "observe": best_us(lambda: list(map(scorer.observe, records)), n, runs),
+        "to_json": best_us(lambda: [r.to_json() for r in records], n, runs),
+    }
+    print(f"{n} conversations of 10 turns, best of {runs}, µs per conversation:")
+    for name, us in figures.items():
+        print(f"  {name:<20} {us:8.1f}")
+    out = {
+        "conversations": n,
+        "runs": runs,
+        "us_per_conversation": {k: round(v, 1) for k, v in figures.items()},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
