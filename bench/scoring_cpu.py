@@ -17,9 +17,7 @@ Best of ``--runs`` over ``--conversations``, in µs per conversation. Run from t
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -33,6 +31,7 @@ for path in (ROOT, ROOT / "bench"):
 
 import pipeline_throughput  # noqa: E402  (bench/, beside this script)
 from prometheus_client import CollectorRegistry  # noqa: E402
+from results_file import write_results  # noqa: E402
 
 from stream.contract import TurnEvent  # noqa: E402
 from stream.records import ClosedConversation, TurnRecord  # noqa: E402
@@ -99,16 +98,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{n} conversations of 10 turns, best of {runs}, µs per conversation:")
     for name, us in figures.items():
         print(f"  {name:<20} {us:8.1f}")
-    out = {
-        "conversations": n,
-        "runs": runs,
-        "us_per_conversation": {k: round(v, 1) for k, v in figures.items()},
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    write_results(
+        RESULTS,
+        {
+            "conversations": n,
+            "runs": runs,
+            "us_per_conversation": {k: round(v, 1) for k, v in figures.items()},
+        },
+    )
     return 0
 
 

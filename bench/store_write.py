@@ -13,17 +13,17 @@ bench/results/store_write.json.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script from a checkout
-    sys.path.insert(0, str(ROOT))
+for path in (ROOT, ROOT / "bench"):
+    if str(path) not in sys.path:  # run as a script from a checkout
+        sys.path.insert(0, str(path))
+
+from results_file import write_results  # noqa: E402
 
 from stream.records import DimensionPrediction, RubricHit  # noqa: E402
 from stream.store import ClickHouseStore  # noqa: E402
@@ -55,16 +55,14 @@ def main(argv: list[str] | None = None) -> int:
         wall_ms = (time.perf_counter() - wall) * 1e3 / args.writes
         cpu_ms = (time.process_time() - cpu) * 1e3 / args.writes
     print(f"{args.writes} writes of {args.records} records: {wall_ms:.1f} ms wall, {cpu_ms:.1f} ms CPU per write")
-    out = {
-        "writes": args.writes,
-        "records_per_write": args.records,
-        "ms_per_write": {"wall": round(wall_ms, 1), "cpu": round(cpu_ms, 1)},
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    write_results(
+        RESULTS,
+        {
+            "writes": args.writes,
+            "records_per_write": args.records,
+            "ms_per_write": {"wall": round(wall_ms, 1), "cpu": round(cpu_ms, 1)},
+        },
+    )
     return 0
 
 
