@@ -1,10 +1,11 @@
 """convowatch's ClickHouse store: score rows in, deduplicated reads out.
 
-The sink writes each `ScoreRecord` as rows in four tables (conversations,
-conversation_scores, dimension_predictions, rubric_scores) and user feedback
-in a fifth, all ReplacingMergeTree keyed so that writing the same record again
-(re-delivery after a crash, re-scoring) replaces rather than adds: read them
-with ``FINAL`` (see docs/clickhouse-schema.md). The tables' columns and
+The sink writes each `ScoreRecord` as rows in the score tables (conversations,
+conversation_scores, dimension_predictions, rubric_scores, behaviour_turns; a
+shadow version's in shadow_scores) and user feedback and ratings in feedback
+and conversation_ratings, all ReplacingMergeTree keyed so that writing the
+same record again (re-delivery after a crash, re-scoring) replaces rather than
+adds: read them with ``FINAL`` (see docs/clickhouse-schema.md). The tables' columns and
 migrations are declared in `stream.tables`.
 
 The DSN picks the engine: ``chdb://DIR`` is chDB, ClickHouse running inside
