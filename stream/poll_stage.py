@@ -243,9 +243,10 @@ class PollStage:
         return lags
 
     async def check_broker_loss(self, lags: dict[tuple[str, int], int]) -> None:
-        """Confirm partitions whose log now ends below this worker's position (`BrokerLossWatch`)."""
+        """Confirm partitions of this stage's topic whose log now ends below this worker's position (`BrokerLossWatch`;
+        ``lags`` may hold other stages' topics too: those are theirs to check, with their group's offsets)."""
         committed = {}
-        for topic, p in self.loss_watch.suspects(lags):
+        for topic, p in self.loss_watch.suspects({tp: lag for tp, lag in lags.items() if tp[0] == self.topic}):
             committed[(topic, p)] = (await self.consumer.committed(TopicPartition(topic, p)), self._committed.get(p))
         self.loss_watch.confirm(committed)
 
