@@ -154,7 +154,7 @@ def run(n: int, max_open: int, max_closed: int, rate: float, root: Path) -> dict
         "CONVOWATCH_ASSEMBLY__IDLE_CHECK_INTERVAL_S": "1",
         "CONVOWATCH_SCORING__SAMPLING__DEFAULT_RATE": str(SAMPLING_RATE),
     }
-    pipeline = pt.Pipeline(root, "memory", stack.bootstrap, env)
+    pipeline = pt.Pipeline(root, "memory", stack.bootstrap, env, stack.broker_pid)
     try:
         ensure_topics(pipeline.kafka_settings())
         worker = pipeline.start("worker", "run")

@@ -23,6 +23,8 @@ Measured, in one run:
    until then, every 2 s after) to the last conversation's ``scored_at`` in the store. Headline with the tansu workaround
    settings the tests and the demo use (``producer_max_batch_size=1`` …); the
    same with Faust's default producer batch size for comparison.
+   Also the cores the sink, the broker and the whole host (``/proc/stat``) used
+   over the same window: the worker shares the host with them.
 2. **Latency ``end`` → row in ClickHouse.** Fresh topics, worker and sink;
    after a warm-up, the workload is published at a steady rate below capacity
    (default: half the measured all-events rate, at most 1,000 events/s), the
@@ -339,6 +341,7 @@ class Pipeline:
     tag: str
     bootstrap: str
     base_env: Mapping[str, str]
+    broker_pid: int
     services: list[Service] = dataclasses.field(default_factory=list)
 
     @property
@@ -527,6 +530,9 @@ def throughput(pipeline: Pipeline, work: Workload, timeout: float, workers: int 
     def cpu() -> float:
         return sum(cpu_seconds(w) for w in procs)
 
+    # The worker shares the host with the sink and the broker: what they used over the same window shows whether the
+    # host's cores, not the worker, were the limit.
+    window = CpuWindow(sink.popen.pid, pipeline.broker_pid)
     cpu_previous, wall_previous = cpu(), time.time()
     deadline = time.monotonic() + timeout
     while cpu_scored is None:
@@ -544,8 +550,10 @@ def throughput(pipeline: Pipeline, work: Workload, timeout: float, workers: int 
         if events > 0 and t_first is None:
             t_first = (wall + wall_previous) / 2  # the first event was processed between the previous poll and this one
             cpu_first = cpu_previous  # CPU counted from the poll before (idle until the first event)
+            window.begin()
         if done >= work.conversations:
             cpu_scored, wall_scored = cpu_now, wall  # up to PROGRESS_POLL_S of an idle worker after the last score
+            window.end()
         cpu_previous, wall_previous = cpu_now, wall
         time.sleep(START_POLL_S if t_first is None else PROGRESS_POLL_S)
     wait_until(
@@ -576,14 +584,57 @@ def throughput(pipeline: Pipeline, work: Workload, timeout: float, workers: int 
         "worker_cpu_seconds_first_event_to_all_scored": round(cpu_scored - cpu_first, 2),
         "worker_cpu_utilisation": round((cpu_scored - cpu_first) / (wall_scored - t_first), 3),  # 1.0: a core busy
         "turn_events_per_worker_cpu_second": round(work.turn_events / max(cpu_scored - cpu_first, 1e-9), 1),
+        "same_window_cores": window.cores(),
         "timeline_sampled": timeline[:: max(1, len(timeline) // 60)],
     }
 
 
 def cpu_seconds(service: Service) -> float:
     """User + system CPU seconds used so far by a live process (/proc/PID/stat)."""
-    fields = Path(f"/proc/{service.popen.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return process_cpu_seconds(service.popen.pid)
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds used so far by the live process ``pid`` (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
+
+
+def host_busy_cpu_seconds() -> float:
+    """CPU seconds all of the host's CPUs spent busy so far (/proc/stat: every state but idle and iowait)."""
+    ticks = [int(t) for t in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # user nice system idle iowait irq softirq steal
+
+
+class CpuWindow:
+    """Cores used by the sink, the broker and the whole host between `begin` and `end` (`cores`)."""
+
+    def __init__(self, sink_pid: int, broker_pid: int) -> None:
+        self.sink_pid, self.broker_pid = sink_pid, broker_pid
+        self.start: tuple[float, float, float, float] | None = None
+        self.stop: tuple[float, float, float, float] | None = None
+
+    def _now(self) -> tuple[float, float, float, float]:
+        return (
+            time.monotonic(),
+            process_cpu_seconds(self.sink_pid),
+            process_cpu_seconds(self.broker_pid),
+            host_busy_cpu_seconds(),
+        )
+
+    def begin(self) -> None:
+        self.start = self._now()
+
+    def end(self) -> None:
+        self.stop = self._now()
+
+    def cores(self) -> dict[str, float | int | None] | None:
+        """Cores busy on average over the window (1.0: one core all the time), or None if it never ended."""
+        if self.start is None or self.stop is None or self.stop[0] <= self.start[0]:
+            return None
+        seconds = self.stop[0] - self.start[0]
+        sink, broker, host = ((b - a) / seconds for a, b in zip(self.start[1:], self.stop[1:]))
+        return {"sink": round(sink, 2), "broker": round(broker, 2), "host": round(host, 2), "host_cpus": os.cpu_count()}
 
 
 # ---------------------------------------------------------------- phase 2: latency
@@ -663,12 +714,14 @@ def latency(pipeline: Pipeline, work: Workload, warmup: Workload, rate: float, t
 class Stack:
     cfg: StackConfig
     bootstrap: str
+    broker_pid: int
 
 
 def start_broker(root: Path) -> Stack:
     port, unused_1, unused_2 = free_ports(3)
     cfg = StackConfig(state_dir=root / "stack", kafka_port=port, prometheus_port=unused_1, alertmanager_port=unused_2)
-    return Stack(cfg, start_kafka(cfg).url)
+    broker = start_kafka(cfg)
+    return Stack(cfg, broker.url, broker.pid)
 
 
 def base_env(rubric_set: Path, calibrator: Path, answers: Path, tansu: bool, consumer: str = "batch") -> dict[str, str]:
@@ -721,7 +774,11 @@ def run(args: argparse.Namespace, root: Path) -> dict:
 
         # 1 + 3: throughput (tansu settings) and the raw consume rate of the same topic
         p1 = Pipeline(
-            root, "tput", stack.bootstrap, base_env(rubric_set, calibrator, answers, tansu=True, consumer=args.consumer)
+            root,
+            "tput",
+            stack.bootstrap,
+            base_env(rubric_set, calibrator, answers, tansu=True, consumer=args.consumer),
+            stack.broker_pid,
         )
         pipelines.append(p1)
         results["preload"] = preload(p1, work1)
@@ -745,6 +802,7 @@ def run(args: argparse.Namespace, root: Path) -> dict:
                 "tput-default-batch",
                 stack.bootstrap,
                 base_env(rubric_set, calibrator, answers, tansu=False, consumer=args.consumer),
+                stack.broker_pid,
             )
             pipelines.append(p1b)
             preload(p1b, work1b)
@@ -767,6 +825,7 @@ def run(args: argparse.Namespace, root: Path) -> dict:
                     f"tput-{tag}-joined",
                     stack.bootstrap,
                     base_env(rubric_set, calibrator, answers, tansu=True, consumer=args.consumer),
+                    stack.broker_pid,
                 )
                 pipelines.append(pj)
                 ensure_topics(pj.kafka_settings())
@@ -787,6 +846,7 @@ def run(args: argparse.Namespace, root: Path) -> dict:
             "latency",
             stack.bootstrap,
             base_env(rubric_set, calibrator, answers, tansu=True, consumer=args.consumer),
+            stack.broker_pid,
         )
         pipelines.append(p2)
         print(f"latency phase: {n2} conversations ({len(work2.items)} events) at {rate:.0f} events/s ...", flush=True)
@@ -890,6 +950,10 @@ def report(args: argparse.Namespace, results: dict, wall_s: float) -> dict:
         )
     print(f"{'  worker CPU use in that window (cores)':<44} {tp['worker_cpu_utilisation']:>12.2f}")
     print(f"{'  turn events per worker CPU second':<44} {tp['turn_events_per_worker_cpu_second']:>12.0f}")
+    if tp["same_window_cores"] is not None:
+        c = tp["same_window_cores"]
+        print(f"{'  sink / broker CPU use then (cores)':<44} {c['sink']:>12.2f} {c['broker']:>10.2f}")
+        print(f"{'  whole host busy then (cores of ' + str(c['host_cpus']) + ')':<44} {c['host']:>12.2f}")
     print(f"{'  assembly only (all events processed), ev/s':<44} {tp['assembly_only_events_per_s']:>12.0f}")
     print(f"{'raw aiokafka consume, events/s':<44} {h['raw_aiokafka_events_per_s']:>12.0f}")
     print(f"{'worker / raw':<44} {h['worker_over_raw']:>12.3f}")
