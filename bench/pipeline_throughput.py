@@ -601,7 +601,8 @@ def process_cpu_seconds(pid: int) -> float:
 
 
 def host_busy_cpu_seconds() -> float:
-    """CPU seconds all of the host's CPUs spent busy so far (/proc/stat: every state but idle and iowait)."""
+    """CPU seconds all of the host's CPUs were not available so far (/proc/stat: every state but idle and iowait, so
+    steal, the time the hypervisor ran other guests, counts too)."""
     ticks = [int(t) for t in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     return (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # user nice system idle iowait irq softirq steal
 
