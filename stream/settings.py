@@ -339,6 +339,13 @@ class StoreSettings(BaseModel):
     database: str = "convowatch"
     batch_size: int = Field(default=500, ge=1)
     flush_interval_s: float = Field(default=1.0, gt=0)
+    max_write_share: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="Most of its time the sink spends writing once caught up: after a write of w seconds it waits "
+        "w * (1 / share - 1) before the next one, so a busy stream makes fewer, larger inserts.",
+    )
 
 
 class MetricsSettings(BaseModel):

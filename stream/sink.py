@@ -56,6 +56,42 @@ class SinkBatch:
         self.ratings += other.ratings
 
 
+@dataclass
+class WritePace:
+    """When the sink writes what it holds, and how long it may poll before deciding again.
+
+    It writes once it holds ``batch_size`` rows or has held a record ``flush_interval_s``; caught up with its
+    partitions, it writes as soon as its share of time spent writing allows: after a write of w seconds, not before
+    w * (1 / ``max_write_share`` - 1) more. An insert's cost is mostly fixed (chDB: ~100 ms of CPU for 10 records,
+    ~290 ms for 300, `bench/store_write.py`), so back-to-back small writes under a busy stream cost a core; a share
+    below 1 makes them fewer and larger at a latency of at most w * (1 / share - 1) more. Times are monotonic seconds.
+    """
+
+    batch_size: int
+    flush_interval_s: float
+    max_write_share: float = 1.0
+    _next_paced: float = float("-inf")  # the earliest a caught-up sink writes again
+
+    def due(self, now: float, held_since: float, rows: int, caught_up: bool) -> bool:
+        """True if the sink should write the ``rows`` it has held since ``held_since``."""
+        if rows >= self.batch_size or now - held_since >= self.flush_interval_s:
+            return True
+        return caught_up and now >= self._next_paced
+
+    def poll_timeout(self, now: float, held_since: float | None, caught_up: bool) -> float:
+        """Seconds the next poll may wait: until the held record's flush deadline, or the pace allows a write."""
+        if held_since is None:
+            return self.flush_interval_s
+        deadline = held_since + self.flush_interval_s
+        if caught_up:
+            deadline = min(deadline, self._next_paced)
+        return max(0.0, deadline - now)
+
+    def wrote(self, ended: float, took_s: float) -> None:
+        """Record a write that ended at ``ended`` after ``took_s`` seconds."""
+        self._next_paced = ended + took_s * (1.0 / self.max_write_share - 1.0)
+
+
 class ScoreSink:
     """Consumes the scores topic and the feedback and rating events and writes them to the store in batches."""
 
@@ -80,6 +116,7 @@ class ScoreSink:
         )
         self.loss_watch = BrokerLossWatch(metrics, "sink", (k.scores_topic, k.events_topic))
         self._committed: dict[tuple[str, int], int] = {}  # what this sink last committed, per partition
+        self.pace = WritePace(settings.store.batch_size, settings.store.flush_interval_s, settings.store.max_write_share)
         self.producer = KafkaProducer(
             bootstrap_servers=k.bootstrap_servers.split(","),
             client_id="convowatch-sink",
@@ -152,7 +189,9 @@ class ScoreSink:
                 if stop.wait(delay):
                     return False
                 delay = min(delay * 2, 30.0)
-        self.metrics.sink_latency.observe(time.perf_counter() - started)
+        took_s = time.perf_counter() - started  # the successful attempt's
+        self.metrics.sink_latency.observe(took_s)
+        self.pace.wrote(time.monotonic(), took_s)
         for table, n in rows.items():
             self.metrics.sink_rows.labels(table).inc(n)
         now = time.time()
@@ -172,17 +211,16 @@ class ScoreSink:
         """Poll, write, commit; until ``stop`` is set. Uncommitted records are re-delivered after a restart.
 
         Polls are gathered into one write (each insert makes parts that ClickHouse merges, so fewer, larger inserts):
-        it writes once it has caught up with its partitions, holds ``store.batch_size`` rows, or has held a record for
-        ``store.flush_interval_s``, and commits only after the write. Stopped, it writes and commits what it holds (one
-        attempt: if the store fails, the records are re-delivered to the next sink)."""
+        it writes when `WritePace` says (caught up with its partitions and paced, ``store.batch_size`` rows held, or a
+        record held ``store.flush_interval_s``), and commits only after the write. Stopped, it writes and commits what
+        it holds (one attempt: if the store fails, the records are re-delivered to the next sink)."""
         store = self.settings.store
         pending = SinkBatch()
         held_since: float | None = None  # when the oldest polled, uncommitted record was polled
+        caught_up = False
         while not stop.is_set():
-            wait_s = store.flush_interval_s if held_since is None else held_since + store.flush_interval_s - time.monotonic()
-            polled = self.consumer.poll(
-                timeout_ms=max(0, int(wait_s * 1000)), max_records=max(1, store.batch_size - pending.rows)
-            )
+            wait_s = self.pace.poll_timeout(time.monotonic(), held_since, caught_up)
+            polled = self.consumer.poll(timeout_ms=int(wait_s * 1000), max_records=max(1, store.batch_size - pending.rows))
             messages = [m for part in polled.values() for m in part]
             caught_up = self.report_lag()
             if messages:
@@ -194,7 +232,7 @@ class ScoreSink:
                     held_since = time.monotonic()
             if held_since is None:
                 continue
-            if not (caught_up or pending.rows >= store.batch_size or time.monotonic() - held_since >= store.flush_interval_s):
+            if not self.pace.due(time.monotonic(), held_since, pending.rows, caught_up):
                 continue
             if not self.write_and_commit(pending, stop):
                 return
