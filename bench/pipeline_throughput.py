@@ -24,7 +24,9 @@ Measured, in one run:
    settings the tests and the demo use (``producer_max_batch_size=1`` …); the
    same with Faust's default producer batch size for comparison.
    Also the cores the sink, the broker and the whole host (``/proc/stat``) used
-   over the same window: the worker shares the host with them.
+   over the same window, and of the host's the share the hypervisor stole (a
+   VM's steal: time none of these processes could run): the worker shares the
+   host with them.
 2. **Latency ``end`` → row in ClickHouse.** Fresh topics, worker and sink;
    after a warm-up, the workload is published at a steady rate below capacity
    (default: half the measured all-events rate, at most 1,000 events/s), the
@@ -600,27 +602,29 @@ def process_cpu_seconds(pid: int) -> float:
     return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
 
 
-def host_busy_cpu_seconds() -> float:
-    """CPU seconds all of the host's CPUs were not available so far (/proc/stat: every state but idle and iowait, so
-    steal, the time the hypervisor ran other guests, counts too)."""
+def host_busy_cpu_seconds() -> tuple[float, float]:
+    """CPU seconds all of the host's CPUs were not available so far, and of them stolen (/proc/stat: every state but
+    idle and iowait; steal is the time the hypervisor ran other guests, which a VM's processes cannot use)."""
     ticks = [int(t) for t in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # user nice system idle iowait irq softirq steal
+    hz = os.sysconf("SC_CLK_TCK")
+    # user nice system idle iowait irq softirq steal
+    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / hz, ticks[7] / hz
 
 
 class CpuWindow:
-    """Cores used by the sink, the broker and the whole host between `begin` and `end` (`cores`)."""
+    """Cores used by the sink, the broker and the whole host (and stolen from it) between `begin` and `end` (`cores`)."""
 
     def __init__(self, sink_pid: int, broker_pid: int) -> None:
         self.sink_pid, self.broker_pid = sink_pid, broker_pid
-        self.start: tuple[float, float, float, float] | None = None
-        self.stop: tuple[float, float, float, float] | None = None
+        self.start: tuple[float, ...] | None = None
+        self.stop: tuple[float, ...] | None = None
 
-    def _now(self) -> tuple[float, float, float, float]:
+    def _now(self) -> tuple[float, ...]:
         return (
             time.monotonic(),
             process_cpu_seconds(self.sink_pid),
             process_cpu_seconds(self.broker_pid),
-            host_busy_cpu_seconds(),
+            *host_busy_cpu_seconds(),
         )
 
     def begin(self) -> None:
@@ -634,8 +638,9 @@ class CpuWindow:
         if self.start is None or self.stop is None or self.stop[0] <= self.start[0]:
             return None
         seconds = self.stop[0] - self.start[0]
-        sink, broker, host = ((b - a) / seconds for a, b in zip(self.start[1:], self.stop[1:]))
-        return {"sink": round(sink, 2), "broker": round(broker, 2), "host": round(host, 2), "host_cpus": os.cpu_count()}
+        sink, broker, host, stolen = ((b - a) / seconds for a, b in zip(self.start[1:], self.stop[1:]))
+        cores = {"sink": sink, "broker": broker, "host": host, "host_stolen": stolen}
+        return {**{name: round(value, 2) for name, value in cores.items()}, "host_cpus": os.cpu_count()}
 
 
 # ---------------------------------------------------------------- phase 2: latency
@@ -954,7 +959,9 @@ def report(args: argparse.Namespace, results: dict, wall_s: float) -> dict:
     if tp["same_window_cores"] is not None:
         c = tp["same_window_cores"]
         print(f"{'  sink / broker CPU use then (cores)':<44} {c['sink']:>12.2f} {c['broker']:>10.2f}")
-        print(f"{'  whole host busy then (cores of ' + str(c['host_cpus']) + ')':<44} {c['host']:>12.2f}")
+        print(
+            f"{'  whole host busy then (cores of ' + str(c['host_cpus']) + '), stolen':<44} {c['host']:>12.2f} {c['host_stolen']:>10.2f}"
+        )
     print(f"{'  assembly only (all events processed), ev/s':<44} {tp['assembly_only_events_per_s']:>12.0f}")
     print(f"{'raw aiokafka consume, events/s':<44} {h['raw_aiokafka_events_per_s']:>12.0f}")
     print(f"{'worker / raw':<44} {h['worker_over_raw']:>12.3f}")
