@@ -31,10 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
-import judge_cost  # noqa: E402  (bench/, beside this script)
 import pipeline_throughput  # noqa: E402
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: E402
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # noqa: E402
+from results_file import cpu_model  # noqa: E402  (bench/, beside this script)
 
 from deploy.local.stack import stop  # noqa: E402
 from stream.batch_assembly import BatchAssembler  # noqa: E402
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
             {
                 "benchmark": "assembly_ceiling",
                 "command": ".venv/bin/python bench/assembly_ceiling.py " + " ".join(argv or sys.argv[1:]),
-                "machine": {"cpu": judge_cost.cpu_model(), "load_average_after": pipeline_throughput.load()},
+                "machine": {"cpu": cpu_model(), "load_average_after": pipeline_throughput.load()},
                 "workload": {"conversations": args.conversations, "turns": TURNS, "partitions": PARTITIONS},
                 "runs": args.runs,
                 **results,

@@ -62,6 +62,7 @@ for path in (ROOT, ROOT / "bench"):
 
 import judge_cost  # noqa: E402
 import rubicon_uss as uss  # noqa: E402
+from results_file import cpu_model  # noqa: E402
 
 from scorers.behaviours import HIT_PROBABILITY, BehaviourScorer, BehaviourSet, default_behaviour_set, shows  # noqa: E402
 from scorers.conversation import Conversation  # noqa: E402
@@ -233,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "command": " ".join([".venv/bin/python", "bench/behaviour_detection.py", *(argv if argv is not None else sys.argv[1:])]),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "proxy_label": {"problem_median_at_most": PROBLEM_AT_MOST, "fine_median_at_least": FINE_AT_LEAST},
-        "machine": {"cpu": judge_cost.cpu_model(), "threads": args.threads},
+        "machine": {"cpu": cpu_model(), "threads": args.threads},
         "judge": {"model": uss.QWEN_ALIAS, "server": "llama-cpp-python", "questions_per_call": 1},
         "behaviour_set": {"name": behaviours.name, "version": behaviours.version, "behaviours": ids},
         "figures": figures(records, ids),

@@ -54,9 +54,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
-import judge_cost  # noqa: E402
 import pipeline_throughput as pt  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from results_file import cpu_model  # noqa: E402
 
 from deploy.local.stack import stop  # noqa: E402
 from stream.contract import TurnEvent  # noqa: E402
@@ -253,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "benchmark": "bounded_memory",
             "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "command": " ".join([".venv/bin/python", "bench/bounded_memory.py", *(argv if argv is not None else sys.argv[1:])]),
-            "machine": {"cpu": judge_cost.cpu_model()},
+            "machine": {"cpu": cpu_model()},
             "conversations": args.conversations,
             "max_open": args.max_open,
             "max_closed": args.max_closed,

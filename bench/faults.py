@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
-import judge_cost  # noqa: E402
 import pipeline_throughput  # noqa: E402
+from results_file import cpu_model  # noqa: E402
 
 from deploy.local.stack import stop  # noqa: E402
 from tests.fault_suite import FULL, SHORT, FaultReport, run_fault_suite  # noqa: E402
@@ -83,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "benchmark": "faults",
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": " ".join([".venv/bin/python", "bench/faults.py", *(argv if argv is not None else sys.argv[1:])]),
-        "machine": {"cpu": judge_cost.cpu_model()},
+        "machine": {"cpu": cpu_model()},
         "consumer": args.consumer,
         **run(args.seed, args.quick, args.consumer).as_dict(),
     }

@@ -57,6 +57,7 @@ for path in (ROOT, ROOT / "bench"):
 
 import judge_cost  # noqa: E402
 import rubicon_uss as uss  # noqa: E402
+from results_file import cpu_model  # noqa: E402
 
 from scorers.calibrators import Calibrator, load_calibrator  # noqa: E402
 from scorers.conversation import Conversation, Turn  # noqa: E402
@@ -453,7 +454,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                 "command": " ".join([".venv/bin/python", "bench/injection.py", *(argv if argv is not None else sys.argv[1:])]),
                 "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                "machine": {"cpu": judge_cost.cpu_model(), "threads": args.threads},
+                "machine": {"cpu": cpu_model(), "threads": args.threads},
                 "judge": {
                     "model": uss.QWEN_ALIAS,
                     "server": "llama-cpp-python",

@@ -58,7 +58,6 @@ import datetime as dt
 import json
 import math
 import os
-import platform
 import re
 import sys
 import time
@@ -75,6 +74,7 @@ for path in (ROOT, ROOT / "bench"):
         sys.path.insert(0, str(path))
 
 import rubicon_uss as uss  # noqa: E402
+from results_file import cpu_model  # noqa: E402
 
 from scorers.conversation import Conversation, render_transcript  # noqa: E402
 from scorers.datasets.labelled import LabelledConversation  # noqa: E402
@@ -96,17 +96,6 @@ SET_NAMES = {"learned": "learned: seed pool, greedy (RUBICON)", "generic": "gene
 MODES = ("c", "e", "d", "b", "a")  # c first: d and e replay its answers
 SAMPLING_RATE = 0.1
 BOOTSTRAP_SAMPLES = 2000
-
-
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo), so that seconds from different hosts are told apart."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def log(message: str) -> None:

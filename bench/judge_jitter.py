@@ -39,6 +39,7 @@ for path in (ROOT, ROOT / "bench"):
 
 import judge_cost  # noqa: E402
 import rubicon_uss as uss  # noqa: E402
+from results_file import cpu_model  # noqa: E402
 
 from scorers.conversation import Conversation  # noqa: E402
 from scorers.datasets.uss import read_uss  # noqa: E402
@@ -115,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": " ".join([".venv/bin/python", "bench/judge_jitter.py", *(argv if argv is not None else sys.argv[1:])]),
         "judge": {"model": server.model, "server": "llama-cpp-python", "questions_per_call": 1},
-        "machine": {"cpu": judge_cost.cpu_model(), "threads": args.threads},
+        "machine": {"cpu": cpu_model(), "threads": args.threads},
         "conversations": [c.id for c in conversations],
         "rubrics": [r.id for r in rubrics],
         "modes": modes,

@@ -36,6 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
+from results_file import cpu_model  # noqa: E402
+
 from stream import records  # noqa: E402
 from stream.contract import EndEvent, TurnEvent, parse_event  # noqa: E402
 from stream.records import ClosedConversation, DimensionPrediction, RubricHit, ScoreRecord, TurnRecord  # noqa: E402
@@ -164,8 +166,7 @@ def main() -> None:
     out = {
         "args": vars(args),
         "host": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version()},
-        "cpu_model": next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                           if line.startswith("model name")), ""),
+        "cpu_model": cpu_model(),
         "date": time.strftime("%Y-%m-%d"),
         "sizes": sizes,
         "best_us_per_call": best,

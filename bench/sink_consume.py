@@ -64,8 +64,8 @@ def child(bootstrap: str, with_c: bool) -> float:
 
 
 def main() -> None:
-    import judge_cost  # bench/, beside this script; imported here to keep the timed children light
     import pipeline_throughput
+    from results_file import cpu_model  # bench/, beside this script; imported here to keep the timed children light
 
     stack = pipeline_throughput.start_broker(Path(tempfile.mkdtemp(prefix="convowatch-bench-sink-")))
     bootstrap = stack.bootstrap
@@ -85,7 +85,7 @@ def main() -> None:
             {
                 "benchmark": "sink_consume",
                 "command": ".venv/bin/python bench/sink_consume.py",
-                "machine": {"cpu": judge_cost.cpu_model()},
+                "machine": {"cpu": cpu_model()},
                 "records": N_RECORDS,
                 "record_bytes": len(VALUE),
                 "best_of": RUNS,
