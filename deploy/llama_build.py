@@ -39,6 +39,9 @@ ISA_OPTIONS: dict[str, tuple[str, ...]] = {
 }
 # Always off: AMX crashes here; the native build would pick it (and everything else) by itself.
 ALWAYS_OFF = ("GGML_NATIVE", "GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")
+# Not built: llama-cpp-python's multimodal library (mtmd, ~50 of the ~320 files compiled). The judges read text only,
+# and the package loads that library only for an image chat handler.
+NOT_BUILT = ("LLAVA_BUILD",)
 
 
 def host_cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str]:
@@ -59,7 +62,8 @@ def cmake_options(flags: frozenset[str]) -> dict[str, bool]:
 
 def cmake_args(flags: frozenset[str]) -> str:
     """The ``CMAKE_ARGS`` string for ``flags``."""
-    return " ".join(f"-D{name}={'ON' if on else 'OFF'}" for name, on in cmake_options(flags).items())
+    options = {**cmake_options(flags), **dict.fromkeys(NOT_BUILT, False)}
+    return " ".join(f"-D{name}={'ON' if on else 'OFF'}" for name, on in options.items())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,6 +58,11 @@ def test_an_intel_host_gets_avx512_but_never_amx_nor_native() -> None:
     assert "-DGGML_NATIVE=OFF" in cmake_args(_flags(INTEL_AMX))
 
 
+def test_the_multimodal_library_is_never_built() -> None:
+    for host in (AMD_AVX2_ONLY, INTEL_AMX):
+        assert "-DLLAVA_BUILD=OFF" in cmake_args(_flags(host))
+
+
 def test_a_zen4_host_gets_avx512_without_avx_vnni() -> None:
     on = _on(AMD_ZEN4)
     assert {"GGML_AVX512", "GGML_AVX512_VBMI", "GGML_AVX512_VNNI", "GGML_AVX512_BF16"} <= on
@@ -128,6 +133,9 @@ def test_the_build_matches_what_the_script_chooses_for_this_host() -> None:
     compiled = _compiled_features() & SYSTEM_INFO_ISA.keys()
     for name in ("AVX512", "AVX512_VNNI", "AVX512_BF16", "AVX_VNNI", "AVX2", "FMA", "F16C"):
         assert (name in compiled) == (name in wanted), (name, sorted(compiled), sorted(wanted))
+    import llama_cpp
+
+    assert not list((Path(llama_cpp.__file__).parent / "lib").glob("*mtmd*")), "the multimodal library was built"
 
 
 @pytest.mark.slow
