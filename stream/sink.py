@@ -70,7 +70,7 @@ class WritePace:
     batch_size: int
     flush_interval_s: float
     max_write_share: float = 1.0
-    _next_paced: float = float("-inf")  # the earliest a caught-up sink writes again
+    _next_paced: float = field(default=float("-inf"), init=False)  # the earliest a caught-up sink writes again
 
     def due(self, now: float, held_since: float, rows: int, caught_up: bool) -> bool:
         """True if the sink should write the ``rows`` it has held since ``held_since``."""
