@@ -57,6 +57,10 @@ COMPRESSED = AlertWindows(
 METRIC = re.compile(r"\bconvowatch_[a-z0-9_]+")
 RECORDED = re.compile(r"\bconvowatch:[a-z0-9_:]+")
 WINDOW = re.compile(r"\[[^\]]+\](?: offset \w+)?")  # a range and its offset
+# A guard against a hung tool, not a speed target. ``promtool test rules`` on the day-long group takes ~26 s on an idle
+# 2-core host; on a CI host with `make lint` beside it and a quarter of the cores stolen it passed 120 s.
+TOOL_TIMEOUT_S = 120
+RULE_TESTS_TIMEOUT_S = 900
 
 
 def _tool(name: str) -> str:
@@ -66,12 +70,12 @@ def _tool(name: str) -> str:
     return path
 
 
-def _run(argv: list[str], cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=120)
+def _run(argv: list[str], cwd: Path = REPO, timeout_s: float = TOOL_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout_s)
 
 
-def _ok(argv: list[str], cwd: Path = REPO) -> str:
-    done = _run(argv, cwd)
+def _ok(argv: list[str], cwd: Path = REPO, timeout_s: float = TOOL_TIMEOUT_S) -> str:
+    done = _run(argv, cwd, timeout_s)
     assert done.returncode == 0, f"{' '.join(argv)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
     return done.stdout
 
@@ -153,7 +157,7 @@ def _promtool_test_rules(tests_dir: Path, unit_tests: list[Path]) -> None:
             part.write_text(yaml.safe_dump({**doc, "tests": [group]}, sort_keys=False), encoding="utf-8")
             argvs.append([_tool("promtool"), "test", "rules", str(part)])
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        outs = list(pool.map(_ok, argvs))
+        outs = list(pool.map(lambda argv: _ok(argv, timeout_s=RULE_TESTS_TIMEOUT_S), argvs))
     assert len(outs) > len(unit_tests) and all("SUCCESS" in out for out in outs)
 
 
