@@ -11,6 +11,7 @@ Run: ``.venv/bin/python bench/sink_consume.py`` (about a minute); figures to ben
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -63,7 +64,10 @@ def child(bootstrap: str, with_c: bool) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where the figures go (default: %(default)s)")
+    args = parser.parse_args(argv)
     import pipeline_throughput
     from results_file import cpu_model  # bench/, beside this script; imported here to keep the timed children light
 
@@ -80,7 +84,7 @@ def main() -> None:
         stop(stack.cfg, ["kafka"])
     for name, rate in rates.items():
         print(f"kafka-python consume, CRC-32C {name.replace('_', ' ')}: {rate:,.0f} records/s")
-    RESULTS.write_text(
+    args.results.write_text(
         json.dumps(
             {
                 "benchmark": "sink_consume",
