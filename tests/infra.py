@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -38,6 +39,8 @@ import pytest
 from deploy.local.stack import StackConfig, start_alertmanager, start_kafka, start_prometheus, stop
 
 LOCALHOST = "127.0.0.1"
+# Which broker the session's ``kafka_broker`` runs (deploy/local/stack.py BROKERS): tansu unless this says otherwise.
+TEST_BROKER = os.environ.get("CONVOWATCH_TEST_BROKER", "tansu")
 TEST_SCRAPE_INTERVAL_S = 1.0
 TEST_EVALUATION_INTERVAL_S = 1.0
 HTTP_TIMEOUT_S = 10.0
@@ -74,6 +77,25 @@ def free_ports(n: int) -> list[int]:
     finally:
         for s in sockets:
             s.close()
+
+
+def restartable_port() -> int:
+    """A free TCP port on 127.0.0.1 below the kernel's ephemeral range, for a server a test stops and starts again.
+
+    While a server on an ephemeral port is down, a client reconnecting to it can be handed that very port as its
+    own local port (a TCP self-connect) and hold it, so the server cannot bind it again.
+    """
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(max(1024, low - 12_000), low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((LOCALHOST, port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port below the ephemeral range (from {low})")
 
 
 def wait_for(predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.2, what: str = "") -> T:
@@ -205,10 +227,11 @@ class AlertmanagerFactory:
 
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A tansu broker for the whole session; yields the bootstrap string ``127.0.0.1:PORT``."""
+    """A broker (``TEST_BROKER``) for the whole session; yields the bootstrap string ``127.0.0.1:PORT``."""
     port, unused_1, unused_2 = free_ports(3)
     cfg = StackConfig(
         state_dir=tmp_path_factory.mktemp("kafka-stack"),
+        broker=TEST_BROKER,
         kafka_port=port,
         prometheus_port=unused_1,
         alertmanager_port=unused_2,  # unused; must only differ

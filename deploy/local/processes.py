@@ -7,7 +7,7 @@ stdout and stderr, truncated at each start). Processes run in their own
 session so they outlive the command that started them and ignore its Ctrl-C.
 
 A pid is trusted only while that process is alive, not a zombie, and its
-executable is one of the names the caller expects (so a recycled pid is never
+command line is one the caller expects (so a recycled pid is never
 signalled); otherwise the pid file is stale and is removed.
 """
 
@@ -107,8 +107,15 @@ def _reap(pid: int) -> None:
         del _CHILDREN[pid]
 
 
+def runs(argv: Sequence[str], executable: str) -> bool:
+    """True if ``argv`` is a run of ``executable``: a basename, optionally followed by the arguments that must come
+    next (``"python3.11 -m deploy.local.kafka_broker"``: any python3.11 is not enough)."""
+    wanted = executable.split()
+    return len(argv) >= len(wanted) and os.path.basename(argv[0]) == wanted[0] and list(argv[1 : len(wanted)]) == wanted[1:]
+
+
 def process_alive(pid: int, executables: Sequence[str]) -> bool:
-    """True if ``pid`` runs and (where /proc exists) is not a zombie and runs one of ``executables`` (basenames)."""
+    """True if ``pid`` runs and (where /proc exists) is not a zombie and runs one of ``executables`` (see `runs`)."""
     _reap(pid)
     try:
         os.kill(pid, 0)
@@ -121,12 +128,12 @@ def process_alive(pid: int, executables: Sequence[str]) -> bool:
         return True  # no procfs (not Linux): existence is all we can check
     try:
         stat = (proc / str(pid) / "stat").read_text()
-        argv0 = (proc / str(pid) / "cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
+        argv = (proc / str(pid) / "cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
         return False
     if stat[stat.rfind(")") + 2 :].startswith("Z"):
         return False
-    return os.path.basename(argv0) in executables
+    return any(runs(argv, executable) for executable in executables)
 
 
 def read_tracked(state_dir: Path, name: str, executables: Sequence[str]) -> Tracked | None:
@@ -157,7 +164,9 @@ def forget(state_dir: Path, name: str) -> None:
     record_path(state_dir, name).unlink(missing_ok=True)
 
 
-def launch(state_dir: Path, name: str, argv: Sequence[str], url: str, cwd: Path) -> subprocess.Popen[bytes]:
+def launch(
+    state_dir: Path, name: str, argv: Sequence[str], url: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     """Start ``argv`` detached (own session), output to ``<name>.log``, and record its pid and URL."""
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # logs, pids and the services' data: owner only
     cwd.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -169,6 +178,7 @@ def launch(state_dir: Path, name: str, argv: Sequence[str], url: str, cwd: Path)
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=cwd,
+                env=env,
                 start_new_session=True,
             )
         except OSError as e:

