@@ -5,8 +5,9 @@ what is checked), with `FULL`: 1,000 copies of the real LLM-Rubric
 conversations, the worker killed (-9) 10 times and the sink 3 times at seeded
 random moments between the replay's chunks, the sink stopped for 60 s, the
 judge failing for 5 min (connection refused, HTTP 503, replies slower than the
-worker's judge timeout, a third each) while the rest goes on. A tansu broker
-(memory storage) is started here, the worker and sink are the real
+worker's judge timeout, a third each) while the rest goes on, and the broker
+killed (-9) once and started again on its files. The stack's files broker
+(deploy/local/kafka_broker) is started here, the worker and sink are the real
 ``convowatch run`` / ``convowatch sink`` processes, the store is embedded
 ClickHouse, the judge is the recorded GPT-3.5 answers served over HTTP.
 
@@ -39,6 +40,7 @@ from results_file import cpu_model  # noqa: E402
 
 from deploy.local.stack import stop  # noqa: E402
 from tests.fault_suite import FULL, SHORT, FaultReport, run_fault_suite  # noqa: E402
+from tests.infra import restartable_port  # noqa: E402
 from tests.pipeline import Pipeline  # noqa: E402
 
 OUTPUT = ROOT / "bench" / "results" / "faults.json"
@@ -62,11 +64,11 @@ def run(seed: int, quick: bool, consumer: str) -> FaultReport:
     rubric_set, calibrator = pipeline_throughput.scoring_artifacts(pipeline_throughput.CACHE)
     with tempfile.TemporaryDirectory(prefix="convowatch-faults-") as tmp:
         root = Path(tmp)
-        stack = pipeline_throughput.start_broker(root)
+        stack = pipeline_throughput.start_broker(root, "files", restartable_port())
         pipeline = Pipeline(root / "pipeline", stack.bootstrap, rubric_set, calibrator)
         pipeline.extra_env["CONVOWATCH_KAFKA__CONSUMER"] = consumer
         try:
-            return run_fault_suite(pipeline, rubric_set, plan)
+            return run_fault_suite(pipeline, rubric_set, plan, stack.cfg)
         finally:
             pipeline.stop_all()
             stop(stack.cfg, ["kafka"])

@@ -723,9 +723,16 @@ class Stack:
     broker_pid: int
 
 
-def start_broker(root: Path) -> Stack:
-    port, unused_1, unused_2 = free_ports(3)
-    cfg = StackConfig(state_dir=root / "stack", kafka_port=port, prometheus_port=unused_1, alertmanager_port=unused_2)
+def start_broker(root: Path, broker_kind: str = "tansu", port: int | None = None) -> Stack:
+    """A broker of the stack's (``broker_kind``: tansu or files) under ``root``, on ``port`` or a free one."""
+    kafka_port, unused_1, unused_2 = free_ports(3)
+    cfg = StackConfig(
+        state_dir=root / "stack",
+        broker=broker_kind,
+        kafka_port=port or kafka_port,
+        prometheus_port=unused_1,
+        alertmanager_port=unused_2,
+    )
     broker = start_kafka(cfg)
     return Stack(cfg, broker.url, broker.pid)
 

@@ -2,7 +2,7 @@
 
 One scenario, two sizes: `SHORT` runs in ``make test``
 (tests/integration/test_faults.py), `FULL` (≥ 1,000 conversations, ten worker
-kills, a 60 s sink outage, a 5 min judge outage) in ``bench/faults.py``.
+kills, a broker restart, a 60 s sink outage, a 5 min judge outage) in ``bench/faults.py``.
 
 The conversations are the 223 real LLM-Rubric ones, copied under new ids
 (``<real id>#<k>``) up to the plan's count, and judged over HTTP by the
@@ -21,25 +21,30 @@ the moment it answers again). At the end every conversation must be in the
 store exactly once, scored, with every turn as it was sent, in order; no
 dead letter; no conversation left open.
 
-Not in the suite: a broker restart. The embedded broker keeps its data in
-memory, so a restart loses it (detected, never silent:
-tests/integration/test_broker_loss.py); a durable embedded broker is blocked
-(deploy/local/README.md).
+The broker restart kills the broker (-9) and starts it again on its files
+(deploy/local/kafka_broker, the stack's ``files`` broker), so the run needs a
+broker of its own; tansu's memory engine would lose everything (detected, never
+silent: tests/integration/test_broker_loss.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
+import signal
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka.errors import KafkaError
 
+from deploy.local.stack import StackConfig, start_kafka, status, stop
 from scorers.conversation import Conversation
 from scorers.datasets.llm_rubric import load_real_conversations
 from scorers.judges.recorded import load_answer_table
@@ -56,6 +61,7 @@ from tests.recorded_judge_server import RecordedJudgeServer
 JUDGE_TIMEOUT_S = 2.0
 SLOW_REPLY_S = 3.0  # longer than the judge timeout: a slow reply is a failed attempt
 OUTAGE_MODE_MAX_WAIT_S = 300.0  # the last chunk's conversations reach the judge well within this
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,7 @@ class FaultPlan:
     sink_kills: int
     sink_outage_s: float
     judge_outage_s: float  # a third each: connection refused, HTTP 503, replies slower than the judge timeout
+    broker_restarts: int = 1  # kill -9 and start again on the same files
     seed: int = 1
 
 
@@ -153,8 +160,12 @@ class FaultReport:
 class FaultRun:
     """Runs `FaultPlan` against a pipeline (its own topics and store) with a recorded judge server."""
 
-    def __init__(self, pipeline: Pipeline, judge: RecordedJudgeServer, plan: FaultPlan) -> None:
-        self.pipeline, self.judge, self.plan = pipeline, judge, plan
+    def __init__(
+        self, pipeline: Pipeline, judge: RecordedJudgeServer, plan: FaultPlan, broker: StackConfig | None = None
+    ) -> None:
+        if plan.broker_restarts and (broker is None or broker.broker != "files"):
+            raise ValueError("a plan with broker restarts needs a broker of its own with file storage")
+        self.pipeline, self.judge, self.plan, self.broker = pipeline, judge, plan, broker
         self.rng = random.Random(plan.seed)
         self.report = FaultReport(plan)
         pipeline.extra_env.update({**JUDGE_ENV, "CONVOWATCH_JUDGE__BASE_URL": f"http://127.0.0.1:{judge.port}/v1"})
@@ -186,11 +197,11 @@ class FaultRun:
     def caught_up_after(self, group: str, topic: str, since: float, timeout: float = 900) -> float:
         """Seconds from ``since`` (the fault) until ``group`` has committed ``topic`` up to its end offsets as they
         are now (the process that was hit is back)."""
-        target = self.end_offsets(topic)
+        target = wait_for(lambda: _unless_unreachable(self.end_offsets, topic) or {}, timeout=60, what=f"{topic} end offsets")
 
         def done() -> bool:
-            got = self.committed(group, topic)
-            return all(got.get(p, 0) >= end for p, end in target.items())
+            got = _unless_unreachable(self.committed, group, topic)
+            return got is not None and all(got.get(p, 0) >= end for p, end in target.items())
 
         wait_for(done, timeout=timeout, interval=0.2, what=f"{group} caught up on {topic}")
         return round(time.monotonic() - since, 2)
@@ -241,8 +252,19 @@ class FaultRun:
             what=f"a judge request during the {mode!r} outage",
         )
 
+    def _restart_broker(self) -> None:
+        """Kill the broker (-9, as a crash would) and start it again on its files; the worker, the sink and this
+        run's own clients reconnect by themselves."""
+        assert self.broker is not None
+        pid = status(self.broker)["kafka"].pid
+        assert pid is not None, "the fault suite's broker is not running"
+        os.kill(pid, signal.SIGKILL)
+        stop(self.broker, ["kafka"])  # reaps it and forgets its pid file
+        start_kafka(self.broker)
+
     def _actions(self) -> list[str]:
         actions = ["worker kill"] * self.plan.worker_kills + ["sink kill"] * self.plan.sink_kills
+        actions += ["broker restart"] * self.plan.broker_restarts
         actions += ["sink outage", "judge outage"]
         self.rng.shuffle(actions)
         return actions
@@ -267,6 +289,11 @@ class FaultRun:
                 self.report.recoveries.append(
                     {"fault": action, "caught_up_s": self.caught_up_after(self.sink_group, "scores", at)}
                 )
+            elif action == "broker restart":
+                self._restart_broker()
+                worker_back = self.caught_up_after(self.pipeline.worker_group("events"), "events", at)
+                sink_back = self.caught_up_after(self.sink_group, "scores", at)
+                self.report.recoveries.append({"fault": action, "caught_up_s": max(worker_back, sink_back)})
             elif action == "sink outage":
                 sink.terminate()
                 time.sleep(self.plan.sink_outage_s)
@@ -340,10 +367,19 @@ def stored_counts(pipeline: Pipeline, sent: dict[str, list[tuple[int, str, str]]
     }
 
 
-def run_fault_suite(pipeline: Pipeline, rubric_set: Path, plan: FaultPlan) -> FaultReport:
-    """Run ``plan`` on ``pipeline`` (no process started yet) with a recorded judge server in front of it."""
+def _unless_unreachable(call: Callable[..., T], *args: Any) -> T | None:
+    """``call(*args)``, or None while the broker cannot answer (restarting: the client backs off, NodeNotReadyError)."""
+    try:
+        return call(*args)
+    except KafkaError:
+        return None
+
+
+def run_fault_suite(pipeline: Pipeline, rubric_set: Path, plan: FaultPlan, broker: StackConfig | None = None) -> FaultReport:
+    """Run ``plan`` on ``pipeline`` (no process started yet) with a recorded judge server in front of it;
+    ``broker`` is the pipeline's own broker (files storage), for the plan's broker restarts."""
     with judge_server(rubric_set) as judge:
-        run = FaultRun(pipeline, judge, plan)
+        run = FaultRun(pipeline, judge, plan, broker)
         try:
             return run.run()
         finally:

@@ -3,7 +3,8 @@
 300 real conversations (copies of the 223 LLM-Rubric ones) replayed through a
 real broker, worker and sink processes and the embedded ClickHouse, judged over
 HTTP by recorded answers, while the worker is killed (-9) three times, the sink
-once, the sink is stopped for 10 s and the judge refuses connections, answers
+once, the broker once (and started again on its files: a broker of this test's
+own), the sink is stopped for 10 s and the judge refuses connections, answers
 503 and answers too slowly for 30 s (each failing mode lasts until the worker
 has met it once). Afterwards every conversation is stored
 once, scored, with every turn as sent.
@@ -11,13 +12,44 @@ once, scored, with every turn as sent.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deploy.local.stack import StackConfig, start_kafka, stop
 from tests.fault_suite import SHORT, run_fault_suite
+from tests.infra import free_ports, restartable_port
 from tests.pipeline import Pipeline
 
 
-def test_crashes_and_outages_lose_nothing_and_show_no_duplicates(pipeline: Pipeline) -> None:
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[StackConfig]:
+    port, (unused_1, unused_2) = restartable_port(), free_ports(2)
+    cfg = StackConfig(
+        state_dir=tmp_path / "stack", broker="files", kafka_port=port, prometheus_port=unused_1, alertmanager_port=unused_2
+    )
+    start_kafka(cfg)
+    try:
+        yield cfg
+    finally:
+        stop(cfg, ["kafka"])
+
+
+@pytest.fixture
+def own_pipeline(tmp_path: Path, broker: StackConfig, scoring_artifacts: tuple[Path, Path]) -> Iterator[Pipeline]:
+    rubric_set, calibrator = scoring_artifacts
+    p = Pipeline(tmp_path / "pipeline", f"127.0.0.1:{broker.kafka_port}", rubric_set, calibrator)
+    try:
+        yield p
+    finally:
+        p.stop_all()
+
+
+def test_crashes_and_outages_lose_nothing_and_show_no_duplicates(own_pipeline: Pipeline, broker: StackConfig) -> None:
+    pipeline = own_pipeline
     assert pipeline.rubric_set is not None
-    report = run_fault_suite(pipeline, pipeline.rubric_set, SHORT)
+    report = run_fault_suite(pipeline, pipeline.rubric_set, SHORT, broker)
     print(report.as_dict())
     n = SHORT.conversations
     assert report.stored == {
@@ -34,7 +66,7 @@ def test_crashes_and_outages_lose_nothing_and_show_no_duplicates(pipeline: Pipel
     }
     # Every fault happened and was recovered from; the judge really failed all three ways and really answered.
     faults = [r["fault"] for r in report.recoveries]
-    assert sorted(faults) == sorted(["worker kill"] * 3 + ["sink kill", "sink outage", "judge outage"])
+    assert sorted(faults) == sorted(["worker kill"] * 3 + ["sink kill", "broker restart", "sink outage", "judge outage"])
     assert all(r["caught_up_s"] > 0 for r in report.recoveries)
     assert report.judge_requests.get("error", 0) > 0 and report.judge_requests.get("slow", 0) > 0
     assert report.judge_requests.get("unknown", 0) == 0
