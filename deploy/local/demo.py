@@ -3,8 +3,10 @@
     python -m deploy.local.demo start   # stack + artifacts + worker + sink, the loop below, summary (leaves it running)
     python -m deploy.local.demo stop    # worker, sink and the stack
 
-Steps: start tansu, Prometheus (scraping the worker and the sink, evaluating
-the production alert rules) and Alertmanager; make a rubric set and a
+Steps: start the files broker (deploy/local/kafka_broker: records, committed
+offsets and the worker's changelog survive a broker restart), Prometheus
+(scraping the worker and the sink, evaluating the production alert rules) and
+Alertmanager; make a rubric set and a
 calibrator with the scoring-core commands from LLM-Rubric's synthetic data and
 register them as scorer version ``synthetic`` (docs/rollout.md); start a
 worker and the sink with the **recorded** GPT-3.5 judge (its stored answers
@@ -48,7 +50,7 @@ REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "data" / "llm-rubric"
 STATE = REPO / ".convowatch" / "demo"
 RULES = REPO / "dashboards" / "alerts" / "convowatch.rules.yml"  # the production alert rules, evaluated by the demo's Prometheus
-WORKER_PORT, SINK_PORT = 9464, 9465
+KAFKA_PORT, WORKER_PORT, SINK_PORT = 9092, 9464, 9465
 PYTHONS = ("python", "python3", f"python{sys.version_info.major}.{sys.version_info.minor}")
 N_CONVERSATIONS = 223
 REGISTRY = STATE / "registry"
@@ -69,9 +71,8 @@ SCORING_TIMEOUT_S = 900.0  # the local model's behaviour questions take minutes 
 def _settings_env() -> dict[str, str]:
     """The demo's configuration, as the CONVOWATCH_* environment the service reads."""
     return {
-        "CONVOWATCH_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:9092",
-        # tansu workarounds (deploy/local/README.md): exact table recovery (kafka.consumer faust), fast group joins.
-        "CONVOWATCH_KAFKA__PRODUCER_MAX_BATCH_SIZE": "1",
+        "CONVOWATCH_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{KAFKA_PORT}",
+        # A one-node local stack: quick group joins and fetches; a crashed worker's partitions move on after 6 s.
         "CONVOWATCH_KAFKA__SESSION_TIMEOUT_S": "6",
         "CONVOWATCH_KAFKA__HEARTBEAT_INTERVAL_S": "1",
         "CONVOWATCH_KAFKA__MAX_POLL_INTERVAL_S": "30",
@@ -325,13 +326,21 @@ def human_ratings() -> dict[str, tuple[int, float, float]]:
     return {v: (len(xs), sum(xs) / len(xs), sum(x <= 2 for x in xs) / len(xs)) for v, xs in sorted(by_variant.items())}
 
 
+def stack_config() -> stack.StackConfig:
+    """The demo's stack: the durable files broker, Prometheus scraping the worker and the sink, Alertmanager."""
+    return stack.StackConfig(
+        state_dir=STATE / "stack",
+        broker="files",
+        kafka_port=KAFKA_PORT,
+        scrape_targets=[f"127.0.0.1:{WORKER_PORT}", f"127.0.0.1:{SINK_PORT}"],
+        rule_files=[RULES],
+    )
+
+
 def start() -> None:
     STATE.mkdir(parents=True, exist_ok=True, mode=0o700)  # the store, logs and conversation files: owner only
-    cfg = stack.StackConfig(
-        state_dir=STATE / "stack", scrape_targets=[f"127.0.0.1:{WORKER_PORT}", f"127.0.0.1:{SINK_PORT}"], rule_files=[RULES]
-    )
-    print("- starting the embedded stack (tansu, Prometheus, Alertmanager)")
-    for service in stack.start_all(cfg).values():
+    print("- starting the embedded stack (files broker, Prometheus, Alertmanager)")
+    for service in stack.start_all(stack_config()).values():
         print(f"  {service.name:<13}{service.url}")
     make_artifacts()
     register_active()
@@ -386,7 +395,7 @@ Running (stop with `make demo-stop`):
   Alertmanager    http://127.0.0.1:9093   (Prometheus evaluates dashboards/alerts/convowatch.rules.yml)
   report          {report / "index.html"}   (`convowatch report --since 1d --out DIR`, sink stopped)
   dashboards      dashboards/json/*.json  (import into Grafana: docs/dashboards.md)
-  Kafka (tansu)   127.0.0.1:9092           topic convowatch.events
+  Kafka (files)   127.0.0.1:{KAFKA_PORT}           topic convowatch.events (data under {STATE / "stack" / "kafka"})
   state and logs  {STATE}
 The judge replays recorded answers; docs/service.md "Use a live judge" shows how to point the worker at an OpenAI-compatible one.""")
 
@@ -394,7 +403,7 @@ The judge replays recorded answers; docs/service.md "Use a live judge" shows how
 def stop() -> None:
     for name in ("worker", "sink"):
         stop_service(name)
-    stack.stop(stack.StackConfig(state_dir=STATE / "stack"))
+    stack.stop(stack_config())
     print("demo stopped")
 
 
