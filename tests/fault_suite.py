@@ -30,9 +30,7 @@ silent: tests/integration/test_broker_loss.py).
 from __future__ import annotations
 
 import dataclasses
-import os
 import random
-import signal
 import threading
 import time
 from collections import defaultdict
@@ -44,7 +42,7 @@ from typing import Any, TypeVar
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
-from deploy.local.stack import StackConfig, start_kafka, status, stop
+from deploy.local.stack import StackConfig
 from scorers.conversation import Conversation
 from scorers.datasets.llm_rubric import load_real_conversations
 from scorers.judges.recorded import load_answer_table
@@ -54,7 +52,7 @@ from stream.contract import EndEvent, Event, TurnEvent
 from stream.records import ScoreRecord
 from stream.replay.sources import LLM_RUBRIC_REAL_DATA, ReplayItem, llm_rubric_events
 from stream.settings import JudgeSettings
-from tests.infra import free_port, wait_for
+from tests.infra import crash_and_restart, free_port, wait_for
 from tests.pipeline import LLM_RUBRIC_DATA, RECORDED_REAL_ANSWERS, Pipeline, Process
 from tests.recorded_judge_server import RecordedJudgeServer
 
@@ -256,11 +254,7 @@ class FaultRun:
         """Kill the broker (-9, as a crash would) and start it again on its files; the worker, the sink and this
         run's own clients reconnect by themselves."""
         assert self.broker is not None
-        pid = status(self.broker)["kafka"].pid
-        assert pid is not None, "the fault suite's broker is not running"
-        os.kill(pid, signal.SIGKILL)
-        stop(self.broker, ["kafka"])  # reaps it and forgets its pid file
-        start_kafka(self.broker)
+        crash_and_restart(self.broker)
 
     def _actions(self) -> list[str]:
         actions = ["worker kill"] * self.plan.worker_kills + ["sink kill"] * self.plan.sink_kills

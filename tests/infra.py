@@ -1,9 +1,9 @@
-"""Real infrastructure for end-to-end tests: tansu, Prometheus and Alertmanager via deploy/local/stack.py.
+"""Real infrastructure for end-to-end tests: a Kafka broker, Prometheus and Alertmanager via deploy/local/stack.py.
 
 Register the fixtures in a conftest with ``from tests.infra import kafka_broker, prometheus_factory, alertmanager``.
 
-- ``kafka_broker`` (session): a tansu broker on a free port; yields its bootstrap
-  string ``"127.0.0.1:PORT"``. Memory storage: topics live for the session only.
+- ``kafka_broker`` (session): the stack's files broker (``CONVOWATCH_TEST_BROKER=tansu``
+  for tansu) on a free port; yields its bootstrap string ``"127.0.0.1:PORT"``.
   Topics are shared across tests, so give each test its own topic names.
 - ``prometheus_factory`` (per test): ``start(scrape_targets, rule_files=[],
   alertmanager_url=None) -> url``; scrapes and evaluates every second, but the
@@ -12,15 +12,18 @@ Register the fixtures in a conftest with ``from tests.infra import kafka_broker,
 - ``alertmanager`` (per test): ``start(config=None) -> url``; None = one receiver
   that delivers nowhere (alerts are still visible in ``/api/v2/alerts``).
 
-Helpers: ``free_port()``, ``free_ports(n)``, ``wait_for(predicate, timeout, interval)``,
+Helpers: ``free_port()``, ``free_ports(n)``, ``restartable_port()``, ``own_broker(state_dir)`` (a broker of a
+test's own) and ``crash_and_restart(cfg)``, ``wait_for(predicate, timeout, interval)``,
 ``prometheus_query(url, promql)``, ``WebhookReceiver`` (records what Alertmanager delivers).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -36,11 +39,12 @@ from typing import Any, TypeVar
 
 import pytest
 
-from deploy.local.stack import StackConfig, start_alertmanager, start_kafka, start_prometheus, stop
+from deploy.local.processes import port_in_use
+from deploy.local.stack import StackConfig, start_alertmanager, start_kafka, start_prometheus, status, stop
 
 LOCALHOST = "127.0.0.1"
-# Which broker the session's ``kafka_broker`` runs (deploy/local/stack.py BROKERS): tansu unless this says otherwise.
-TEST_BROKER = os.environ.get("CONVOWATCH_TEST_BROKER", "tansu")
+# Which broker the session's ``kafka_broker`` runs (deploy/local/stack.py BROKERS): the stack's default, files.
+TEST_BROKER = os.environ.get("CONVOWATCH_TEST_BROKER", "files")
 TEST_SCRAPE_INTERVAL_S = 1.0
 TEST_EVALUATION_INTERVAL_S = 1.0
 HTTP_TIMEOUT_S = 10.0
@@ -241,6 +245,29 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield service.url
     finally:
         stop(cfg, ["kafka"])
+
+
+@contextlib.contextmanager
+def own_broker(state_dir: Path, broker: str = "files") -> Iterator[StackConfig]:
+    """A broker of a test's own (not the session's), on a port it can be restarted on; stopped afterwards."""
+    port, (unused_1, unused_2) = restartable_port(), free_ports(2)
+    cfg = StackConfig(state_dir=state_dir, broker=broker, kafka_port=port, prometheus_port=unused_1, alertmanager_port=unused_2)
+    start_kafka(cfg)
+    try:
+        yield cfg
+    finally:
+        stop(cfg, ["kafka"])
+
+
+def crash_and_restart(cfg: StackConfig) -> None:
+    """Kill the broker of ``cfg`` (-9, as a crash would) and start it again on the same state directory."""
+    pid = status(cfg)["kafka"].pid
+    assert pid is not None, f"no broker runs in {cfg.state_dir}"
+    os.kill(pid, signal.SIGKILL)
+    # A process being killed can look gone (its command line already empty) while it still holds its port.
+    wait_for(lambda: not port_in_use(cfg.kafka_port), timeout=30, interval=0.05, what="the killed broker's port free")
+    stop(cfg, ["kafka"])  # reaps it and forgets its pid file
+    start_kafka(cfg)
 
 
 @pytest.fixture

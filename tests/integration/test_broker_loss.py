@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from deploy.local.stack import StackConfig, start_kafka, stop
-from tests.infra import free_ports, restartable_port, wait_for
+from tests.infra import own_broker, wait_for
 from tests.integration.test_rollout_pipeline import _conversations
 from tests.pipeline import Pipeline
 
@@ -26,13 +26,8 @@ N = 10
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[StackConfig]:
-    port, (unused_1, unused_2) = restartable_port(), free_ports(2)
-    cfg = StackConfig(state_dir=tmp_path / "stack", kafka_port=port, prometheus_port=unused_1, alertmanager_port=unused_2)
-    start_kafka(cfg)
-    try:
+    with own_broker(tmp_path / "stack", "tansu") as cfg:  # memory storage: a restart loses everything
         yield cfg
-    finally:
-        stop(cfg, ["kafka"])
 
 
 @pytest.fixture

@@ -11,15 +11,13 @@ conversations are open and the worker is mid-way through the events.
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 from pathlib import Path
 
 import pytest
 
 from deploy.local import demo, stack
-from tests.infra import free_ports, restartable_port
+from tests.infra import crash_and_restart, free_ports, restartable_port
 from tests.pipeline import Pipeline
 
 
@@ -56,11 +54,7 @@ def test_a_broker_restart_during_the_demos_replay_loses_nothing(
         demo._cw("replay", "jsonl", str(path), env=demo._settings_env(), quiet=True)
         scored_at_crash = demo._metric(worker_port, "convowatch_conversations_scored_total")
 
-        pid = stack.status(cfg)["kafka"].pid
-        assert pid is not None
-        os.kill(pid, signal.SIGKILL)
-        stack.stop(cfg, ["kafka"])
-        stack.start_kafka(cfg)
+        crash_and_restart(cfg)
 
         demo.start_service("sink", "sink", sink_port)
         demo._wait(

@@ -17,23 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from deploy.local.stack import StackConfig, start_kafka, stop
+from deploy.local.stack import StackConfig
 from tests.fault_suite import SHORT, run_fault_suite
-from tests.infra import free_ports, restartable_port
+from tests.infra import own_broker
 from tests.pipeline import Pipeline
 
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[StackConfig]:
-    port, (unused_1, unused_2) = restartable_port(), free_ports(2)
-    cfg = StackConfig(
-        state_dir=tmp_path / "stack", broker="files", kafka_port=port, prometheus_port=unused_1, alertmanager_port=unused_2
-    )
-    start_kafka(cfg)
-    try:
+    with own_broker(tmp_path / "stack") as cfg:
         yield cfg
-    finally:
-        stop(cfg, ["kafka"])
 
 
 @pytest.fixture

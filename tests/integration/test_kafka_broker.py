@@ -8,8 +8,6 @@ committed offsets, idempotent producers' batches not duplicated.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import socket
 import struct
 from collections.abc import Iterator
@@ -20,8 +18,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 
-from deploy.local.stack import StackConfig, start_kafka, status, stop
-from tests.infra import free_ports, restartable_port
+from deploy.local.stack import StackConfig
+from tests.infra import crash_and_restart, own_broker
 
 TOPIC = "orders"
 PARTITIONS = 4
@@ -29,27 +27,12 @@ PARTITIONS = 4
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[StackConfig]:
-    port, (unused_1, unused_2) = restartable_port(), free_ports(2)
-    cfg = StackConfig(
-        state_dir=tmp_path / "stack", broker="files", kafka_port=port, prometheus_port=unused_1, alertmanager_port=unused_2
-    )
-    start_kafka(cfg)
-    try:
+    with own_broker(tmp_path / "stack") as cfg:
         yield cfg
-    finally:
-        stop(cfg, ["kafka"])
 
 
 def _bootstrap(cfg: StackConfig) -> str:
     return f"127.0.0.1:{cfg.kafka_port}"
-
-
-def _crash_and_restart(cfg: StackConfig) -> None:
-    pid = status(cfg)["kafka"].pid
-    assert pid is not None
-    os.kill(pid, signal.SIGKILL)
-    stop(cfg, ["kafka"])
-    start_kafka(cfg)
 
 
 def _read_all(bootstrap: str) -> dict[tuple[int, int], bytes]:
@@ -99,7 +82,7 @@ def test_acknowledged_records_and_commits_survive_a_crash(broker: StackConfig) -
         [b"kafka-python-%d" % i for i in range(500)] + [b"aiokafka-%d" % i for i in range(300)]
     )
 
-    _crash_and_restart(broker)
+    crash_and_restart(broker)
 
     assert _read_all(bootstrap) == before
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)

@@ -1,4 +1,4 @@
-"""The embedded local stack (deploy/local/stack.py) with the real tansu, Prometheus and Alertmanager binaries."""
+"""The embedded local stack (deploy/local/stack.py) with its real brokers (files, tansu), Prometheus and Alertmanager."""
 
 from __future__ import annotations
 
@@ -51,13 +51,22 @@ def _get_json(url: str) -> object:
         return json.load(response)
 
 
-def test_kafka_start_is_idempotent_status_reports_it_and_stop_ends_it(tmp_path: Path) -> None:
-    cfg = _config(tmp_path)
+@pytest.mark.parametrize(
+    ("broker", "started_line", "note"),
+    [
+        ("files", "serving the Kafka protocol on 127.0.0.1:", "file storage"),
+        ("tansu", "listening on: tcp://127.0.0.1", "memory storage"),
+    ],
+)
+def test_kafka_start_is_idempotent_status_reports_it_and_stop_ends_it(
+    tmp_path: Path, broker: str, started_line: str, note: str
+) -> None:
+    cfg = _config(tmp_path, broker=broker)
     service = stack.start_kafka(cfg)
     try:
         assert service.url == f"127.0.0.1:{cfg.kafka_port}" and not service.already_running
         assert (cfg.state_dir / "kafka.pid").read_text().strip() == str(service.pid)
-        assert "listening on: tcp://127.0.0.1" in service.log.read_text()
+        assert started_line in service.log.read_text()
         assert service.log.stat().st_mode & 0o777 == 0o600  # logs carry conversation text: owner only
         assert all(d.stat().st_mode & 0o777 == 0o700 for d in (cfg.state_dir, cfg.state_dir / "kafka"))
 
@@ -66,11 +75,13 @@ def test_kafka_start_is_idempotent_status_reports_it_and_stop_ends_it(tmp_path: 
 
         st = stack.status(cfg)
         assert st["kafka"].running and st["kafka"].pid == service.pid and st["kafka"].url == service.url
-        assert "memory storage" in st["kafka"].note
+        assert note in st["kafka"].note
+        other = "tansu" if broker == "files" else "files"
+        assert note in stack.status(_config(tmp_path, broker=other))["kafka"].note  # what runs, not what was asked
         assert not st["prometheus"].running and st["prometheus"].pid is None
     finally:
         stack.stop(cfg, ["kafka"])
-    assert not process_alive(service.pid, ["tansu"])
+    assert not process_alive(service.pid, stack.EXECUTABLES["kafka"])
     assert not tcp_accepts(cfg.kafka_port)
     assert not (cfg.state_dir / "kafka.pid").exists()
     assert not stack.status(cfg)["kafka"].running

@@ -129,12 +129,7 @@ class GroupCoordinator:
         return await joining
 
     async def sync(self, group_id: str, generation: int, member_id: str, assignments: dict[str, bytes]) -> bytes:
-        group, member = self._member(group_id, member_id)
-        if generation != group.generation:
-            raise GroupError("IllegalGenerationError")
-        member.last_seen = self.clock()
-        if group.state is GroupState.PREPARING_REBALANCE:
-            raise GroupError("RebalanceInProgressError")
+        group, member = self.heartbeat(group_id, generation, member_id)
         if group.state is GroupState.STABLE:
             return member.assignment
         if member_id != group.leader:
@@ -149,13 +144,15 @@ class GroupCoordinator:
             m.syncing = None
         return member.assignment
 
-    def heartbeat(self, group_id: str, generation: int, member_id: str) -> None:
+    def heartbeat(self, group_id: str, generation: int, member_id: str) -> tuple[ConsumerGroup, Member]:
+        """A live member of the current generation (its session renewed), outside a rebalance; else GroupError."""
         group, member = self._member(group_id, member_id)
         if generation != group.generation:
             raise GroupError("IllegalGenerationError")
         member.last_seen = self.clock()
         if group.state is GroupState.PREPARING_REBALANCE:
             raise GroupError("RebalanceInProgressError")
+        return group, member
 
     def leave(self, group_id: str, member_ids: list[str]) -> dict[str, str | None]:
         """Remove members; for each, the kafka.errors name it failed with, or None."""
