@@ -25,21 +25,22 @@ from kafka import KafkaConsumer, KafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
 
 from stream.settings import KafkaSettings
-from tests.infra import free_port, wait_for
+from tests.infra import TEST_BROKER, free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 LLM_RUBRIC_DATA = REPO / "data" / "llm-rubric"
 RECORDED_REAL_ANSWERS = LLM_RUBRIC_DATA / "gpt-3.5-turbo-16k_real_evaluations_FIXED.tsv"
 
-# tansu workarounds (DESIGN.md): one record per producer batch keeps Faust's table recovery exact;
-# short session timeout for fast group joins; short max poll interval to end rebalance loops.
-TANSU_SETTINGS = {
-    "CONVOWATCH_KAFKA__PRODUCER_MAX_BATCH_SIZE": "1",
+# A one-node test broker: short session timeout for fast group joins (and, on tansu, a short max poll interval to
+# end its rebalance loops), short fetch waits and commit intervals. tansu also needs one record per producer batch
+# for exact Faust table recovery (DESIGN.md); the files broker reports exact end offsets.
+BROKER_SETTINGS = {
     "CONVOWATCH_KAFKA__SESSION_TIMEOUT_S": "6",
     "CONVOWATCH_KAFKA__HEARTBEAT_INTERVAL_S": "1",
     "CONVOWATCH_KAFKA__MAX_POLL_INTERVAL_S": "15",
     "CONVOWATCH_KAFKA__FETCH_MAX_WAIT_S": "0.1",
     "CONVOWATCH_KAFKA__COMMIT_INTERVAL_S": "1",
+    **({"CONVOWATCH_KAFKA__PRODUCER_MAX_BATCH_SIZE": "1"} if TEST_BROKER == "tansu" else {}),
 }
 
 
@@ -114,7 +115,7 @@ class Pipeline:
             "CONVOWATCH_KAFKA__DATA_DIR": str(self.root / "state" / "worker"),  # not there yet, as on a fresh checkout
             "CONVOWATCH_KAFKA__SINK_GROUP": f"sink-{t}",
             "CONVOWATCH_KAFKA__PARTITIONS": str(self.partitions),
-            **TANSU_SETTINGS,
+            **BROKER_SETTINGS,
             "CONVOWATCH_JUDGE__BACKEND": "recorded",
             "CONVOWATCH_JUDGE__RECORDED_ANSWERS": str(RECORDED_REAL_ANSWERS),
             **({"CONVOWATCH_RUBRIC_SET": str(self.rubric_set)} if self.rubric_set is not None else {}),

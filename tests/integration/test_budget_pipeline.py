@@ -33,7 +33,7 @@ from tests.integration.test_pipeline import N_QUESTIONS, RecoveringJudgeServer, 
 from tests.pipeline import Pipeline, Process
 
 N_CONVERSATIONS = 6  # three budget windows: pairs 2 and 3 wait for the pair before them
-MINUTE_S = 20  # the budget's "minute": long enough to outlast max_poll_interval (15 s in TANSU_SETTINGS)
+MINUTE_S = 20  # the budget's "minute": long enough to outlast max_poll_interval (15 s in BROKER_SETTINGS)
 CALLS_PER_MINUTE = 2 * N_QUESTIONS  # two conversations' worth of calls (one call per question)
 CLOCKS_S = 0.5  # the budget runs on the monotonic clock, scored_at is wall-clock time
 PRICE = PriceSettings(prompt_per_million=2.0, completion_per_million=8.0, currency="EUR")
