@@ -143,8 +143,13 @@ def test_a_request_it_does_not_serve_closes_that_connection_only(broker: StackCo
     with socket.create_connection(("127.0.0.1", broker.kafka_port), timeout=10) as s:
         s.sendall(struct.pack(">i", 2**30))  # a frame far past the request limit
         assert s.recv(16) == b""
+    with socket.create_connection(("127.0.0.1", broker.kafka_port), timeout=10) as s:
+        garbage = struct.pack(">hhihi", 3, 1, 7, 0, 5)  # Metadata v1 naming 5 topics, then nothing: does not decode
+        s.sendall(struct.pack(">i", len(garbage)) + garbage)
+        assert s.recv(16) == b""
     admin = KafkaAdminClient(bootstrap_servers=_bootstrap(broker))
     assert admin.list_topics() == []  # still serving
     admin.close()
     log = (broker.state_dir / "kafka.log").read_text()
     assert "API key 9999 is not served" in log and "a request of 1073741824 bytes" in log
+    assert "could not answer its request" in log

@@ -57,6 +57,8 @@ LATEST, EARLIEST = -1, -2  # ListOffsets timestamps
 
 @dataclass(frozen=True)
 class BrokerSettings:
+    """Where the broker listens (and what it advertises) and the limits it keeps."""
+
     host: str = "127.0.0.1"
     port: int = 9092
     node_id: int = 0
@@ -139,7 +141,7 @@ class KafkaBroker:
                     log.warning("closing %s: a request of %d bytes (limit %d)", peer, size, self.settings.max_request_bytes)
                     return
                 frame = await reader.readexactly(size)
-                response = await self._respond(frame, client_host, peer)
+                response = await self._respond(frame, client_host)
                 if response is not None:
                     writer.write(response)
                     await writer.drain()
@@ -147,10 +149,12 @@ class KafkaBroker:
             pass
         except _CloseConnection as reason:
             log.warning("closing %s: %s", peer, reason)
+        except Exception:  # a request that does not decode (or a fault of ours): that connection only
+            log.exception("closing %s: could not answer its request", peer)
         finally:
             writer.close()
 
-    async def _respond(self, frame: bytes, client_host: str, peer: object) -> bytes | None:
+    async def _respond(self, frame: bytes, client_host: str) -> bytes | None:
         api_key, version = REQUEST_KEY_AND_VERSION.unpack_from(frame)
         api = self.apis.get(api_key)
         if api is None:
