@@ -310,7 +310,7 @@ def start_service(name: str, command: str, port: int) -> None:
 def stop_service(name: str) -> None:
     tracked = processes.read_tracked(STATE, name, PYTHONS)
     if tracked is not None:
-        processes.terminate(tracked.pid, PYTHONS)
+        processes.terminate(tracked.pid)
     processes.forget(STATE, name)
 
 

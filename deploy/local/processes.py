@@ -114,24 +114,33 @@ def runs(argv: Sequence[str], executable: str) -> bool:
     return len(argv) >= len(wanted) and os.path.basename(argv[0]) == wanted[0] and list(argv[1 : len(wanted)]) == wanted[1:]
 
 
-def process_alive(pid: int, executables: Sequence[str]) -> bool:
-    """True if ``pid`` runs and (where /proc exists) is not a zombie and runs one of ``executables`` (see `runs`)."""
+def _exists(pid: int) -> bool:
+    """True if ``pid`` is a process that has not exited (a zombie has)."""
     _reap(pid)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        pass  # exists but belongs to another user: the /proc check below decides
-    proc = Path("/proc")
-    if not (proc / "self").exists():
-        return True  # no procfs (not Linux): existence is all we can check
+        pass  # exists but belongs to another user
     try:
-        stat = (proc / str(pid) / "stat").read_text()
-        argv = (proc / str(pid) / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return not Path("/proc/self").exists()  # no procfs (not Linux): existence is all we can check
     except OSError:
         return False
-    if stat[stat.rfind(")") + 2 :].startswith("Z"):
+    return not stat[stat.rfind(")") + 2 :].startswith("Z")
+
+
+def process_alive(pid: int, executables: Sequence[str]) -> bool:
+    """True if ``pid`` runs and (where /proc exists) is not a zombie and runs one of ``executables`` (see `runs`)."""
+    if not _exists(pid):
+        return False
+    if not Path("/proc/self").exists():
+        return True
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
         return False
     return any(runs(argv, executable) for executable in executables)
 
@@ -193,7 +202,6 @@ def wait_ready(
     state_dir: Path,
     name: str,
     process: subprocess.Popen[bytes],
-    executables: Sequence[str],
     ready: Callable[[], bool],
     timeout_s: float,
 ) -> None:
@@ -211,25 +219,26 @@ def wait_ready(
         if ready():
             return
         time.sleep(PROBE_INTERVAL_S)
-    terminate(process.pid, executables)
+    terminate(process.pid)
     forget(state_dir, name)
     raise StackError(f"{name} was not ready after {timeout_s:.0f} s; last {LOG_TAIL_LINES} lines of {log}:\n{log_tail(log)}")
 
 
-def terminate(pid: int, executables: Sequence[str], timeout_s: float = STOP_TIMEOUT_S) -> None:
-    """SIGTERM ``pid``, wait up to ``timeout_s``, then SIGKILL; raise StackError if it still runs."""
+def terminate(pid: int, timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM ``pid`` (a process known to be ours), wait up to ``timeout_s`` for it to exit, then SIGKILL; raise
+    StackError if it still runs."""
     for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, KILL_TIMEOUT_S)):
         try:
             os.kill(pid, sig)
         except ProcessLookupError:
             _reap(pid)
             return
-        if _wait_gone(pid, executables, wait_s):
+        if _wait_gone(pid, wait_s):
             return
     raise StackError(f"process {pid} survived SIGKILL for {KILL_TIMEOUT_S:.0f} s")
 
 
-def _wait_gone(pid: int, executables: Sequence[str], timeout_s: float) -> bool:
+def _wait_gone(pid: int, timeout_s: float) -> bool:
     child = _CHILDREN.get(pid)
     if child is not None:
         try:
@@ -238,9 +247,11 @@ def _wait_gone(pid: int, executables: Sequence[str], timeout_s: float) -> bool:
             return False
         _CHILDREN.pop(pid, None)
         return True
+    # The pid was ours when signalled: wait for it to exit, not to stop looking like ours (an exiting process's
+    # command line is already empty while it still holds its files and ports).
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not process_alive(pid, executables):
+        if not _exists(pid):
             return True
         time.sleep(PROBE_INTERVAL_S)
     return False

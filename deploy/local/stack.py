@@ -395,7 +395,7 @@ def stop(cfg: StackConfig, components: Iterable[str] = COMPONENTS) -> None:
             continue
         tracked = read_tracked(cfg.state_dir, name, EXECUTABLES[name])
         if tracked is not None:
-            terminate(tracked.pid, EXECUTABLES[name])
+            terminate(tracked.pid)
         forget(cfg.state_dir, name)
 
 
@@ -447,7 +447,7 @@ def _start(
     env: dict[str, str] | None = None,
 ) -> Service:
     process = launch(cfg.state_dir, name, argv, url, cwd=cfg.state_dir / name, env=env)
-    wait_ready(cfg.state_dir, name, process, EXECUTABLES[name], ready, READY_TIMEOUT_S[name])
+    wait_ready(cfg.state_dir, name, process, ready, READY_TIMEOUT_S[name])
     return Service(name, process.pid, url, log_path(cfg.state_dir, name))
 
 
