@@ -177,3 +177,17 @@ def test_an_unknown_member_id_is_refused_and_an_empty_one_gets_a_new_id() -> Non
         assert first.member_id.startswith("cli-") and first.leader == first.member_id
 
     run(test)
+
+
+def test_a_second_join_of_the_same_member_answers_the_first_with_an_error() -> None:
+    async def test(coordinator: GroupCoordinator, clock: Clock) -> None:
+        a, b = await two_stable_members(coordinator)
+        first = join(coordinator, b.member_id, client="b")  # e.g. a request its client gave up on
+        await settle()
+        second = join(coordinator, b.member_id, client="b")
+        a_again = join(coordinator, a.member_id, client="a")
+        with pytest.raises(GroupError, match="RebalanceInProgressError"):
+            await first
+        assert (await second).generation == (await a_again).generation == b.generation + 1
+
+    run(test)

@@ -119,8 +119,8 @@ class GroupCoordinator:
             group.members[member_id] = member
         member.protocols, member.last_seen = protocols, now
         member.session_timeout_s, member.rebalance_timeout_s = session_timeout_s, rebalance_timeout_s
-        if member.joining is not None and not member.joining.done():
-            member.joining.cancel()  # a second join from the same member replaces the first
+        if member.joining is not None and not member.joining.done():  # a second join (another connection) replaces it
+            member.joining.set_exception(GroupError("RebalanceInProgressError"))
         joining = member.joining = asyncio.get_running_loop().create_future()
         group.protocol_type = protocol_type
         if group.state is not GroupState.PREPARING_REBALANCE:
