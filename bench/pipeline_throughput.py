@@ -748,10 +748,15 @@ def base_env(rubric_set: Path, calibrator: Path, answers: Path, tansu: bool, con
         # log_level stays at its default (INFO): at WARNING or above Faust's worker installs its terminal
         # spinner and sets the root logger to DEBUG, so every aiokafka/Faust debug call builds a LogRecord.
     }
+    return {**env, **broker_settings(tansu)}
+
+
+def broker_settings(tansu: bool) -> dict[str, str]:
+    """TANSU_SETTINGS, without its one-record producer batches unless ``tansu`` (Faust/aiokafka default 16384 bytes)."""
     settings = dict(TANSU_SETTINGS)
     if not tansu:
-        del settings["CONVOWATCH_KAFKA__PRODUCER_MAX_BATCH_SIZE"]  # Faust/aiokafka default (16384 bytes)
-    return {**env, **settings}
+        del settings["CONVOWATCH_KAFKA__PRODUCER_MAX_BATCH_SIZE"]
+    return settings
 
 
 def run(args: argparse.Namespace, root: Path) -> dict:
@@ -779,18 +784,19 @@ def run(args: argparse.Namespace, root: Path) -> dict:
         flush=True,
     )
 
-    stack = start_broker(root)
+    stack = start_broker(root, args.broker)
+    tansu = args.broker == "tansu"  # its settings: one record per producer batch (exact Faust table recovery)
     results: dict = {}
     pipelines: list[Pipeline] = []
     try:
-        print(f"tansu broker on {stack.bootstrap}", flush=True)
+        print(f"{args.broker} broker on {stack.bootstrap}", flush=True)
 
         # 1 + 3: throughput (tansu settings) and the raw consume rate of the same topic
         p1 = Pipeline(
             root,
             "tput",
             stack.bootstrap,
-            base_env(rubric_set, calibrator, answers, tansu=True, consumer=args.consumer),
+            base_env(rubric_set, calibrator, answers, tansu=tansu, consumer=args.consumer),
             stack.broker_pid,
         )
         pipelines.append(p1)
@@ -804,7 +810,7 @@ def run(args: argparse.Namespace, root: Path) -> dict:
         results["load_after_throughput"] = load()
         tp = results["throughput"]
         print(
-            f"worker (tansu settings, producer_max_batch_size=1): {tp['turn_events_per_s']:.0f} turn events/s, "
+            f"worker ({args.broker} settings): {tp['turn_events_per_s']:.0f} turn events/s, "
             f"{tp['all_events_per_s']:.0f} all events/s ({tp['seconds_first_event_to_all_scored']:.1f} s)",
             flush=True,
         )
@@ -837,7 +843,7 @@ def run(args: argparse.Namespace, root: Path) -> dict:
                     root,
                     f"tput-{tag}-joined",
                     stack.bootstrap,
-                    base_env(rubric_set, calibrator, answers, tansu=True, consumer=args.consumer),
+                    base_env(rubric_set, calibrator, answers, tansu=tansu, consumer=args.consumer),
                     stack.broker_pid,
                 )
                 pipelines.append(pj)
@@ -858,7 +864,7 @@ def run(args: argparse.Namespace, root: Path) -> dict:
             root,
             "latency",
             stack.bootstrap,
-            base_env(rubric_set, calibrator, answers, tansu=True, consumer=args.consumer),
+            base_env(rubric_set, calibrator, answers, tansu=tansu, consumer=args.consumer),
             stack.broker_pid,
         )
         pipelines.append(p2)
@@ -893,7 +899,8 @@ def report(args: argparse.Namespace, results: dict, wall_s: float) -> dict:
             "partitions": PARTITIONS,
             "workers": 1,
             "judge": "recorded (GPT-3.5 LLM-Rubric answers re-keyed to synthetic ids)",
-            "worker_env": TANSU_SETTINGS,
+            "broker": args.broker,
+            "worker_env": broker_settings(args.broker == "tansu"),
             "consumer": args.consumer,
             "store": {
                 "flush_interval_s": StoreSettings().flush_interval_s,
@@ -1004,6 +1011,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=("batch", "faust"),
         default="batch",
         help="the workers' kafka.consumer (default batch, the service's default)",
+    )
+    parser.add_argument(
+        "--broker",
+        choices=("tansu", "files"),
+        default="tansu",
+        help="the stack's broker (default tansu, which every figure in docs/benchmarks.md before 2026-11-28 used)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, stores) and print its path")
     args = parser.parse_args(argv)
