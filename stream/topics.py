@@ -73,7 +73,7 @@ def ensure_topics(settings: KafkaSettings) -> list[str]:
             if n and n < settings.partitions:
                 log.warning(
                     "topic %s has %d partitions, fewer than kafka.partitions=%d: at most %d workers share it",
-                    topic["topic"],
+                    topic["name"],  # kafka-python 3 names the field as the protocol does
                     n,
                     settings.partitions,
                     n,

@@ -15,8 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
+from scorers.errors import UserError
 
-class GroupError(Exception):
+
+class GroupError(UserError):
     """A request the group refuses; ``kafka_error`` names the kafka.errors class to answer with."""
 
     def __init__(self, kafka_error: str) -> None:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from kafka.record.util import calc_crc32c
 
+from scorers.errors import UserError
+
 # Kafka's record batch header (magic 2): base offset, length, leader epoch, magic, CRC, attributes,
 # last offset delta, first and max timestamp, producer id and epoch, base sequence, record count.
 BATCH_HEADER = struct.Struct(">qiibIhiqqqhii")
@@ -22,7 +24,7 @@ SCAN_CHUNK = 1 << 20
 PRODUCER_BATCHES_KEPT = 5
 
 
-class CorruptBatchError(ValueError):
+class CorruptBatchError(UserError, ValueError):
     """A produced batch that is not a whole, intact magic-2 record batch."""
 
 

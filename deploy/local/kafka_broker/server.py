@@ -47,6 +47,7 @@ from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProdu
 from deploy.local.kafka_broker.groups import GroupCoordinator, GroupError
 from deploy.local.kafka_broker.partition_log import CorruptBatchError
 from deploy.local.kafka_broker.storage import BrokerStorage, CommittedOffset, TopicError
+from scorers.errors import UserError
 
 log = logging.getLogger("convowatch.kafka_broker")
 
@@ -561,5 +562,5 @@ class KafkaBroker:
         return DeleteTopicsResponse(version=request.API_VERSION, throttle_time_ms=0, responses=results)
 
 
-class _CloseConnection(Exception):
+class _CloseConnection(UserError):
     """A request this broker cannot answer: Kafka closes the connection, and so do we."""

@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import TextIO
 
 from deploy.local.kafka_broker.partition_log import PartitionLog
+from scorers.errors import UserError
 
 LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 # Offsets file lines per live entry above which it is rewritten with only the live entries when opened.
 OFFSETS_REWRITE_RATIO = 10
 
 
-class TopicError(ValueError):
+class TopicError(UserError, ValueError):
     """A topic that cannot be created or found; ``kafka_error`` is the kafka.errors class to answer with."""
 
     def __init__(self, message: str, kafka_error: str) -> None:
