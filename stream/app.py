@@ -52,6 +52,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, cast
 
 import faust
+from aiokafka.errors import IllegalStateError
 from faust.app.base import BootStrategy
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, EventT
@@ -172,11 +173,16 @@ class WorkerApp(faust.App):
 
 
 async def consumer_lag(app: faust.App, partitions: Iterable[TP]) -> dict[tuple[str, int], int]:
-    """High-water mark minus position for each partition whose high-water mark the broker has reported."""
+    """High-water mark minus position for each partition whose high-water mark the broker has reported. A partition
+    revoked meanwhile is skipped (Faust's assignor learns the new assignment before aiokafka's consumer thread does,
+    and a rebalance can end between the two calls): the next check sees the new assignment."""
     lags = {}
     for tp in partitions:
-        highwater = app.consumer.highwater(tp)
-        position = await app.consumer.position(tp)
+        try:
+            highwater = app.consumer.highwater(tp)  # aiokafka asserts that the partition is assigned
+            position = await app.consumer.position(tp)
+        except (AssertionError, IllegalStateError):
+            continue
         if highwater is not None and position is not None:
             lags[(tp.topic, tp.partition)] = highwater - position
     return lags

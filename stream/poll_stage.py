@@ -233,10 +233,10 @@ class PollStage:
         lags = {}
         for p in sorted(self.partitions):
             tp = TopicPartition(self.topic, p)
-            highwater = self.consumer.highwater(tp)
             try:
+                highwater = self.consumer.highwater(tp)  # aiokafka asserts that the partition is assigned
                 position = await self.consumer.position(tp)
-            except IllegalStateError:  # revoked while the listener has yet to run
+            except (AssertionError, IllegalStateError):  # revoked while the listener has yet to run
                 continue
             if highwater is not None:
                 lags[(self.topic, p)] = highwater - position
