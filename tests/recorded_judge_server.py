@@ -119,7 +119,11 @@ class RecordedJudgeServer:
         if mode == "slow":
             self._count("slow")
             time.sleep(self.slow_s)
-        request = json.loads(body)
+        try:
+            request = json.loads(body)
+        except ValueError:  # a torn request: a worker killed (-9) while it sent it
+            self._count("torn")
+            return 400, {"error": {"message": "the request body is not JSON"}}
         prompt = request["messages"][-1]["content"]
         known = self.answers.get(prompt)
         if known is None:
