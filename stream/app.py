@@ -52,7 +52,6 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, cast
 
 import faust
-from aiokafka.errors import IllegalStateError
 from faust.app.base import BootStrategy
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, EventT
@@ -66,7 +65,7 @@ from stream.budget import BudgetGate
 from stream.contract import DeadLetter, EndEvent, encode_event
 from stream.delivery import GuardedDelivery, in_order, in_order_batches
 from stream.metrics import ServiceMetrics
-from stream.poll_stage import PollStage
+from stream.poll_stage import PollStage, partition_lag
 from stream.rollout import ScorerRollout
 from stream.score_stage import ScoreStage, score_closed
 from stream.settings import Settings
@@ -178,13 +177,9 @@ async def consumer_lag(app: faust.App, partitions: Iterable[TP]) -> dict[tuple[s
     and a rebalance can end between the two calls): the next check sees the new assignment."""
     lags = {}
     for tp in partitions:
-        try:
-            highwater = app.consumer.highwater(tp)  # aiokafka asserts that the partition is assigned
-            position = await app.consumer.position(tp)
-        except (AssertionError, IllegalStateError):
-            continue
-        if highwater is not None and position is not None:
-            lags[(tp.topic, tp.partition)] = highwater - position
+        lag = await partition_lag(app.consumer, tp)
+        if lag is not None:
+            lags[(tp.topic, tp.partition)] = lag
     return lags
 
 

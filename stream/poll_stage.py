@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
@@ -40,6 +41,20 @@ from stream.settings import Settings
 log = logging.getLogger(__name__)
 
 Polled = dict[int, list[ConsumerRecord]]  # partition -> its records of one poll, in offset order
+
+
+async def partition_lag(consumer: Any, tp: Any) -> int | None:
+    """High-water mark minus position of ``tp`` for an aiokafka consumer or Faust's (same two calls); None if the
+    broker has not reported a high-water mark, or if the partition was revoked while this asked (a rebalance ends in
+    the consumer's own task or thread): aiokafka asserts in ``highwater`` and raises in ``position``."""
+    try:
+        highwater = consumer.highwater(tp)
+        position = await consumer.position(tp)
+    except (AssertionError, IllegalStateError):
+        return None
+    if highwater is None or position is None:
+        return None
+    return int(highwater - position)
 
 
 class PollStage:
@@ -231,15 +246,10 @@ class PollStage:
     async def lags(self) -> dict[tuple[str, int], int]:
         """High-water mark minus position of each owned partition whose high-water mark the broker has reported."""
         lags = {}
-        for p in sorted(self.partitions):
-            tp = TopicPartition(self.topic, p)
-            try:
-                highwater = self.consumer.highwater(tp)  # aiokafka asserts that the partition is assigned
-                position = await self.consumer.position(tp)
-            except (AssertionError, IllegalStateError):  # revoked while the listener has yet to run
-                continue
-            if highwater is not None:
-                lags[(self.topic, p)] = highwater - position
+        for p in sorted(self.partitions):  # a partition revoked while the listener has yet to run has no lag
+            lag = await partition_lag(self.consumer, TopicPartition(self.topic, p))
+            if lag is not None:
+                lags[(self.topic, p)] = lag
         return lags
 
     async def check_broker_loss(self, lags: dict[tuple[str, int], int]) -> None:
