@@ -343,6 +343,8 @@ class BudgetedJudge:
     Each wait is logged (INFO), so a command that pauses says why.
     """
 
+    answers_in_memory = False  # it may wait for the budget, whatever judge it wraps
+
     def __init__(
         self, judge: Judge, budget: JudgeBudget, max_sleep_s: float, clock: Callable[[], float] = time.monotonic
     ) -> None:

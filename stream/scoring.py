@@ -40,7 +40,7 @@ from scorers.calibrators import CalibrationError, Calibrator
 from scorers.conversation import Conversation
 from scorers.early_stopping import EarlyStoppedScore, EarlyStoppingScorer, ScoreMoments
 from scorers.injection import InjectionDetector
-from scorers.judges.base import Judge, JudgeError, Provenance
+from scorers.judges.base import Judge, JudgeError, Provenance, answers_in_memory
 from scorers.questions import Question, load_questions
 from scorers.rubrics import RubricSet, RubricSetError
 from stream.budget import BudgetGate, Cost, transcript_chars
@@ -170,6 +170,8 @@ class ConversationScorer:
         self.redaction = redaction or RedactionSettings()
         self._redactor = self.redaction.redactor()
         self._injection = InjectionDetector()
+        # Every judge `score_once` may ask answers from memory: it is called on the event loop (`_call`).
+        self._in_memory = answers_in_memory(judge) and (behaviour_set is None or answers_in_memory(self.behaviour_judge))
 
     def for_version(self, rubric_set: RubricSet, calibrator: Calibrator | None, name: str) -> ConversationScorer:
         """A scorer of another version (stream/rollout.py): this one's judge, settings and behaviour set, and the same
@@ -333,20 +335,32 @@ class ConversationScorer:
     async def _attempt(
         self, loop: asyncio.AbstractEventLoop, closed: ClosedConversation, attempt: int, with_behaviours: bool
     ) -> ScoreRecord:
-        """`score_once` in a thread, within the judge budget when one is set: waits while it is spent (raises
+        """`score_once` (`_call`), within the judge budget when one is set: waits while it is spent (raises
         `BudgetWaitInterrupted` if the wait is called off), then settles with the calls and tokens the judge reported."""
         if self.budget is None:
-            return await loop.run_in_executor(None, self.score_once, closed, attempt, with_behaviours)
+            return await self._call(loop, closed, attempt, with_behaviours)
         reservation = await self.budget.acquire(transcript_chars(closed))
         record: ScoreRecord | None = None
         try:
-            record = await loop.run_in_executor(None, self.score_once, closed, attempt, with_behaviours)
+            record = await self._call(loop, closed, attempt, with_behaviours)
             return record
         finally:
             cost = (
                 None if record is None else Cost(record.judge_calls, record.judge_prompt_tokens + record.judge_completion_tokens)
             )
             self.budget.settle(reservation, cost)
+
+    async def _call(
+        self, loop: asyncio.AbstractEventLoop, closed: ClosedConversation, attempt: int, with_behaviours: bool
+    ) -> ScoreRecord:
+        """`score_once` in a thread, so a judge that waits (a network, a model) does not stop the worker; on the event
+        loop when every judge it asks answers from memory (`answers_in_memory`): the thread's hand-offs cost more CPU
+        than such a judge's answer (docs/benchmarks.md, "Scoring CPU")."""
+        if not self._in_memory:
+            return await loop.run_in_executor(None, self.score_once, closed, attempt, with_behaviours)
+        record = self.score_once(closed, attempt, with_behaviours)
+        await asyncio.sleep(0)  # let the other stage and the timers run between conversations, as a thread's await does
+        return record
 
     async def score(self, closed: ClosedConversation) -> ScoreRecord:
         """Score with retries (judge calls run in a thread) if sampling picks it; always returns a record."""
@@ -357,9 +371,7 @@ class ConversationScorer:
             record = self.unsampled(self._redacted(closed) if self.redaction.stored else closed, decision)
             self.observe(record)
             return record
-        record = replace(
-            await self._judged(closed), inclusion_probability=decision.inclusion_probability, sampling_reason=decision.reason
-        )
+        record = await self._judged(closed, inclusion_probability=decision.inclusion_probability, sampling_reason=decision.reason)
         self.observe(record)
         return record
 
@@ -368,9 +380,12 @@ class ConversationScorer:
         budget, the active record's π and sampling reason, role ``shadow``; counted in the shadow metric only, so the
         rates and alerts stay the active version's. Behaviours are not asked again: they depend on the behaviour set
         and its judge, which every version shares, not on the rubric set or calibrator a shadow compares."""
-        record = await self._judged(closed, with_behaviours=False)
-        record = replace(
-            record, role=SHADOW, inclusion_probability=active.inclusion_probability, sampling_reason=active.sampling_reason
+        record = await self._judged(
+            closed,
+            with_behaviours=False,
+            role=SHADOW,
+            inclusion_probability=active.inclusion_probability,
+            sampling_reason=active.sampling_reason,
         )
         self.metrics.shadow_conversations.labels(self.name, self.scorer_version, record.label or record.status).inc()
         return record
@@ -384,12 +399,15 @@ class ConversationScorer:
             self.metrics.redactions.labels(kind).inc(n)
         return replace(closed, turns=turns)
 
-    async def _judged(self, closed: ClosedConversation, with_behaviours: bool = True) -> ScoreRecord:
+    async def _judged(self, closed: ClosedConversation, with_behaviours: bool = True, **fields: Any) -> ScoreRecord:
         """Judge (the redacted text, with ``redaction.kinds``) with retries: a scored record, or an unscored one with the
-        reason; it carries the redacted conversation with ``redaction.stored``, else ``closed`` as it came."""
+        reason, with ``fields`` set; it carries the redacted conversation with ``redaction.stored``, else ``closed`` as
+        it came. (One `replace` for all: each checks the whole record again.)"""
         redacted = self._redacted(closed)
         record = await self._judged_with_retries(redacted, with_behaviours)
-        return record if self.redaction.stored else replace(record, conversation=closed)
+        if not self.redaction.stored and record.conversation is not closed:
+            fields["conversation"] = closed
+        return replace(record, **fields) if fields else record
 
     async def _judged_with_retries(self, closed: ClosedConversation, with_behaviours: bool) -> ScoreRecord:
         loop = asyncio.get_running_loop()

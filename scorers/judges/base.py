@@ -116,10 +116,20 @@ class Judgement:
 
 @runtime_checkable
 class Judge(Protocol):
-    """Anything that can answer multiple-choice questions about a conversation."""
+    """Anything that can answer multiple-choice questions about a conversation.
+
+    A judge whose ``judge`` only reads memory (no network, no model to wait for) may say so with a class attribute
+    ``answers_in_memory = True`` (`answers_in_memory`): the worker then calls it on its event loop instead of a thread.
+    """
 
     name: str
 
     def judge(self, conversation: Conversation, questions: Sequence[Question]) -> Judgement:
         """Answer every question about ``conversation``; raise a `JudgeError` on failure."""
         ...
+
+
+def answers_in_memory(judge: Judge) -> bool:
+    """Whether ``judge`` answers from memory without waiting on anything (its ``answers_in_memory`` attribute; False
+    when it has none): such a judge is cheaper to call directly than through a thread."""
+    return getattr(judge, "answers_in_memory", False) is True

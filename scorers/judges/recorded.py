@@ -62,6 +62,8 @@ def load_answer_table(path: str | Path) -> dict[tuple[str, str], tuple[float, ..
 class RecordedJudge:
     """Replays a table of answer distributions; unknown conversations or questions are errors."""
 
+    answers_in_memory = True  # a table lookup: nothing to wait for
+
     def __init__(self, table: AnswerTable, name: str = "recorded", model: str = "recorded") -> None:
         self.table = table
         self.name = name

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -28,17 +29,18 @@ from scorers.datasets.llm_rubric import (
     satisfaction_labels,
 )
 from scorers.early_stopping import MOMENTS_KEY, ScoreMoments
-from scorers.judges.base import Answer, Judgement, JudgeUnavailable, Provenance
+from scorers.judges.base import Answer, Judgement, JudgeUnavailable, Provenance, answers_in_memory
 from scorers.judges.recorded import RecordedJudge
 from scorers.ordinal_calibration import OrdinalCalibrator
 from scorers.questions import Question
 from scorers.rubrics import RubricSet
 from stream.assembly import ConversationAssembler
+from stream.budget import BudgetedJudge, JudgeBudget
 from stream.metrics import ServiceMetrics
 from stream.records import ClosedConversation, ScoreRecord
 from stream.replay.sources import llm_rubric_events
 from stream.scoring import NO_CALIBRATOR, ConversationScorer, judge_identity, scoring_questions
-from stream.settings import AssemblySettings, ScoringSettings, SettingsError
+from stream.settings import AssemblySettings, BudgetSettings, ScoringSettings, SettingsError
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "llm-rubric"
 REAL_ANSWERS = DATA / "gpt-3.5-turbo-16k_real_evaluations_FIXED.tsv"
@@ -361,6 +363,43 @@ def test_transient_failures_are_retried_until_the_judge_recovers(judge, rubric_s
     assert sample(metrics, "convowatch_scoring_retries_total", reason="JudgeUnavailable") == 2
     assert sample(metrics, "convowatch_judge_errors_total", judge=scorer.judge_name, error="JudgeUnavailable") == 2
     assert sample(metrics, "convowatch_judge_latency_seconds_count", judge=scorer.judge_name) == 1
+
+
+class ThreadNoting:
+    """Answers with the real judge and notes the thread of each call; ``answers_in_memory`` as given."""
+
+    def __init__(self, judge: RecordedJudge, in_memory: bool) -> None:
+        self.inner, self.name, self.model = judge, judge.name, judge.model
+        self.answers_in_memory = in_memory
+        self.threads: list[int] = []
+
+    def judge(self, conversation: Conversation, questions: Sequence[Question]) -> Judgement:
+        self.threads.append(threading.get_ident())
+        return self.inner.judge(conversation, questions)
+
+
+@pytest.mark.parametrize("in_memory", [True, False])
+def test_a_judge_that_answers_from_memory_is_called_on_the_event_loop_any_other_in_a_thread(
+    judge, rubric_set, calibrator, conversation, in_memory
+) -> None:
+    noting = ThreadNoting(judge, in_memory)
+    scorer = ConversationScorer(noting, rubric_set, calibrator, fast_retries(), ServiceMetrics())
+
+    async def scored_on() -> tuple[ScoreRecord, int]:
+        return await scorer.score(conversation), threading.get_ident()
+
+    record, loop_thread = asyncio.run(scored_on())
+    assert record.status == "scored" and noting.threads
+    assert all((t == loop_thread) is in_memory for t in noting.threads)
+    steady = score(ConversationScorer(judge, rubric_set, calibrator, fast_retries(), ServiceMetrics()), conversation)
+    assert record.main_probabilities == steady.main_probabilities and record.netsat == steady.netsat
+
+
+def test_only_a_judge_that_says_so_counts_as_answering_from_memory(judge) -> None:
+    assert answers_in_memory(judge)  # the recorded judge: a table lookup
+    assert not answers_in_memory(FlakyJudge(judge, failures=0))  # says nothing: it may wait
+    # The budget's wrapper passes other attributes through to the judge it wraps, but it may wait for the budget.
+    assert not answers_in_memory(BudgetedJudge(judge, JudgeBudget(BudgetSettings(calls_per_minute=10)), 1.0))
 
 
 def test_backoff_is_exponential_with_full_jitter_and_capped(judge, rubric_set, calibrator, conversation) -> None:
