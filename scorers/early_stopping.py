@@ -276,6 +276,7 @@ class EarlyStoppingScorer:
         self.rubric_set = rubric_set
         self.judge = judge
         self.round_size = round_size or len(rubric_set.rubrics)
+        self._questions = {r.id: r.question() for r in rubric_set.rubrics}  # made once, not per conversation
 
     def score(self, conversation: Conversation) -> EarlyStoppedScore:
         """Ask rounds of rubrics until the label is decided or every rubric is answered."""
@@ -289,7 +290,7 @@ class EarlyStoppingScorer:
             end = asked + self.round_size + (self._answered_first if first else 0)
             batch = rubrics[asked:end]
             extra = self.always_ask if first else ()
-            judgement = self.judge.judge(conversation, [r.question() for r in batch] + list(extra))
+            judgement = self.judge.judge(conversation, [self._questions[r.id] for r in batch] + list(extra))
             judgements.append(judgement)
             for rubric in batch:
                 scores[rubric.id] = rubric.score(self.rubric_set.answer_for(judgement, rubric))

@@ -222,6 +222,8 @@ class OrdinalCalibrator:
         self._layout: dict[str, int] = {}  # the questions of a feature row x, in order, and their option counts
         self._blocks: list[tuple[str, int, int]] = []  # each input question, its start in x, its options
         self._values: dict[str, np.ndarray] = {}  # each question's answer values, 1..k
+        self._columns, self._take = np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.intp)  # made by `_set_layout`
+        self._member = self._weighted = np.zeros((0, 0))
         self._mean = np.zeros(0)
         self._sd = np.ones(0)
         self.training_data_hash_ = ""
@@ -255,6 +257,23 @@ class OrdinalCalibrator:
         starts = dict(zip(self._layout, np.cumsum([0, *self._layout.values()])))
         self._blocks = [(q, int(starts[q]), self._layout[q]) for q in inputs]
         self._values = {q: _answer_values(k) for q, k in self._layout.items()}
+        # `raw_features` as a few matrix products (the worker calls it per conversation, where numpy's per-call
+        # overhead is most of the cost): the input columns of x, each column's block, each option's value in its
+        # block, and where each feature is in [expected answers per block | option shares].
+        self._columns = np.array([start + i for _, start, k in self._blocks for i in range(k)], dtype=np.intp)
+        self._member = np.zeros((len(self._columns), len(self._blocks)))
+        self._weighted = np.zeros_like(self._member)
+        take: list[int] = []
+        first = 0
+        for b, (question, _, k) in enumerate(self._blocks):
+            self._member[first : first + k, b] = 1.0
+            if question in self.nominal_inputs:
+                take.extend(len(self._blocks) + first + i for i in range(k - 1))  # every option's share but the last
+            else:
+                self._weighted[first : first + k, b] = self._values[question]
+                take.append(b)
+            first += k
+        self._take = np.array(take, dtype=np.intp)
 
     @property
     def judges_(self) -> tuple[str, ...]:
@@ -270,17 +289,13 @@ class OrdinalCalibrator:
         width = max((start + k for _, start, k in self._blocks), default=0)
         if x.shape[1] < width:
             raise CalibrationError(f"feature rows have {x.shape[1]} values, expected at least {width}")
-        columns = []
+        p = x[:, self._columns]
         with np.errstate(invalid="ignore", divide="ignore"):
-            for question, start, k in self._blocks:
-                p = x[:, start : start + k]
-                total = p.sum(axis=1, keepdims=True)
-                share = np.where(total > 0, p / total, np.nan)
-                if question in self.nominal_inputs:
-                    columns.append(share[:, :-1])
-                else:
-                    columns.append((share @ self._values[question])[:, None])
-        return np.hstack(columns)
+            totals = p @ self._member  # each block's total mass
+            expected = np.where(totals > 0, (p @ self._weighted) / totals, np.nan)
+            spread = totals @ self._member.T  # each option's block total
+            shares = np.where(spread > 0, p / spread, np.nan)
+        return np.concatenate([expected, shares], axis=1)[:, self._take]
 
     def _standardised_features(self, x: ArrayLike) -> np.ndarray:
         """The model's inputs for feature rows ``x``: the raw features, standardised (NaN -> the mean)."""

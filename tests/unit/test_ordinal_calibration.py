@@ -120,6 +120,22 @@ def test_conversation_weights_must_cover_every_labelled_conversation_and_be_vali
         base.clone().fit(train, dict.fromkeys(ids, 0.0))
 
 
+def test_raw_features_are_each_inputs_expected_answer_or_a_nominal_ones_shares(train: RubricData) -> None:
+    """Layout Q0 (4 options), Q1 (4), Q8 (3, nominal by default); inputs in the order Q8, Q0 (Q1 not read)."""
+    model = OrdinalCalibrator(input_questions=("Q8", "Q0"), weight_decay=0.01).fit(train)
+    rows = np.array(
+        [
+            [0.0, 2.0, 2.0, 0.0, 9.0, 9.0, 9.0, 9.0, 1.0, 1.0, 2.0],  # unnormalised mass is renormalised per block
+            [0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],  # no mass on Q0 or Q8: not asked
+            [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 3.0, 1.0],
+        ]
+    )
+    expected = np.array([[0.25, 0.25, 2.5], [np.nan, np.nan, np.nan], [0.0, 0.75, 1.0]])  # Q8's first two shares, Q0's E
+    np.testing.assert_allclose(model.raw_features(rows), expected, rtol=0, atol=1e-12)
+    with pytest.raises(CalibrationError, match="expected at least 11"):
+        model.raw_features(rows[:, :10])
+
+
 def test_recovers_the_weights_and_the_judges_offsets_of_a_known_model(model: OrdinalCalibrator) -> None:
     link = model._models["Q0"]
     scale = model._sd[:2] / (2 / np.sqrt(12))  # the model standardises with the sample SD
