@@ -82,19 +82,18 @@ class ScoreStage(PollStage):
         sent as soon as it is scored; none is started after ``kafka.commit_interval_s``, so a slow judge does not hold
         the commit (and the work a crash would repeat) for a whole poll: the rest are read again."""
         deadline = time.monotonic() + self.settings.kafka.commit_interval_s
-        slots = asyncio.Semaphore(self.concurrency)
-
-        async def score(record: ConsumedRecord) -> ClosedScores | None:
-            async with slots:
-                if time.monotonic() > deadline:
-                    return None
-                out = await score_closed(record, self.rollout, self.metrics)
-            if out is not None:
-                await self._publish(out)
-            return out
-
         in_turn = [r for rs in zip_longest(*polled.values()) for r in rs if r is not None]
-        outcomes = dict(zip(((r.partition, r.offset) for r in in_turn), await asyncio.gather(*map(score, in_turn))))
+        queue = iter(in_turn)
+        outcomes: dict[tuple[int, int], ClosedScores | None] = {}
+
+        async def scorer() -> None:  # ``scoring.concurrency`` of these take the poll's records in turn
+            for record in queue:
+                out = None if time.monotonic() > deadline else await score_closed(record, self.rollout, self.metrics)
+                if out is not None:
+                    await self._publish(out)
+                outcomes[(record.partition, record.offset)] = out
+
+        await asyncio.gather(*(scorer() for _ in range(min(self.concurrency, len(in_turn)))))
         # Each partition is read again from its first record left unfinished (those after it, if scored, twice).
         return {
             p: next((r.offset for r in records if outcomes[(p, r.offset)] is None), records[-1].offset + 1)

@@ -352,13 +352,14 @@ def _publish_in_steps(pipeline: Pipeline, items: list[ReplayItem], steps: int) -
         yield i
 
 
-@pytest.mark.parametrize("scoring_concurrency, consumer", [(1, "faust"), (4, "faust"), (1, "batch")])
+@pytest.mark.parametrize("scoring_concurrency, consumer", [(1, "faust"), (4, "faust"), (1, "batch"), (4, "batch")])
 def test_kill_9_of_worker_and_sink_loses_nothing_and_shows_no_duplicates(
     pipeline: Pipeline, scoring_concurrency: int, consumer: str
 ) -> None:
-    """With ``scoring.concurrency`` 4, four score agents share the closed topic's queue and finish out of order: a
-    commit must still cover only the finished conversations. With ``kafka.consumer`` batch, the restarted worker
-    reads the open conversations back from the changelog the killed one wrote."""
+    """With ``scoring.concurrency`` 4, four score agents (faust) or scorers of a poll (batch) share the closed topic's
+    records and may finish out of order: a commit must still cover only the finished conversations. With
+    ``kafka.consumer`` batch, the restarted worker reads the open conversations back from the changelog the killed one
+    wrote."""
     env = {"CONVOWATCH_SCORING__CONCURRENCY": str(scoring_concurrency), "CONVOWATCH_KAFKA__CONSUMER": consumer}
     worker = pipeline.start_worker("worker-1", env)
     sink = pipeline.start_sink("sink-1")
