@@ -35,6 +35,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from scorers.behaviours import BehaviourScorer, BehaviourSet, ConversationBehaviours, shows
 from scorers.calibrators import CalibrationError, Calibrator
 from scorers.conversation import Conversation
@@ -84,6 +86,12 @@ def scoring_questions(rubric_set: RubricSet, calibrator: Calibrator | None, ques
         for qid in needed:
             asked[qid] = by_id[qid]
     return tuple(asked.values())
+
+
+def _floats(row: Any) -> tuple[float, ...]:
+    """A calibrator's row of probabilities as Python floats, converted by numpy at once (0.8 against 2.3 µs for a
+    `float` call per element, ten rows per conversation)."""
+    return tuple(np.asarray(row, dtype=np.float64).tolist())
 
 
 def _approximate_stopping_moments(rubric_set: RubricSet, settings: ScoringSettings) -> ScoreMoments | None:
@@ -262,12 +270,10 @@ class ConversationScorer:
             trusted = self.settings.trusted_judges or None
             predictions = self.calibrator.predict_judgement(judgement, judges=trusted)
             for qid, pred in predictions.items():
-                dimensions.append(
-                    DimensionPrediction(qid, tuple(float(p) for p in pred.probabilities[0]), float(pred.expected_value[0]))
-                )
+                dimensions.append(DimensionPrediction(qid, _floats(pred.probabilities[0]), float(pred.expected_value[0])))
             main_id = self.calibrator.main_question
             main = predictions[main_id]
-            main_probs = tuple(float(p) for p in main.probabilities[0])
+            main_probs = _floats(main.probabilities[0])
             main_ev = float(main.expected_value[0])
             p_dsat = float(main.prob_at_most(self.settings.dissatisfied_max_value)[0])
         return self._record(
