@@ -26,7 +26,11 @@ Measured, in one run:
    Also the cores the sink, the broker and the whole host (``/proc/stat``) used
    over the same window, and of the host's the share the hypervisor stole (a
    VM's steal: time none of these processes could run): the worker shares the
-   host with them.
+   host with them. How long the worker's threads waited for a core while ready
+   to run (``/proc/PID/task/*/schedstat``) says whether they held it back.
+   Then the same on a fresh workload with the sink started only once every
+   conversation is scored: what one worker does with the host's cores to itself
+   (the broker and this script still run beside it).
 2. **Latency ``end`` → row in ClickHouse.** Fresh topics, worker and sink;
    after a warm-up, the workload is published at a steady rate below capacity
    (default: half the measured all-events rate, at most 1,000 events/s), the
@@ -496,12 +500,20 @@ def raw_consume(pipeline: Pipeline, expect: int, repeats: int = 3) -> dict:
     return {"runs": runs, "events_per_s": max(r["events_per_s"] for r in runs)}
 
 
-def throughput(pipeline: Pipeline, work: Workload, timeout: float, workers: int = 1, publish_after_join: bool = False) -> dict:
+def throughput(
+    pipeline: Pipeline,
+    work: Workload,
+    timeout: float,
+    workers: int = 1,
+    publish_after_join: bool = False,
+    sink_after: bool = False,
+) -> dict:
     """Start the sink, then ``workers`` workers; time first processed event → last conversation scored (sums over
     the workers' /metrics). The topic is pre-loaded, or with ``publish_after_join`` the workload is published once
-    every worker owns partitions (so no group join happens while the workload is processed)."""
+    every worker owns partitions (so no group join happens while the workload is processed). With ``sink_after`` the
+    sink starts only once every conversation is scored, so the workers do not share the host's cores with it."""
     total = len(work.items)
-    sink = pipeline.start("sink", "sink")
+    sink = None if sink_after else pipeline.start("sink", "sink")
     started, wall_started = time.perf_counter(), time.time()
     procs = [pipeline.start(f"worker-{i}" if workers > 1 else "worker", "run") for i in range(workers)]
     up = time.perf_counter()
@@ -534,7 +546,7 @@ def throughput(pipeline: Pipeline, work: Workload, timeout: float, workers: int 
 
     # The worker shares the host with the sink and the broker: what they used over the same window shows whether the
     # host's cores, not the worker, were the limit.
-    window = CpuWindow(sink.popen.pid, pipeline.broker_pid)
+    window = CpuWindow(None if sink is None else sink.popen.pid, pipeline.broker_pid, [w.popen.pid for w in procs])
     cpu_previous, wall_previous = cpu(), time.time()
     deadline = time.monotonic() + timeout
     while cpu_scored is None:
@@ -558,6 +570,8 @@ def throughput(pipeline: Pipeline, work: Workload, timeout: float, workers: int 
             window.end()
         cpu_previous, wall_previous = cpu_now, wall
         time.sleep(START_POLL_S if t_first is None else PROGRESS_POLL_S)
+    if sink is None:
+        sink = pipeline.start("sink", "sink")
     wait_until(
         lambda: sink.metric("convowatch_sink_rows_total", table="conversation_scores") >= work.conversations,
         300,
@@ -574,6 +588,7 @@ def throughput(pipeline: Pipeline, work: Workload, timeout: float, workers: int 
     events_seconds = t_events - t_first
     return {
         "workers": workers,
+        "sink": "started after every conversation was scored" if sink_after else "running throughout",
         "worker_start_to_metrics_s": round(up - started, 2),
         "worker_start_to_first_event_s": round(t_first - wall_started, 2),
         "seconds_first_event_to_all_scored": round(seconds, 3),
@@ -602,6 +617,18 @@ def process_cpu_seconds(pid: int) -> float:
     return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
 
 
+def run_queue_wait_seconds(pid: int) -> float:
+    """Seconds the live process ``pid``'s threads have spent ready to run but waiting for a CPU (/proc/PID/task/*/schedstat,
+    second field, nanoseconds): on a host whose cores are all busy, the CPU a process did not get."""
+    waited = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            waited += int((task / "schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):  # a thread that ended meanwhile
+            continue
+    return waited / 1e9
+
+
 def host_busy_cpu_seconds() -> tuple[float, float]:
     """CPU seconds all of the host's CPUs were not available so far, and of them stolen (/proc/stat: every state but
     idle and iowait; steal is the time the hypervisor ran other guests, which a VM's processes cannot use)."""
@@ -612,19 +639,21 @@ def host_busy_cpu_seconds() -> tuple[float, float]:
 
 
 class CpuWindow:
-    """Cores used by the sink, the broker and the whole host (and stolen from it) between `begin` and `end` (`cores`)."""
+    """Cores used by the sink, the broker and the whole host (and stolen from it) between `begin` and `end` (`cores`),
+    and how long the workers' threads were ready to run but waited for a core (the kernel's run-queue wait)."""
 
-    def __init__(self, sink_pid: int, broker_pid: int) -> None:
-        self.sink_pid, self.broker_pid = sink_pid, broker_pid
+    def __init__(self, sink_pid: int | None, broker_pid: int, worker_pids: list[int]) -> None:
+        self.sink_pid, self.broker_pid, self.worker_pids = sink_pid, broker_pid, worker_pids
         self.start: tuple[float, ...] | None = None
         self.stop: tuple[float, ...] | None = None
 
     def _now(self) -> tuple[float, ...]:
         return (
             time.monotonic(),
-            process_cpu_seconds(self.sink_pid),
+            0.0 if self.sink_pid is None else process_cpu_seconds(self.sink_pid),
             process_cpu_seconds(self.broker_pid),
             *host_busy_cpu_seconds(),
+            sum(map(run_queue_wait_seconds, self.worker_pids)),
         )
 
     def begin(self) -> None:
@@ -638,9 +667,15 @@ class CpuWindow:
         if self.start is None or self.stop is None or self.stop[0] <= self.start[0]:
             return None
         seconds = self.stop[0] - self.start[0]
-        sink, broker, host, stolen = ((b - a) / seconds for a, b in zip(self.start[1:], self.stop[1:]))
-        cores = {"sink": sink, "broker": broker, "host": host, "host_stolen": stolen}
-        return {**{name: round(value, 2) for name, value in cores.items()}, "host_cpus": os.cpu_count()}
+        sink, broker, host, stolen, waited = ((b - a) / seconds for a, b in zip(self.start[1:], self.stop[1:]))
+        cores: dict[str, float | None] = {
+            "sink": None if self.sink_pid is None else sink,
+            "broker": broker,
+            "host": host,
+            "host_stolen": stolen,
+            "workers_waiting_for_a_core": waited,
+        }
+        return {**{name: None if v is None else round(v, 2) for name, v in cores.items()}, "host_cpus": os.cpu_count()}
 
 
 # ---------------------------------------------------------------- phase 2: latency
@@ -771,12 +806,13 @@ def run(args: argparse.Namespace, root: Path) -> dict:
     work1b = workload("d", n, turns, seed=1, real_ids=real_ids)
     work1c = workload("m", n, turns, seed=1, real_ids=real_ids)
     work1d = workload("o", n, turns, seed=1, real_ids=real_ids)
+    work1e = workload("a", n, turns, seed=1, real_ids=real_ids)
     warm = workload("w", WARMUP_CONVERSATIONS, turns, seed=3, real_ids=real_ids)
     answers = root / "judge-answers.tsv"
     # the latency phase's ids are added once its size is known; write all phases' ids now (a superset is harmless)
     n2_max = n
     work2_ids = {f"{real_ids[k % len(real_ids)]}#l-{k}": real_ids[k % len(real_ids)] for k in range(n2_max)}
-    all_ids = {**work1.ids, **work1b.ids, **work1c.ids, **work1d.ids, **warm.ids, **work2_ids}
+    all_ids = {**work1.ids, **work1b.ids, **work1c.ids, **work1d.ids, **work1e.ids, **warm.ids, **work2_ids}
     write_judge_answers(answers, header, rows, all_ids)
     print(
         f"workload: {n} conversations x {turns} turns + end = {len(work1.items)} events; judge answers for "
@@ -812,6 +848,23 @@ def run(args: argparse.Namespace, root: Path) -> dict:
         print(
             f"worker ({args.broker} settings): {tp['turn_events_per_s']:.0f} turn events/s, "
             f"{tp['all_events_per_s']:.0f} all events/s ({tp['seconds_first_event_to_all_scored']:.1f} s)",
+            flush=True,
+        )
+
+        # 1b: the same with the sink started once everything is scored: what the worker does with the cores to itself
+        p1a = Pipeline(
+            root,
+            "tput-sink-after",
+            stack.bootstrap,
+            base_env(rubric_set, calibrator, answers, tansu=tansu, consumer=args.consumer),
+            stack.broker_pid,
+        )
+        pipelines.append(p1a)
+        preload(p1a, work1e)
+        results["throughput_sink_after"] = throughput(p1a, work1e, timeout, sink_after=True)
+        results["load_after_throughput_sink_after"] = load()
+        print(
+            f"worker, the sink started after it: {results['throughput_sink_after']['turn_events_per_s']:.0f} turn events/s",
             flush=True,
         )
 
@@ -926,6 +979,7 @@ def report(args: argparse.Namespace, results: dict, wall_s: float) -> dict:
         },
         "headline": {
             "turn_events_per_s_per_worker": tp["turn_events_per_s"],
+            "turn_events_per_s_per_worker_sink_after": results["throughput_sink_after"]["turn_events_per_s"],
             "all_events_per_s_per_worker": tp["all_events_per_s"],
             "raw_aiokafka_events_per_s": raw["events_per_s"],
             "worker_over_raw": round(tp["all_events_per_s"] / raw["events_per_s"], 4),
@@ -960,6 +1014,7 @@ def report(args: argparse.Namespace, results: dict, wall_s: float) -> dict:
         f"{'PASS' if h['throughput_pass'] else 'MISS'}"
     )
     print(f"{'all events/s per worker (turns + ends)':<44} {h['all_events_per_s_per_worker']:>12.0f}")
+    print(f"{'  turn events/s, the sink started after':<44} {h['turn_events_per_s_per_worker_sink_after']:>12.0f}")
     if "throughput_default_producer_batch" in results:
         tb = results["throughput_default_producer_batch"]
         print(f"{'  same, producer_max_batch_size default':<44} {tb['turn_events_per_s']:>12.0f} {'':>10}  (turn events/s)")
@@ -973,6 +1028,7 @@ def report(args: argparse.Namespace, results: dict, wall_s: float) -> dict:
     if tp["same_window_cores"] is not None:
         c = tp["same_window_cores"]
         print(f"{'  sink / broker CPU use then (cores)':<44} {c['sink']:>12.2f} {c['broker']:>10.2f}")
+        print(f"{'  worker waiting for a core then (cores)':<44} {c['workers_waiting_for_a_core']:>12.2f}")
         print(
             f"{'  whole host busy then (cores of ' + str(c['host_cpus']) + '), stolen':<44} {c['host']:>12.2f} {c['host_stolen']:>10.2f}"
         )

@@ -8,7 +8,11 @@ re-keyed to real LLM-Rubric ids), with the recorded GPT-3.5 judge and the same c
 * ``score_once``: judge (the recorded answers), rubric score, calibrated predictions, the `ScoreRecord`;
 * of it, ``predict_judgement``: the calibrator's predictions for every question of one conversation;
 * ``observe``: the scoring metrics of one record;
-* ``to_json``: the record's JSON for the scores topic.
+* ``to_json``: the record's JSON for the scores topic;
+* ``score (event loop)``: ``ConversationScorer.score`` awaited one conversation after another, as the score stage does
+  (sampling, scoring, the metrics): the recorded judge answers from memory, so `score_once` runs on the event loop;
+* ``score (thread)``: the same with the judge seen as one that waits (a network judge): `score_once` in the loop's
+  default executor, one thread hand-off per conversation.
 
 Best of ``--runs`` over ``--conversations``, in µs per conversation. Run from the repository root:
 ``.venv/bin/python bench/scoring_cpu.py [--conversations 2000] [--runs 5]``; figures to bench/results/scoring_cpu.json.
@@ -17,6 +21,7 @@ Best of ``--runs`` over ``--conversations``, in µs per conversation. Run from t
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 import tempfile
@@ -35,6 +40,7 @@ from results_file import write_results  # noqa: E402
 
 from stream.contract import TurnEvent  # noqa: E402
 from stream.records import ClosedConversation, TurnRecord  # noqa: E402
+from stream.scoring import ConversationScorer  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "scoring_cpu.json"
 
@@ -52,6 +58,26 @@ def closed_conversations(work: pipeline_throughput.Workload) -> list[ClosedConve
         ClosedConversation(cid, tuple(ts), {}, "end", ts[-1].timestamp, ts[0].timestamp, ts[-1].timestamp)
         for cid, ts in turns.items()
     ]
+
+
+class WaitingJudge:
+    """The recorded judge as the scorer sees a network judge: without ``answers_in_memory``, so it is called in a thread."""
+
+    def __init__(self, judge) -> None:
+        self.inner, self.name, self.model = judge, judge.name, judge.model
+
+    def judge(self, conversation, questions):
+        return self.inner.judge(conversation, questions)
+
+
+def awaited_one_by_one(scorer, conversations: list[ClosedConversation]) -> Callable[[], object]:
+    """A call that awaits ``scorer.score`` for each conversation in turn on a fresh event loop."""
+
+    async def all_of_them() -> None:
+        for closed in conversations:
+            await scorer.score(closed)
+
+    return lambda: asyncio.run(all_of_them())
 
 
 def best_us(call: Callable[[], object], n: int, runs: int) -> float:
@@ -83,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
         from stream.settings import Settings
 
         scorer = build_scorer(Settings(), ServiceMetrics(registry=CollectorRegistry()))
+        threaded = build_scorer(Settings(), ServiceMetrics(registry=CollectorRegistry()))
+    threaded = ConversationScorer(
+        WaitingJudge(threaded.judge), threaded.rubric_set, threaded.calibrator, threaded.settings, threaded.metrics
+    )
     calibration = scorer.calibrator
     assert calibration is not None
     conversations = closed_conversations(work)
@@ -94,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         "predict_judgement": best_us(lambda: [calibration.predict_judgement(j) for j in judgements], n, runs),
         "observe": best_us(lambda: list(map(scorer.observe, records)), n, runs),
         "to_json": best_us(lambda: [r.to_json() for r in records], n, runs),
+        "score (event loop)": best_us(awaited_one_by_one(scorer, conversations), n, runs),
+        "score (thread)": best_us(awaited_one_by_one(threaded, conversations), n, runs),
     }
     print(f"{n} conversations of 10 turns, best of {runs}, µs per conversation:")
     for name, us in figures.items():
