@@ -2,7 +2,7 @@
 
 A synthetic workload (``--conversations`` × ``--turns`` turns plus one ``end``
 event each, `stream.replay.sources.synthetic_events`) goes through the real service:
-a tansu broker started here on a free port, ONE worker process
+the embedded stack's broker (``--broker``: files, or tansu) started here on a free port, ONE worker process
 (``convowatch run``) and the sink process (``convowatch sink``) writing to an
 embedded ClickHouse (chDB) directory, with the **recorded** GPT-3.5 judge and
 a rubric set + calibrator made by the scoring-core commands (as the tests'
@@ -1071,8 +1071,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--broker",
         choices=("tansu", "files"),
-        default="tansu",
-        help="the stack's broker (default tansu, which every figure in docs/benchmarks.md before 2026-11-28 used)",
+        default="files",
+        help="the stack's broker (default files, the embedded stack's; figures in docs/benchmarks.md before 2026-11-29 "
+        "used tansu unless they say otherwise)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, stores) and print its path")
     args = parser.parse_args(argv)
