@@ -824,18 +824,18 @@ def run(args: argparse.Namespace, root: Path) -> dict:
     tansu = args.broker == "tansu"  # its settings: one record per producer batch (exact Faust table recovery)
     results: dict = {}
     pipelines: list[Pipeline] = []
+
+    def pipeline(tag: str, with_tansu_settings: bool = tansu) -> Pipeline:
+        """A fresh set of topics and services, stopped at the end."""
+        env = base_env(rubric_set, calibrator, answers, tansu=with_tansu_settings, consumer=args.consumer)
+        pipelines.append(Pipeline(root, tag, stack.bootstrap, env, stack.broker_pid))
+        return pipelines[-1]
+
     try:
         print(f"{args.broker} broker on {stack.bootstrap}", flush=True)
 
         # 1 + 3: throughput (tansu settings) and the raw consume rate of the same topic
-        p1 = Pipeline(
-            root,
-            "tput",
-            stack.bootstrap,
-            base_env(rubric_set, calibrator, answers, tansu=tansu, consumer=args.consumer),
-            stack.broker_pid,
-        )
-        pipelines.append(p1)
+        p1 = pipeline("tput")
         results["preload"] = preload(p1, work1)
         print(f"pre-loaded {results['preload']['events']} events in {results['preload']['seconds']} s", flush=True)
         results["raw_consume"] = raw_consume(p1, len(work1.items))
@@ -852,14 +852,7 @@ def run(args: argparse.Namespace, root: Path) -> dict:
         )
 
         # 1b: the same with the sink started once everything is scored: what the worker does with the cores to itself
-        p1a = Pipeline(
-            root,
-            "tput-sink-after",
-            stack.bootstrap,
-            base_env(rubric_set, calibrator, answers, tansu=tansu, consumer=args.consumer),
-            stack.broker_pid,
-        )
-        pipelines.append(p1a)
+        p1a = pipeline("tput-sink-after")
         preload(p1a, work1e)
         results["throughput_sink_after"] = throughput(p1a, work1e, timeout, sink_after=True)
         results["load_after_throughput_sink_after"] = load()
@@ -869,14 +862,7 @@ def run(args: argparse.Namespace, root: Path) -> dict:
         )
 
         if not args.quick:
-            p1b = Pipeline(
-                root,
-                "tput-default-batch",
-                stack.bootstrap,
-                base_env(rubric_set, calibrator, answers, tansu=False, consumer=args.consumer),
-                stack.broker_pid,
-            )
-            pipelines.append(p1b)
+            p1b = pipeline("tput-default-batch", with_tansu_settings=False)
             preload(p1b, work1b)
             results["throughput_default_producer_batch"] = throughput(p1b, work1b, timeout)
             results["load_after_throughput_default_producer_batch"] = load()
@@ -892,14 +878,7 @@ def run(args: argparse.Namespace, root: Path) -> dict:
                 ("throughput_one_worker_joined", 1, "one", work1c),
                 ("throughput_two_workers", 2, "two", work1d),
             ):
-                pj = Pipeline(
-                    root,
-                    f"tput-{tag}-joined",
-                    stack.bootstrap,
-                    base_env(rubric_set, calibrator, answers, tansu=tansu, consumer=args.consumer),
-                    stack.broker_pid,
-                )
-                pipelines.append(pj)
+                pj = pipeline(f"tput-{tag}-joined")
                 ensure_topics(pj.kafka_settings())
                 results[key] = throughput(pj, work, timeout, workers=workers, publish_after_join=True)
                 results[f"load_after_{key}"] = load()
@@ -913,14 +892,7 @@ def run(args: argparse.Namespace, root: Path) -> dict:
         n2 = max(10, min(n, int(rate * LATENCY_PHASE_SECONDS / (turns + 1))))
         work2 = workload("l", n2, turns, seed=2, real_ids=real_ids, event_interval_s=1.0 / rate)
         assert set(work2.ids) <= set(work2_ids)
-        p2 = Pipeline(
-            root,
-            "latency",
-            stack.bootstrap,
-            base_env(rubric_set, calibrator, answers, tansu=tansu, consumer=args.consumer),
-            stack.broker_pid,
-        )
-        pipelines.append(p2)
+        p2 = pipeline("latency")
         print(f"latency phase: {n2} conversations ({len(work2.items)} events) at {rate:.0f} events/s ...", flush=True)
         results["latency"] = latency(p2, work2, warm, rate, timeout)
         results["load_after_latency"] = load()

@@ -361,7 +361,7 @@ class ConversationScorer:
     ) -> ScoreRecord:
         """`score_once` in a thread, so a judge that waits (a network, a model) does not stop the worker; on the event
         loop when every judge it asks answers from memory (`answers_in_memory`): the thread's hand-offs cost more CPU
-        than such a judge's answer (docs/benchmarks.md, "Scoring CPU")."""
+        than such a judge's answer (docs/benchmarks.md, "The worker's scoring CPU")."""
         if not self._in_memory:
             return await loop.run_in_executor(None, self.score_once, closed, attempt, with_behaviours)
         record = self.score_once(closed, attempt, with_behaviours)
@@ -369,7 +369,7 @@ class ConversationScorer:
         return record
 
     async def score(self, closed: ClosedConversation) -> ScoreRecord:
-        """Score with retries (judge calls run in a thread) if sampling picks it; always returns a record."""
+        """Score with retries (`_call`) if sampling picks it; always returns a record."""
         decision = self.sampling.decide(
             closed.conversation_id, closed.attributes, closed.negative_feedback, rated=bool(closed.feedback_ratings)
         )
