@@ -109,9 +109,13 @@ def main(argv: list[str] | None = None) -> int:
         from stream.settings import Settings
 
         scorer = build_scorer(Settings(), ServiceMetrics(registry=CollectorRegistry()))
-        threaded = build_scorer(Settings(), ServiceMetrics(registry=CollectorRegistry()))
+    # The same judge, rubric set and calibrator, with metrics of its own.
     threaded = ConversationScorer(
-        WaitingJudge(threaded.judge), threaded.rubric_set, threaded.calibrator, threaded.settings, threaded.metrics
+        WaitingJudge(scorer.judge),
+        scorer.rubric_set,
+        scorer.calibrator,
+        scorer.settings,
+        ServiceMetrics(registry=CollectorRegistry()),
     )
     calibration = scorer.calibrator
     assert calibration is not None
