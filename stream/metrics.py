@@ -25,7 +25,7 @@ import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, start_http_server
 
 OTHER = "other"
 MISSING = "none"
@@ -128,6 +128,9 @@ class ServiceMetrics:
         max_label_combinations: int | None = None,
     ) -> None:
         check_attribute_keys(attribute_keys)
+        # No ``*_created`` sample per child (a process-wide switch of prometheus_client): in the text format each one is
+        # a gauge series of its own in Prometheus, doubling every labelled counter's series. Nothing here reads them.
+        disable_created_metrics()
         self.registry = registry or CollectorRegistry()
         self.attributes = AttributeLabels(attribute_keys, max_label_values, max_label_combinations)
         attrs = list(self.attributes.keys)

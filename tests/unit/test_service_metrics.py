@@ -146,6 +146,16 @@ def test_combination_cap_bounds_the_exported_series() -> None:
     assert 30 <= len(scored) <= 20 + 30 + 1
 
 
+def test_no_created_series_are_exported() -> None:
+    """Each ``*_created`` sample is a series of its own in Prometheus; every family exports without them."""
+    metrics = ServiceMetrics()
+    every_series(metrics)
+    samples = [s for f in text_string_to_metric_families(_exposition(metrics)) for s in f.samples]
+    assert samples
+    assert [s.name for s in samples if s.name.endswith("_created")] == []
+    assert {s.name for s in samples} >= {"convowatch_conversations_scored_total", "convowatch_netsat_bucket"}
+
+
 def _exposition(metrics: ServiceMetrics) -> str:
     from prometheus_client import generate_latest
 
