@@ -340,7 +340,7 @@ class StoreSettings(BaseModel):
     batch_size: int = Field(default=500, ge=1)
     flush_interval_s: float = Field(default=1.0, gt=0)
     max_write_share: float = Field(
-        default=1.0,
+        default=0.5,
         gt=0,
         le=1,
         description="Most of its time the sink spends writing once caught up: after a write of w seconds it waits "
