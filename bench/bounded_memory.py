@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import statistics
 import sys
 import tempfile
 import threading
@@ -133,6 +134,7 @@ def watch(worker: pt.Service, events: int, n: int, max_open: int, timeout: float
             "open": open_,
             "closed_capacity": closed,
             "rss_mb": round(rss_mb(worker.popen.pid), 1),
+            "series": len(samples),  # the /metrics page's samples: each one a metric child the worker keeps
         }
         if consumed >= events and closed >= n - max_open and open_ <= max_open:
             return
@@ -196,16 +198,18 @@ def run(n: int, max_open: int, max_closed: int, rate: float, root: Path) -> dict
 
 def flatness(samples: Sequence[dict[str, float]], max_open: int, max_closed: int) -> dict[str, Any]:
     """RSS when the caps were first both reached, at the end, and its growth per 10,000 conversations since then: in
-    all, and in each half of that stretch (a leak grows alike in both; an allocator filling its high-water mark slows)."""
+    all, and in each half of that stretch (a leak grows alike in both; an allocator filling its high-water mark slows);
+    and the /metrics series over the same stretch (metric children, bounded by the label budget, each costing memory
+    until every attribute combination has been seen with every label value)."""
     after = [s for s in samples if s["open"] >= max_open and s["closed_capacity"] >= max_closed]
     if not after:
         return {"cap_reached": False}
     at_cap, end = after[0], samples[-1]
     middle = min(after, key=lambda s: abs(s["events"] - (at_cap["events"] + end["events"]) / 2))
 
-    def growth(a: dict[str, float], b: dict[str, float]) -> float:
+    def growth(a: dict[str, float], b: dict[str, float], key: str = "rss_mb") -> float:
         conversations = (b["events"] - a["events"]) / 2  # two turns per conversation
-        return round((b["rss_mb"] - a["rss_mb"]) / conversations * 10_000, 2) if conversations else 0.0
+        return round((b[key] - a[key]) / conversations * 10_000, 2) if conversations else 0.0
 
     return {
         "cap_reached": True,
@@ -216,7 +220,32 @@ def flatness(samples: Sequence[dict[str, float]], max_open: int, max_closed: int
         "rss_mb_growth_per_10k_conversations_after_cap": growth(at_cap, end),
         "rss_mb_growth_per_10k_conversations_first_half": growth(at_cap, middle),
         "rss_mb_growth_per_10k_conversations_second_half": growth(middle, end),
+        "series_at_cap": at_cap["series"],
+        "series_at_end": end["series"],
+        "series_growth_per_10k_conversations_first_half": round(growth(at_cap, middle, "series")),
+        "series_growth_per_10k_conversations_second_half": round(growth(middle, end, "series")),
+        **rss_beside_series(after),
     }
+
+
+def rss_beside_series(samples: Sequence[dict[str, float]]) -> dict[str, float]:
+    """RSS against /metrics series by least squares over ``samples`` (KB per series, the correlation), and the growth
+    per 10,000 conversations left once the series' share is taken out: what would be a leak."""
+    if len(samples) < 3 or len({s["series"] for s in samples}) < 2:
+        return {}
+    series, rss, events = ([s[k] for s in samples] for k in ("series", "rss_mb", "events"))
+    per_series = _slope(series, rss)
+    residual = [r - per_series * x for r, x in zip(rss, series)]
+    return {
+        "rss_kb_per_series": round(per_series * 1024, 2),
+        "rss_series_correlation": round(statistics.correlation(series, rss), 3),
+        "rss_mb_growth_per_10k_conversations_besides_series": round(_slope(events, residual) * 2 * 10_000, 3),
+    }
+
+
+def _slope(x: Sequence[float], y: Sequence[float]) -> float:
+    mx, my = statistics.fmean(x), statistics.fmean(y)
+    return sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)
 
 
 def report(result: dict[str, Any]) -> None:
@@ -232,6 +261,16 @@ def report(result: dict[str, Any]) -> None:
         f"({f.get('rss_mb_growth_per_10k_conversations_first_half')} in the first half, "
         f"{f.get('rss_mb_growth_per_10k_conversations_second_half')} in the second)"
     )
+    print(
+        f"  /metrics series meanwhile: {f.get('series_at_cap')} -> {f.get('series_at_end')} "
+        f"(+{f.get('series_growth_per_10k_conversations_first_half')} and +{f.get('series_growth_per_10k_conversations_second_half')} "
+        "per 10,000 conversations in the two halves)"
+    )
+    if "rss_kb_per_series" in f:
+        print(
+            f"  RSS against series: {f['rss_kb_per_series']} KB per series (correlation {f['rss_series_correlation']}); "
+            f"growth besides the series: {f['rss_mb_growth_per_10k_conversations_besides_series']} MB per 10,000 conversations"
+        )
     print(f"/metrics with {PRODUCTS} x {MODEL_VERSIONS} attribute values: {m['bytes']} bytes, {m['series']} series,")
     print(f"  {m['attribute_combinations']} attribute combinations, scraped in {m['seconds']} s")
     print(f"closed by capacity and judged: {result['judged']:.0f}, stored unsampled: {result['unsampled']:.0f}")
