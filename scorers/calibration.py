@@ -539,12 +539,23 @@ class CalibrationNetwork:
         judges: Sequence[str] | None = None,
         questions: Sequence[str] | None = None,
     ) -> dict[str, Prediction]:
-        """Per-question predictions for one judged conversation (one row each).
+        """Per-question predictions for one judged conversation (one row each): `predict_judgements` of one."""
+        return self.predict_judgements([judgement], judges, questions)
+
+    def predict_judgements(
+        self,
+        judgements: Sequence[Judgement],
+        judges: Sequence[str] | None = None,
+        questions: Sequence[str] | None = None,
+    ) -> dict[str, Prediction]:
+        """Per-question predictions for judged conversations, row i for ``judgements[i]``.
 
         With ``judges`` the predictions aggregate over that trusted set;
         without, they use the shared (judge-independent) weights.
         """
-        x = self.features_from_judgement(judgement)
+        if not judgements:
+            raise CalibrationError("no judgements to predict")
+        x = np.stack([self.features_from_judgement(j) for j in judgements])
         wanted = list(questions or self.question_ids_)
         for q in wanted:
             self._question_column(q)

@@ -102,6 +102,9 @@ class Calibrator(Protocol):
     def predict_judgement(
         self, judgement: Judgement, judges: Sequence[str] | None = None, questions: Sequence[str] | None = None
     ) -> dict[str, Prediction]: ...
+    def predict_judgements(
+        self, judgements: Sequence[Judgement], judges: Sequence[str] | None = None, questions: Sequence[str] | None = None
+    ) -> dict[str, Prediction]: ...  # row i for judgements[i]
     def save(self, path: str | Path) -> Path: ...
 
 

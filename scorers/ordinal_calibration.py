@@ -466,13 +466,22 @@ class OrdinalCalibrator:
     def predict_judgement(
         self, judgement: Judgement, judges: Sequence[str] | None = None, questions: Sequence[str] | None = None
     ) -> dict[str, Prediction]:
-        """Per-question predictions for one judged conversation (one row each).
+        """Per-question predictions for one judged conversation (one row each): `predict_judgements` of one."""
+        return self.predict_judgements([judgement], judges, questions)
+
+    def predict_judgements(
+        self, judgements: Sequence[Judgement], judges: Sequence[str] | None = None, questions: Sequence[str] | None = None
+    ) -> dict[str, Prediction]:
+        """Per-question predictions for judged conversations, row i for ``judgements[i]`` (one call for many rows
+        costs little more than for one: numpy's per-call overhead is most of a row's cost).
 
         With ``judges`` the predictions are the mixture over that trusted set; without, the average
         judge's (no offset).
         """
         self._require_fitted()
-        z = self._standardised_features(self.features_from_judgement(judgement)[None, :])
+        if not judgements:
+            raise CalibrationError("no judgements to predict")
+        z = self._standardised_features(np.stack([self.features_from_judgement(j) for j in judgements]))
         wanted = list(questions or self._models)
         if not judges:
             return {q: self._predict(z, q, None) for q in wanted}

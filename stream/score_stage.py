@@ -11,6 +11,8 @@ records sent as soon as it is scored, and each partition committed up to its fir
 read again — one a rebalance or a stop called off while it waited for the judge budget, or one not started because the
 poll had run for ``kafka.commit_interval_s`` (so a slow judge holds neither the commit nor, after a crash, the work
 done again to a whole poll). A rebalance or a stop calls budget waits off first, so neither waits for the budget.
+When the judge answers from memory, no budget is set and no shadow version is rolled out (`scores_at_once`), nothing
+waits: the poll's conversations are scored by one `ConversationScorer.score_many` (one calibrator call for all).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from stream.metrics import ServiceMetrics
 from stream.poll_stage import Polled, PollStage
 from stream.records import ClosedConversation, RecordError, ScoreRecord
 from stream.rollout import ScorerRollout
+from stream.scoring import ConversationScorer
 from stream.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -42,13 +45,20 @@ class ClosedScores:
     dead_letter: DeadLetter | None = None
 
 
-async def score_closed(record: ConsumedRecord, rollout: ScorerRollout, metrics: ServiceMetrics) -> ClosedScores | None:
-    """Score one record of the closed topic (see the module); None if it was not judged and must come again."""
+def parse_closed(record: ConsumedRecord, metrics: ServiceMetrics) -> ClosedConversation | ClosedScores:
+    """The closed conversation a record of the closed topic holds, or the dead letter of one that holds none."""
     try:
-        closed = ClosedConversation.from_json(record.value)
+        return ClosedConversation.from_json(record.value)
     except RecordError as e:
         metrics.dead_letters.labels("bad_closed_record").inc()
         return ClosedScores(record.key, dead_letter=DeadLetter.of_message("bad_closed_record", str(e), record))
+
+
+async def score_closed(record: ConsumedRecord, rollout: ScorerRollout, metrics: ServiceMetrics) -> ClosedScores | None:
+    """Score one record of the closed topic (see the module); None if it was not judged and must come again."""
+    closed = parse_closed(record, metrics)
+    if isinstance(closed, ClosedScores):
+        return closed
     scorers = rollout.current  # one version scores the whole conversation, whatever switches meanwhile
     try:
         active = await scorers.active.score(closed)
@@ -81,8 +91,12 @@ class ScoreStage(PollStage):
         """Score the poll's conversations, the partitions' in turn, ``scoring.concurrency`` at once, each one's records
         sent as soon as it is scored; none is started after ``kafka.commit_interval_s``, so a slow judge does not hold
         the commit (and the work a crash would repeat) for a whole poll: the rest are read again."""
-        deadline = time.monotonic() + self.settings.kafka.commit_interval_s
         in_turn = [r for rs in zip_longest(*polled.values()) for r in rs if r is not None]
+        scorers = self.rollout.current
+        if scorers.shadow is None and scorers.active.scores_at_once:
+            await self._score_at_once(in_turn, scorers.active)
+            return {p: records[-1].offset + 1 for p, records in polled.items()}
+        deadline = time.monotonic() + self.settings.kafka.commit_interval_s
         queue = iter(in_turn)
         outcomes: dict[tuple[int, int], ClosedScores | None] = {}
 
@@ -99,6 +113,18 @@ class ScoreStage(PollStage):
             p: next((r.offset for r in records if outcomes[(p, r.offset)] is None), records[-1].offset + 1)
             for p, records in polled.items()
         }
+
+    async def _score_at_once(self, records: list[ConsumedRecord], scorer: ConversationScorer) -> None:
+        """Score the poll's conversations with one `score_many` (a judge that answers from memory, no budget: nothing
+        waits, so nothing is gained by concurrency or a deadline) and publish what each record produced, in order."""
+        parsed = [parse_closed(record, self.metrics) for record in records]
+        closed = [c for c in parsed if isinstance(c, ClosedConversation)]
+        scored = iter(await scorer.score_many(closed))
+        for c in parsed:
+            if isinstance(c, ClosedScores):
+                await self._publish(c)
+            else:
+                await self._publish(ClosedScores(c.conversation_id.encode("utf-8"), (next(scored),)))
 
     async def _publish(self, out: ClosedScores) -> None:
         k = self.settings.kafka

@@ -31,14 +31,14 @@ import random
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from scorers.behaviours import BehaviourScorer, BehaviourSet, ConversationBehaviours, shows
-from scorers.calibrators import CalibrationError, Calibrator
+from scorers.calibrators import CalibrationError, Calibrator, Prediction
 from scorers.conversation import Conversation
 from scorers.early_stopping import EarlyStoppedScore, EarlyStoppingScorer, ScoreMoments
 from scorers.injection import InjectionDetector
@@ -86,6 +86,17 @@ def scoring_questions(rubric_set: RubricSet, calibrator: Calibrator | None, ques
         for qid in needed:
             asked[qid] = by_id[qid]
     return tuple(asked.values())
+
+
+@dataclass(frozen=True)
+class Judged:
+    """What the judge answered about one conversation, before the calibrator: its rubric score (and answers), its
+    behaviours, what it cost, and the attempt it took."""
+
+    rubric_score: EarlyStoppedScore
+    behaviours: tuple[BehaviourHit, ...]
+    provenance: Provenance
+    attempts: int
 
 
 def _floats(row: Any) -> tuple[float, ...]:
@@ -237,6 +248,11 @@ class ConversationScorer:
     def score_once(self, closed: ClosedConversation, attempts: int = 1, with_behaviours: bool = True) -> ScoreRecord:
         """Judge and score one conversation (its behaviours too, unless ``with_behaviours`` is False); raises
         `JudgeError`/`CalibrationError` on failure."""
+        return self._records_of([closed], [self.judge_once(closed, attempts, with_behaviours)], isolate=False)[0]
+
+    def judge_once(self, closed: ClosedConversation, attempts: int = 1, with_behaviours: bool = True) -> Judged:
+        """Ask the judge about one conversation (its behaviours too, unless ``with_behaviours`` is False) and count
+        what it cost; raises `JudgeError` on failure. The calibrator comes after (`_records_of`)."""
         started = time.perf_counter()
         conversation = closed.to_conversation()
         judged: ConversationBehaviours | None = None
@@ -249,8 +265,7 @@ class ConversationScorer:
         except JudgeError as e:
             self.metrics.judge_errors.labels(asking, type(e).__name__).inc()
             raise
-        judgement = rubric_score.judgement
-        p = judgement.provenance
+        p = rubric_score.judgement.provenance
         behaviours: tuple[BehaviourHit, ...] = ()
         if judged is not None:
             if self.behaviour_judge is self.judge:  # the scores' judge cost is that of the configured judge only
@@ -262,24 +277,56 @@ class ConversationScorer:
             )
         # One observation per conversation, its rubric and behaviour calls together.
         self.metrics.judge_latency.labels(self.judge_name).observe(p.latency_s or time.perf_counter() - started)
+        return Judged(rubric_score, behaviours, p, attempts)
+
+    def _records_of(
+        self, conversations: Sequence[ClosedConversation], judged: Sequence[Judged], isolate: bool = True
+    ) -> list[ScoreRecord]:
+        """The scored records of judged ``conversations``, the calibrator's predictions for all of them made at once.
+        With ``isolate``, a conversation whose prediction or record fails is unscored with the reason (if the joint
+        prediction fails, each is predicted alone to find which); without, the error is raised."""
+        predictions = None
+        if self.calibrator is not None:
+            judgements = [j.rubric_score.judgement for j in judged]
+            try:
+                predictions = self.calibrator.predict_judgements(judgements, judges=self.settings.trusted_judges or None)
+            except (CalibrationError, ValueError) as e:
+                if not isolate:
+                    raise
+                if len(judged) > 1:
+                    return [r for c, j in zip(conversations, judged) for r in self._records_of([c], [j])]
+                return [self.unscored(conversations[0], f"{type(e).__name__}: {e}", judged[0].attempts)]
+        records = []
+        for row, (closed, one) in enumerate(zip(conversations, judged)):
+            try:
+                records.append(self._scored(closed, one, predictions, row))
+            except ValueError as e:  # a record checks its values when built (stream/records.py)
+                if not isolate:
+                    raise
+                records.append(self.unscored(closed, f"{type(e).__name__}: {e}", one.attempts))
+        return records
+
+    def _scored(
+        self, closed: ClosedConversation, judged: Judged, predictions: dict[str, Prediction] | None, row: int
+    ) -> ScoreRecord:
+        """The scored record of ``closed`` from its judge's answers and row ``row`` of the calibrator's ``predictions``."""
+        rubric_score, p = judged.rubric_score, judged.provenance
         polarity = {r.id: r.polarity.value for r in self.rubric_set.rubrics}
         dimensions: list[DimensionPrediction] = []
         main_probs: tuple[float, ...]
         main_id, main_probs, main_ev, p_dsat = "", (), None, None
-        if self.calibrator is not None:
-            trusted = self.settings.trusted_judges or None
-            predictions = self.calibrator.predict_judgement(judgement, judges=trusted)
+        if self.calibrator is not None and predictions is not None:
             for qid, pred in predictions.items():
-                dimensions.append(DimensionPrediction(qid, _floats(pred.probabilities[0]), float(pred.expected_value[0])))
+                dimensions.append(DimensionPrediction(qid, _floats(pred.probabilities[row]), float(pred.expected_value[row])))
             main_id = self.calibrator.main_question
             main = predictions[main_id]
-            main_probs = _floats(main.probabilities[0])
-            main_ev = float(main.expected_value[0])
-            p_dsat = float(main.prob_at_most(self.settings.dissatisfied_max_value)[0])
+            main_probs = _floats(main.probabilities[row])
+            main_ev = float(main.expected_value[row])
+            p_dsat = float(main.prob_at_most(self.settings.dissatisfied_max_value)[row])
         return self._record(
             closed,
             "scored",
-            attempts,
+            judged.attempts,
             netsat=rubric_score.netsat,
             netsat_lower=rubric_score.netsat_lower,
             netsat_upper=rubric_score.netsat_upper,
@@ -292,7 +339,7 @@ class ConversationScorer:
             dissatisfaction_probability=p_dsat,
             dimensions=tuple(dimensions),
             rubrics=tuple(RubricHit(rid, polarity[rid], float(s)) for rid, s in rubric_score.rubric_scores.items()),
-            behaviours=behaviours,
+            behaviours=judged.behaviours,
             judge_calls=p.calls,
             judge_prompt_tokens=p.prompt_tokens,
             judge_completion_tokens=p.completion_tokens,
@@ -340,46 +387,74 @@ class ConversationScorer:
 
     async def _attempt(
         self, loop: asyncio.AbstractEventLoop, closed: ClosedConversation, attempt: int, with_behaviours: bool
-    ) -> ScoreRecord:
-        """`score_once` (`_call`), within the judge budget when one is set: waits while it is spent (raises
+    ) -> Judged:
+        """`judge_once` (`_call`), within the judge budget when one is set: waits while it is spent (raises
         `BudgetWaitInterrupted` if the wait is called off), then settles with the calls and tokens the judge reported."""
         if self.budget is None:
             return await self._call(loop, closed, attempt, with_behaviours)
         reservation = await self.budget.acquire(transcript_chars(closed))
-        record: ScoreRecord | None = None
+        judged: Judged | None = None
         try:
-            record = await self._call(loop, closed, attempt, with_behaviours)
-            return record
+            judged = await self._call(loop, closed, attempt, with_behaviours)
+            return judged
         finally:
-            cost = (
-                None if record is None else Cost(record.judge_calls, record.judge_prompt_tokens + record.judge_completion_tokens)
-            )
-            self.budget.settle(reservation, cost)
+            p = None if judged is None else judged.provenance
+            self.budget.settle(reservation, None if p is None else Cost(p.calls, p.prompt_tokens + p.completion_tokens))
 
     async def _call(
         self, loop: asyncio.AbstractEventLoop, closed: ClosedConversation, attempt: int, with_behaviours: bool
-    ) -> ScoreRecord:
-        """`score_once` in a thread, so a judge that waits (a network, a model) does not stop the worker; on the event
+    ) -> Judged:
+        """`judge_once` in a thread, so a judge that waits (a network, a model) does not stop the worker; on the event
         loop when every judge it asks answers from memory (`answers_in_memory`): the thread's hand-offs cost more CPU
         than such a judge's answer (docs/benchmarks.md, "The worker's scoring CPU")."""
         if not self._in_memory:
-            return await loop.run_in_executor(None, self.score_once, closed, attempt, with_behaviours)
-        record = self.score_once(closed, attempt, with_behaviours)
+            return await loop.run_in_executor(None, self.judge_once, closed, attempt, with_behaviours)
+        judged = self.judge_once(closed, attempt, with_behaviours)
         await asyncio.sleep(0)  # let the other stage and the timers run between conversations, as a thread's await does
-        return record
+        return judged
+
+    @property
+    def scores_at_once(self) -> bool:
+        """True when `score_many` is the cheaper way to score many conversations: every judge answers from memory and
+        no judge budget can make a conversation wait, so nothing is gained by scoring them concurrently."""
+        return self._in_memory and self.budget is None
 
     async def score(self, closed: ClosedConversation) -> ScoreRecord:
         """Score with retries (`_call`) if sampling picks it; always returns a record."""
-        decision = self.sampling.decide(
-            closed.conversation_id, closed.attributes, closed.negative_feedback, rated=bool(closed.feedback_ratings)
-        )
-        if not decision.scored:
-            record = self.unsampled(self._redacted(closed) if self.redaction.stored else closed, decision)
+        return (await self.score_many([closed]))[0]
+
+    async def score_many(self, conversations: Sequence[ClosedConversation]) -> list[ScoreRecord]:
+        """`score` for each of ``conversations`` in turn, the calibrator called once for all those judged (one call
+        costs about as much as a row: docs/benchmarks.md, "The worker's scoring CPU"); a record for each, in order."""
+        records: list[ScoreRecord | None] = [None] * len(conversations)
+        judged: list[tuple[int, ClosedConversation, Judged, dict[str, Any], float]] = []
+        for i, closed in enumerate(conversations):
+            decision = self.sampling.decide(
+                closed.conversation_id, closed.attributes, closed.negative_feedback, rated=bool(closed.feedback_ratings)
+            )
+            if not decision.scored:
+                records[i] = self.unsampled(self._redacted(closed) if self.redaction.stored else closed, decision)
+                continue
+            fields = {"inclusion_probability": decision.inclusion_probability, "sampling_reason": decision.reason}
+            started = time.perf_counter()
+            outcome = await self._judge_with_retries(self._redacted(closed), True)
+            if isinstance(outcome, ScoreRecord):
+                records[i] = self._with_fields(closed, outcome, fields)
+                self.metrics.scoring_latency.observe(time.perf_counter() - started)
+            else:
+                redacted, one = outcome
+                judged.append((i, redacted, one, fields, time.perf_counter() - started))
+        if judged:
+            started = time.perf_counter()
+            scored = self._records_of([c for _, c, _, _, _ in judged], [j for _, _, j, _, _ in judged])
+            share = (time.perf_counter() - started) / len(judged)
+            for (i, _, _, fields, took_s), record in zip(judged, scored):
+                records[i] = self._with_fields(conversations[i], record, fields)
+                self.metrics.scoring_latency.observe(took_s + share)
+        done = [r for r in records if r is not None]
+        for record in done:
             self.observe(record)
-            return record
-        record = await self._judged(closed, inclusion_probability=decision.inclusion_probability, sampling_reason=decision.reason)
-        self.observe(record)
-        return record
+        return done
 
     async def score_shadow(self, closed: ClosedConversation, active: ScoreRecord) -> ScoreRecord:
         """Score a conversation the active scorer judged (``active``), as this shadow version: the same retries and
@@ -407,23 +482,31 @@ class ConversationScorer:
 
     async def _judged(self, closed: ClosedConversation, with_behaviours: bool = True, **fields: Any) -> ScoreRecord:
         """Judge (the redacted text, with ``redaction.kinds``) with retries: a scored record, or an unscored one with the
-        reason, with ``fields`` set; it carries the redacted conversation with ``redaction.stored``, else ``closed`` as
-        it came. (One `replace` for all: each checks the whole record again.)"""
-        redacted = self._redacted(closed)
-        record = await self._judged_with_retries(redacted, with_behaviours)
+        reason, with ``fields`` set (`_with_fields`)."""
+        started = time.perf_counter()
+        outcome = await self._judge_with_retries(self._redacted(closed), with_behaviours)
+        record = outcome if isinstance(outcome, ScoreRecord) else self._records_of([outcome[0]], [outcome[1]])[0]
+        self.metrics.scoring_latency.observe(time.perf_counter() - started)
+        return self._with_fields(closed, record, fields)
+
+    def _with_fields(self, closed: ClosedConversation, record: ScoreRecord, fields: dict[str, Any]) -> ScoreRecord:
+        """``record`` with ``fields`` set; it carries the redacted conversation with ``redaction.stored``, else ``closed``
+        as it came. (One `replace` for all: each checks the whole record again.)"""
         if not self.redaction.stored and record.conversation is not closed:
-            fields["conversation"] = closed
+            fields = {**fields, "conversation": closed}
         return replace(record, **fields) if fields else record
 
-    async def _judged_with_retries(self, closed: ClosedConversation, with_behaviours: bool) -> ScoreRecord:
+    async def _judge_with_retries(
+        self, closed: ClosedConversation, with_behaviours: bool
+    ) -> tuple[ClosedConversation, Judged] | ScoreRecord:
+        """``closed`` and its judge's answers, retrying transient judge errors with backoff; or, when the judge cannot
+        answer, its unscored record with the reason."""
         loop = asyncio.get_running_loop()
-        started = time.perf_counter()
         attempt = 0
         while True:
             attempt += 1
             try:
-                record = await self._attempt(loop, closed, attempt, with_behaviours)
-                break
+                return closed, await self._attempt(loop, closed, attempt, with_behaviours)
             except JudgeError as e:
                 if e.transient and attempt < self.settings.max_attempts:
                     delay = self._backoff(attempt)
@@ -438,13 +521,9 @@ class ConversationScorer:
                     )
                     await asyncio.sleep(delay)
                     continue
-                record = self.unscored(closed, f"{type(e).__name__}: {e}", attempt)
-                break
+                return self.unscored(closed, f"{type(e).__name__}: {e}", attempt)
             except (CalibrationError, ValueError) as e:
-                record = self.unscored(closed, f"{type(e).__name__}: {e}", attempt)
-                break
-        self.metrics.scoring_latency.observe(time.perf_counter() - started)
-        return record
+                return self.unscored(closed, f"{type(e).__name__}: {e}", attempt)
 
     def observe(self, record: ScoreRecord) -> None:
         """Count a finished record in the scoring metrics (the weighted ones with w = 1/π; docs/sampling.md)."""

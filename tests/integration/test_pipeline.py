@@ -30,6 +30,7 @@ from stream.sink import ScoreSink
 from stream.topics import ensure_topics
 from tests.chdb_fixture import chdb_dsn, chdb_store, store_factory  # noqa: F401
 from tests.infra import free_port, wait_for
+from tests.integration.test_store import closed
 from tests.pipeline import Pipeline
 
 N_REAL = 223
@@ -312,6 +313,26 @@ def test_bad_input_is_dead_lettered_with_its_reason_and_valid_conversations_are_
     assert worker.popen.poll() is None, "the worker must survive any input"
     assert worker.metric_sum("convowatch_events_total", type="turn", outcome="duplicate") == 1
     assert worker.metric_sum("convowatch_dead_letters_total") == len(expected)
+
+
+def test_a_closed_topic_record_that_is_no_conversation_is_dead_lettered_and_the_poll_around_it_is_scored(
+    pipeline: Pipeline,
+) -> None:
+    """The score stage scores a poll at once with the recorded judge (`score_many`): a bad record in the middle of the
+    poll becomes a dead letter with its bytes, and the conversations before and after it are scored in order."""
+    worker = pipeline.start_worker()
+    pipeline.wait_assigned([worker])
+    ids = sorted(_ids(_real_items()))[:6]
+    bad = b'{"conversation_id": "half a record"}'
+    records = [(cid.encode(), closed(cid).to_json()) for cid in ids[:3]]
+    records += [(b"half", bad)] + [(cid.encode(), closed(cid).to_json()) for cid in ids[3:]]
+    pipeline.produce_to("closed", records)
+
+    scores = _wait_scores(pipeline, set(ids))
+    assert all(r.status == "scored" for rs in scores.values() for r in rs)
+    [letter] = [DeadLetter.from_json(m.value) for m in pipeline.consume("dead_letter", 1)]
+    assert (letter.reason, letter.original) == ("bad_closed_record", bad)
+    assert worker.metric_sum("convowatch_dead_letters_total", reason="bad_closed_record") == 1
 
 
 def test_an_event_too_large_for_its_dead_letter_is_dead_lettered_in_part_and_the_worker_goes_on(pipeline: Pipeline) -> None:

@@ -393,6 +393,12 @@ def test_predict_from_a_recorded_judgement_matches_the_loaded_features():
     partial = judge.judge(Conversation(tid, (Turn("user", "hi"),)), [questions["Q0"]])
     with pytest.raises(CalibrationError, match="lacks answers"):
         model.predict_judgement(partial)
+    tids = real.text_ids[100:110]
+    judgements = [judge.judge(Conversation(t, (Turn("user", "hi"),)), [questions[q] for q in real.question_ids]) for t in tids]
+    together = model.predict_judgements(judgements)
+    for i, judgement in enumerate(judgements):  # row i is judgement i's own prediction
+        alone = model.predict_judgement(judgement)
+        assert all(np.allclose(together[q].probabilities[i], alone[q].probabilities[0], atol=1e-9) for q in together)
 
 
 def test_input_questions_restrict_what_the_network_reads():

@@ -268,6 +268,25 @@ def test_predictions_from_a_judgement_read_only_its_inputs_and_mix_trusted_judge
         model.predict_judgement(Judgement(tid, {}, PROVENANCE))
 
 
+def test_judgements_predicted_together_give_each_ones_own_prediction(train: RubricData) -> None:
+    """What the worker calls for a poll of conversations: row i is exactly `predict_judgement` of judgement i."""
+    model = OrdinalCalibrator(input_questions=("Q1", "Q8"), questions=("Q0", "Q1")).fit(train)
+    judgements = [
+        Judgement(tid, {"Q1": Answer("Q1", tuple(x[4:8])), "Q8": Answer("Q8", tuple(x[8:11]))}, PROVENANCE)
+        for tid, x in ((t, np.asarray(train.features[t])) for t in train.text_ids[:25])
+    ]
+    for judges in (None, ["lo", "hi"]):
+        together = model.predict_judgements(judgements, judges=judges)
+        assert sorted(together) == ["Q0", "Q1"]
+        for i, judgement in enumerate(judgements):
+            alone = model.predict_judgement(judgement, judges=judges)
+            for q in together:
+                assert np.allclose(together[q].probabilities[i], alone[q].probabilities[0], rtol=0, atol=1e-12)
+    assert len({tuple(row) for row in together["Q0"].probabilities.round(9)}) > 1  # the rows are not one row repeated
+    with pytest.raises(CalibrationError, match="no judgements"):
+        model.predict_judgements([])
+
+
 def _relabelled(data: RubricData, shift: int) -> RubricData:
     """The same conversations and features; every judge now answers ``shift`` options higher (clipped)."""
     labels = tuple(Label(lab.text_id, lab.question, lab.judge, int(np.clip(lab.answer + shift, 1, 4))) for lab in data.labels)

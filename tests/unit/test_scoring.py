@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -393,6 +394,71 @@ def test_a_judge_that_answers_from_memory_is_called_on_the_event_loop_any_other_
     assert all((t == loop_thread) is in_memory for t in noting.threads)
     steady = score(ConversationScorer(judge, rubric_set, calibrator, fast_retries(), ServiceMetrics()), conversation)
     assert record.main_probabilities == steady.main_probabilities and record.netsat == steady.netsat
+
+
+def calibrated_numbers(record: ScoreRecord) -> list[float]:
+    """Every number the calibrator gave ``record``."""
+    numbers = [*record.main_probabilities, record.main_expected_value or 0.0, record.dissatisfaction_probability or 0.0]
+    return numbers + [x for d in record.dimensions for x in (*d.probabilities, d.expected_value)]
+
+
+def without_calibrated_numbers(record: ScoreRecord) -> ScoreRecord:
+    """``record`` with no scoring time and its calibrated numbers zeroed (the rest compares exactly)."""
+    return replace(
+        record,
+        scored_at=0.0,
+        main_probabilities=tuple(0.0 for _ in record.main_probabilities),
+        main_expected_value=None if record.main_expected_value is None else 0.0,
+        dissatisfaction_probability=None if record.dissatisfaction_probability is None else 0.0,
+        dimensions=tuple(
+            replace(d, probabilities=tuple(0.0 for _ in d.probabilities), expected_value=0.0) for d in record.dimensions
+        ),
+    )
+
+
+def test_conversations_scored_together_get_the_records_and_metrics_each_would_get_alone(
+    judge, rubric_set, calibrator, closed_conversations
+) -> None:
+    """`score_many` (a poll at once, one calibrator call) against `score` one by one: the same records, in order, and
+    the same counts, for judged, unsampled and unscored conversations alike."""
+    known = list(closed_conversations.values())[:30]
+    unknown = replace(known[0], conversation_id="not-in-the-recording")
+    conversations = [*known[:10], unknown, *known[10:]]
+    settings = fast_retries(sampling={"default_rate": 0.6, "salt": "together"})
+
+    def scorer() -> ConversationScorer:
+        return ConversationScorer(judge, rubric_set, calibrator, settings, ServiceMetrics(), rng=random.Random(7))
+
+    together, alone = scorer(), scorer()
+    assert together.scores_at_once
+    many = asyncio.run(together.score_many(conversations))
+    one_by_one = [score(alone, c) for c in conversations]
+    assert {r.status for r in many} == {"scored", "unsampled", "unscored"}
+    # The network computes in float32: a row's numbers may differ in the 8th digit with the batch it is in.
+    assert [without_calibrated_numbers(r) for r in many] == [without_calibrated_numbers(r) for r in one_by_one]
+    for r, r1 in zip(many, one_by_one):
+        assert calibrated_numbers(r) == pytest.approx(calibrated_numbers(r1), abs=1e-6)
+
+    def counts(s: ConversationScorer) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return {
+            (x.name, tuple(sorted(x.labels.items()))): x.value
+            for family in s.metrics.registry.collect()
+            if "latency" not in family.name  # times differ
+            for x in family.samples
+        }
+
+    assert counts(together).keys() == counts(alone).keys()
+    assert all(v == pytest.approx(counts(alone)[k], rel=1e-6) for k, v in counts(together).items())
+    assert sample(together.metrics, "convowatch_scoring_latency_seconds_count") == sum(r.status != "unsampled" for r in many)
+
+
+def test_only_a_judge_answering_from_memory_without_a_budget_scores_at_once(judge, rubric_set, calibrator) -> None:
+    def scorer(j: Any, **overrides: Any) -> ConversationScorer:
+        return ConversationScorer(j, rubric_set, calibrator, fast_retries(**overrides), ServiceMetrics())
+
+    assert scorer(judge).scores_at_once
+    assert not scorer(FlakyJudge(judge, failures=0)).scores_at_once  # it may wait: scored concurrently
+    assert not scorer(judge, budget={"calls_per_minute": 10}).scores_at_once  # the budget may make one wait
 
 
 def test_only_a_judge_that_says_so_counts_as_answering_from_memory(judge) -> None:
