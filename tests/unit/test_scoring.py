@@ -452,6 +452,43 @@ def test_conversations_scored_together_get_the_records_and_metrics_each_would_ge
     assert sample(together.metrics, "convowatch_scoring_latency_seconds_count") == sum(r.status != "unsampled" for r in many)
 
 
+class AnswerDroppingJudge:
+    """The recorded judge, but for one conversation it leaves out a question's answer (a stand-in for a judge whose
+    reply lacks an answer: the recorded judge always has them all). It answers from memory, as the recorded one."""
+
+    answers_in_memory = True
+
+    def __init__(self, judge: RecordedJudge, conversation_id: str, question_id: str) -> None:
+        self.inner, self.name, self.model = judge, judge.name, judge.model
+        self.conversation_id, self.question_id = conversation_id, question_id
+
+    def judge(self, conversation: Conversation, questions: Sequence[Question]) -> Judgement:
+        j = self.inner.judge(conversation, questions)
+        if conversation.id != self.conversation_id:
+            return j
+        return replace(j, answers={q: a for q, a in j.answers.items() if q != self.question_id})
+
+
+def test_a_conversation_the_calibrator_cannot_predict_is_unscored_and_the_rest_of_its_poll_scored(
+    judge, rubric_set, calibrator, closed_conversations
+) -> None:
+    conversations = list(closed_conversations.values())
+    assert len(conversations) >= 3
+    broken = conversations[1].conversation_id
+    only_calibrator_reads = next(q for q in calibrator.question_ids_ if q not in {r.id for r in rubric_set.rubrics})
+    dropping = AnswerDroppingJudge(judge, broken, only_calibrator_reads)
+    scorer = ConversationScorer(dropping, rubric_set, calibrator, fast_retries(), ServiceMetrics())
+    assert scorer.scores_at_once
+    records = asyncio.run(scorer.score_many(conversations))
+    assert [r.conversation_id for r in records] == [c.conversation_id for c in conversations]
+    assert [r.status for r in records] == ["unscored" if c.conversation_id == broken else "scored" for c in conversations]
+    assert records[1].unscored_reason.startswith("CalibrationError: ") and "lacks answers" in records[1].unscored_reason
+    alone = ConversationScorer(judge, rubric_set, calibrator, fast_retries(), ServiceMetrics())
+    for record, closed in zip(records, conversations):
+        if record.status == "scored":
+            assert calibrated_numbers(record) == pytest.approx(calibrated_numbers(score(alone, closed)), abs=1e-6)
+
+
 def test_only_a_judge_answering_from_memory_without_a_budget_scores_at_once(judge, rubric_set, calibrator) -> None:
     def scorer(j: Any, **overrides: Any) -> ConversationScorer:
         return ConversationScorer(j, rubric_set, calibrator, fast_retries(**overrides), ServiceMetrics())
