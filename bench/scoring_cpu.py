@@ -12,7 +12,9 @@ re-keyed to real LLM-Rubric ids), with the recorded GPT-3.5 judge and the same c
 * ``score (event loop)``: ``ConversationScorer.score`` awaited one conversation after another, as the score stage does
   (sampling, scoring, the metrics): the recorded judge answers from memory, so `score_once` runs on the event loop;
 * ``score (thread)``: the same with the judge seen as one that waits (a network judge): `score_once` in the loop's
-  default executor, one thread hand-off per conversation.
+  default executor, one thread hand-off per conversation;
+* ``score_many (64)``: ``ConversationScorer.score_many`` on 64 conversations at a time, what the score stage does with
+  a poll when the judge answers from memory (one calibrator call per poll; ``--poll`` sets the 64).
 
 Best of ``--runs`` over ``--conversations``, in µs per conversation. Run from the repository root:
 ``.venv/bin/python bench/scoring_cpu.py [--conversations 2000] [--runs 5]``; figures to bench/results/scoring_cpu.json.
@@ -80,6 +82,16 @@ def awaited_one_by_one(scorer, conversations: list[ClosedConversation]) -> Calla
     return lambda: asyncio.run(all_of_them())
 
 
+def awaited_in_polls(scorer, conversations: list[ClosedConversation], poll: int) -> Callable[[], object]:
+    """A call that awaits ``scorer.score_many`` for ``poll`` conversations at a time on a fresh event loop."""
+
+    async def all_of_them() -> None:
+        for start in range(0, len(conversations), poll):
+            await scorer.score_many(conversations[start : start + poll])
+
+    return lambda: asyncio.run(all_of_them())
+
+
 def best_us(call: Callable[[], object], n: int, runs: int) -> float:
     """Best of ``runs`` timings of ``call`` (which does ``n`` items), in µs per item."""
     best = float("inf")
@@ -94,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--conversations", type=int, default=2000)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--poll", type=int, default=64, help="conversations per score_many call")
     args = parser.parse_args(argv)
 
     rubric_set, calibrator = pipeline_throughput.scoring_artifacts(pipeline_throughput.CACHE)
@@ -130,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         "to_json": best_us(lambda: [r.to_json() for r in records], n, runs),
         "score (event loop)": best_us(awaited_one_by_one(scorer, conversations), n, runs),
         "score (thread)": best_us(awaited_one_by_one(threaded, conversations), n, runs),
+        f"score_many ({args.poll})": best_us(awaited_in_polls(scorer, conversations, args.poll), n, runs),
     }
     print(f"{n} conversations of 10 turns, best of {runs}, µs per conversation:")
     for name, us in figures.items():
