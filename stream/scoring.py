@@ -55,15 +55,14 @@ log = logging.getLogger(__name__)
 
 NO_CALIBRATOR = "none"
 BEHAVIOUR_SALT = "behaviours"  # its own salt: which conversations get behaviours does not follow which are judged
-FEEDBACK_RULES = FeedbackLabelRules(on_conflict="exclude")
-# A record's calibrated fields without a calibrator.
-NOT_CALIBRATED: dict[str, Any] = {
+FEEDBACK_RULES = FeedbackLabelRules(on_conflict="exclude")  # the metric keeps conflicts apart; PromQL leaves them out
+NOT_CALIBRATED: dict[str, Any] = {  # a record's calibrated fields without a calibrator
     "main_question_id": "",
     "main_probabilities": (),
     "main_expected_value": None,
     "dissatisfaction_probability": None,
     "dimensions": (),
-}  # the metric keeps conflicts apart; PromQL leaves them out
+}
 
 
 def judge_identity(judge: Judge) -> str:
@@ -438,13 +437,13 @@ class ConversationScorer:
                 continue
             fields = {"inclusion_probability": decision.inclusion_probability, "sampling_reason": decision.reason}
             started = time.perf_counter()
-            outcome = await self._judge_with_retries(self._redacted(closed), True)
+            redacted = self._redacted(closed)
+            outcome = await self._judge_with_retries(redacted, True)
             if isinstance(outcome, ScoreRecord):
                 records[i] = self._with_fields(closed, outcome, fields)
                 self.metrics.scoring_latency.observe(time.perf_counter() - started)
             else:
-                redacted, one = outcome
-                judged.append((i, redacted, one, fields, time.perf_counter() - started))
+                judged.append((i, redacted, outcome, fields, time.perf_counter() - started))
         if judged:
             started = time.perf_counter()
             scored = self._records_of([c for _, c, _, _, _ in judged], [j for _, _, j, _, _ in judged])
@@ -485,8 +484,9 @@ class ConversationScorer:
         """Judge (the redacted text, with ``redaction.kinds``) with retries: a scored record, or an unscored one with the
         reason, with ``fields`` set (`_with_fields`)."""
         started = time.perf_counter()
-        outcome = await self._judge_with_retries(self._redacted(closed), with_behaviours)
-        record = outcome if isinstance(outcome, ScoreRecord) else self._records_of([outcome[0]], [outcome[1]])[0]
+        redacted = self._redacted(closed)
+        outcome = await self._judge_with_retries(redacted, with_behaviours)
+        record = outcome if isinstance(outcome, ScoreRecord) else self._records_of([redacted], [outcome])[0]
         self.metrics.scoring_latency.observe(time.perf_counter() - started)
         return self._with_fields(closed, record, fields)
 
@@ -497,17 +497,15 @@ class ConversationScorer:
             fields = {**fields, "conversation": closed}
         return replace(record, **fields) if fields else record
 
-    async def _judge_with_retries(
-        self, closed: ClosedConversation, with_behaviours: bool
-    ) -> tuple[ClosedConversation, Judged] | ScoreRecord:
-        """``closed`` and its judge's answers, retrying transient judge errors with backoff; or, when the judge cannot
+    async def _judge_with_retries(self, closed: ClosedConversation, with_behaviours: bool) -> Judged | ScoreRecord:
+        """The judge's answers about ``closed``, retrying transient judge errors with backoff; or, when the judge cannot
         answer, its unscored record with the reason."""
         loop = asyncio.get_running_loop()
         attempt = 0
         while True:
             attempt += 1
             try:
-                return closed, await self._attempt(loop, closed, attempt, with_behaviours)
+                return await self._attempt(loop, closed, attempt, with_behaviours)
             except JudgeError as e:
                 if e.transient and attempt < self.settings.max_attempts:
                     delay = self._backoff(attempt)
