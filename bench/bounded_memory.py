@@ -234,18 +234,15 @@ def rss_beside_series(samples: Sequence[dict[str, float]]) -> dict[str, float]:
     if len(samples) < 3 or len({s["series"] for s in samples}) < 2:
         return {}
     series, rss, events = ([s[k] for s in samples] for k in ("series", "rss_mb", "events"))
-    per_series = _slope(series, rss)
+    per_series = statistics.linear_regression(series, rss).slope
     residual = [r - per_series * x for r, x in zip(rss, series)]
     return {
         "rss_kb_per_series": round(per_series * 1024, 2),
         "rss_series_correlation": round(statistics.correlation(series, rss), 3),
-        "rss_mb_growth_per_10k_conversations_besides_series": round(_slope(events, residual) * 2 * 10_000, 3),
+        "rss_mb_growth_per_10k_conversations_besides_series": round(
+            statistics.linear_regression(events, residual).slope * 2 * 10_000, 3
+        ),
     }
-
-
-def _slope(x: Sequence[float], y: Sequence[float]) -> float:
-    mx, my = statistics.fmean(x), statistics.fmean(y)
-    return sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)
 
 
 def report(result: dict[str, Any]) -> None:
