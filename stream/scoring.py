@@ -139,6 +139,7 @@ class ConversationScorer:
         # Who answers the behaviour questions (``scoring.behaviour_judge``); its cost stays out of the scores' judge cost.
         self.behaviour_judge = behaviour_judge if behaviour_judge is not None else judge
         self.rubric_set = rubric_set
+        self._polarity = {r.id: r.polarity.value for r in rubric_set.rubrics}
         self.calibrator = calibrator
         self.settings = settings
         self.metrics = metrics
@@ -326,7 +327,6 @@ class ConversationScorer:
     def _scored(self, closed: ClosedConversation, judged: Judged, calibrated: dict[str, Any]) -> ScoreRecord:
         """The scored record of ``closed`` from its judge's answers and its ``calibrated`` fields."""
         rubric_score, p = judged.rubric_score, judged.provenance
-        polarity = {r.id: r.polarity.value for r in self.rubric_set.rubrics}
         return self._record(
             closed,
             "scored",
@@ -338,7 +338,7 @@ class ConversationScorer:
             label=rubric_score.label,
             threshold_label=rubric_score.threshold_label,
             **calibrated,
-            rubrics=tuple(RubricHit(rid, polarity[rid], float(s)) for rid, s in rubric_score.rubric_scores.items()),
+            rubrics=tuple(RubricHit(rid, self._polarity[rid], float(s)) for rid, s in rubric_score.rubric_scores.items()),
             behaviours=judged.behaviours,
             judge_calls=p.calls,
             judge_prompt_tokens=p.prompt_tokens,
@@ -427,30 +427,19 @@ class ConversationScorer:
         """`score` for each of ``conversations`` in turn, the calibrator called once for all those judged (one call
         costs about as much as a row: docs/benchmarks.md, "The worker's scoring CPU"); a record for each, in order."""
         records: list[ScoreRecord | None] = [None] * len(conversations)
-        judged: list[tuple[int, ClosedConversation, Judged, dict[str, Any], float]] = []
+        sampled: list[tuple[int, ClosedConversation, dict[str, Any]]] = []
         for i, closed in enumerate(conversations):
             decision = self.sampling.decide(
                 closed.conversation_id, closed.attributes, closed.negative_feedback, rated=bool(closed.feedback_ratings)
             )
-            if not decision.scored:
-                records[i] = self.unsampled(self._redacted(closed) if self.redaction.stored else closed, decision)
-                continue
-            fields = {"inclusion_probability": decision.inclusion_probability, "sampling_reason": decision.reason}
-            started = time.perf_counter()
-            redacted = self._redacted(closed)
-            outcome = await self._judge_with_retries(redacted, True)
-            if isinstance(outcome, ScoreRecord):
-                records[i] = self._with_fields(closed, outcome, fields)
-                self.metrics.scoring_latency.observe(time.perf_counter() - started)
+            if decision.scored:
+                fields = {"inclusion_probability": decision.inclusion_probability, "sampling_reason": decision.reason}
+                sampled.append((i, closed, fields))
             else:
-                judged.append((i, redacted, outcome, fields, time.perf_counter() - started))
-        if judged:
-            started = time.perf_counter()
-            scored = self._records_of([c for _, c, _, _, _ in judged], [j for _, _, j, _, _ in judged])
-            share = (time.perf_counter() - started) / len(judged)
-            for (i, _, _, fields, took_s), record in zip(judged, scored):
-                records[i] = self._with_fields(conversations[i], record, fields)
-                self.metrics.scoring_latency.observe(took_s + share)
+                records[i] = self.unsampled(self._redacted(closed) if self.redaction.stored else closed, decision)
+        judged = await self._judged_many([(closed, fields) for _, closed, fields in sampled])
+        for (i, _, _), record in zip(sampled, judged):
+            records[i] = record
         done = [r for r in records if r is not None]
         for record in done:
             self.observe(record)
@@ -481,14 +470,35 @@ class ConversationScorer:
         return replace(closed, turns=turns)
 
     async def _judged(self, closed: ClosedConversation, with_behaviours: bool = True, **fields: Any) -> ScoreRecord:
-        """Judge (the redacted text, with ``redaction.kinds``) with retries: a scored record, or an unscored one with the
-        reason, with ``fields`` set (`_with_fields`)."""
-        started = time.perf_counter()
-        redacted = self._redacted(closed)
-        outcome = await self._judge_with_retries(redacted, with_behaviours)
-        record = outcome if isinstance(outcome, ScoreRecord) else self._records_of([redacted], [outcome])[0]
-        self.metrics.scoring_latency.observe(time.perf_counter() - started)
-        return self._with_fields(closed, record, fields)
+        """`_judged_many` of one conversation."""
+        return (await self._judged_many([(closed, fields)], with_behaviours))[0]
+
+    async def _judged_many(
+        self, conversations: Sequence[tuple[ClosedConversation, dict[str, Any]]], with_behaviours: bool = True
+    ) -> list[ScoreRecord]:
+        """Judge each conversation (the redacted text, with ``redaction.kinds``) in turn with retries, then calibrate
+        all those the judge answered at once: a scored record, or an unscored one with the reason, for each, with its
+        ``fields`` set (`_with_fields`)."""
+        records: list[ScoreRecord | None] = [None] * len(conversations)
+        judged: list[tuple[int, ClosedConversation, Judged, float]] = []
+        for i, (closed, fields) in enumerate(conversations):
+            started = time.perf_counter()
+            redacted = self._redacted(closed)
+            outcome = await self._judge_with_retries(redacted, with_behaviours)
+            if isinstance(outcome, ScoreRecord):
+                records[i] = self._with_fields(closed, outcome, fields)
+                self.metrics.scoring_latency.observe(time.perf_counter() - started)
+            else:
+                judged.append((i, redacted, outcome, time.perf_counter() - started))
+        if judged:
+            started = time.perf_counter()
+            scored = self._records_of([c for _, c, _, _ in judged], [j for _, _, j, _ in judged])
+            share = (time.perf_counter() - started) / len(judged)  # each conversation's part of the one call
+            for (i, _, _, took_s), record in zip(judged, scored):
+                closed, fields = conversations[i]
+                records[i] = self._with_fields(closed, record, fields)
+                self.metrics.scoring_latency.observe(took_s + share)
+        return [r for r in records if r is not None]
 
     def _with_fields(self, closed: ClosedConversation, record: ScoreRecord, fields: dict[str, Any]) -> ScoreRecord:
         """``record`` with ``fields`` set; it carries the redacted conversation with ``redaction.stored``, else ``closed``
