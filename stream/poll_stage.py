@@ -6,15 +6,17 @@ several times what the worker does with them (docs/benchmarks.md, "The assemble 
 
 1. hands the records of the partitions it owns to `process` (the subclass), which sends what they produce with
    `send` and returns, per partition, the offset up to which it finished them;
-2. waits until the broker has acknowledged every send;
-3. commits those offsets, and seeks back to them where records past them were left unfinished, so those come again.
+2. seeks back to those offsets where records past them were left unfinished, so those come again;
+3. waits until the broker has acknowledged every send, then commits those offsets.
 
+Step 3 runs while the next poll is fetched and processed (the broker's round trips no longer idle the stage), one
+poll's at a time and in poll order, so an offset is committed only once every record sent before it is acknowledged.
 A crash anywhere before 3 delivers the poll again; a send that fails stops the worker rather than commit past it.
 `process` runs under `lock`, which a rebalance takes too: the poll in flight finishes and commits before partitions
 are revoked (`revoked`) or assigned (`assigned`). `interrupt` runs first, before the lock is taken (and when the stage
 stops), so a subclass can call off what could hold the poll (a judge budget wait), and `resume` once the new
-assignment is in place. While a poll is processed the consumer keeps polling with its partitions paused: Kafka takes
-a consumer that stops polling for ``kafka.max_poll_interval_s`` for stalled, and a poll can wait that long.
+assignment is in place. A poll processed for longer than half of ``kafka.max_poll_interval_s`` has the consumer keep
+polling meanwhile with its partitions paused: Kafka takes a consumer that stops polling that long for stalled.
 
 A group with no offsets in its topic yet first takes those of the Faust workers' group (``kafka.app_id``, the
 ``faust`` consumer), if that has any (else it starts at the earliest offsets): a deployment switched from ``faust``
@@ -74,6 +76,7 @@ class PollStage:
         self.loss_watch = BrokerLossWatch(metrics, "worker", (topic,))
         self._committed: dict[int, int] = {}  # partition -> the offset this worker last committed there
         self._sends: list[asyncio.Future] = []
+        self._settling: asyncio.Future | None = None  # step 3 of the last poll (see the module)
         self._stopping = False
         self._ran_out = asyncio.Event()  # set when `run` has returned (or never started)
         self._ran_out.set()
@@ -117,17 +120,33 @@ class PollStage:
         try:
             while not self._stopping:
                 polled = await self.consumer.getmany(timeout_ms=int(self.poll_wait_s * 1000))
+                if self._settling is not None and self._settling.done():
+                    await self._settled()  # raises what failed (a send) without waiting for the next poll
                 if polled and not self._stopping:
                     async with self.lock:
                         await self._while_polling(self._poll({tp.partition: records for tp, records in polled.items()}))
         finally:
-            self._ran_out.set()
+            try:
+                await self._settled()
+            finally:
+                self._ran_out.set()
 
     async def _while_polling(self, work: Awaitable[None]) -> None:
-        """Await ``work`` while polling the consumer with its partitions paused (polls return nothing): Kafka takes a
-        consumer that stops polling for ``kafka.max_poll_interval_s`` for stalled and rebalances its group, and a
-        poll can wait that long (a spent judge budget)."""
+        """Await ``work``; if it runs past half of ``kafka.max_poll_interval_s``, poll the consumer meanwhile with its
+        partitions paused (polls return nothing): Kafka takes a consumer that stops polling that long for stalled and
+        rebalances its group, and a poll can wait that long (a spent judge budget). Only then: a poll of paused
+        partitions throws away what the consumer had fetched ahead, so the next poll would wait for the broker."""
         task = asyncio.ensure_future(work)
+        try:
+            await asyncio.wait({task}, timeout=self.settings.kafka.max_poll_interval_s / 2)
+            if not task.done():
+                await self._keep_polling_until(task)
+        finally:
+            if not task.done():  # cancelled (the worker stops): do not leave the poll running unawaited
+                task.cancel()
+        task.result()
+
+    async def _keep_polling_until(self, task: asyncio.Future) -> None:
         self.consumer.pause(*self.consumer.assignment())
         try:
             while not task.done():
@@ -141,9 +160,6 @@ class PollStage:
                         self.consumer.seek(tp, records[0].offset)
         finally:
             self.consumer.resume(*self.consumer.paused())
-            if not task.done():  # cancelled (the worker stops): do not leave the poll running unawaited
-                task.cancel()
-        task.result()
 
     async def stop(self) -> None:
         """Let the poll in flight finish (it commits), then leave the group and flush the producer."""
@@ -172,17 +188,32 @@ class PollStage:
         self._sends = []
         finished = await self.process(polled)
         sends, self._sends = self._sends, []
-        await asyncio.gather(*sends)
         offsets = {p: finished[p] for p in polled if p in finished}
+        for p, records in polled.items():
+            if offsets.get(p, records[0].offset) <= records[-1].offset:  # left some unfinished: read them again
+                self.consumer.seek(TopicPartition(self.topic, p), offsets.get(p, records[0].offset))
+        await self._settled()  # commits in poll order
+        self._settling = asyncio.ensure_future(self._commit_once_sent(sends, offsets))
+
+    async def _commit_once_sent(self, sends: list[asyncio.Future], offsets: dict[int, int]) -> None:
+        await asyncio.gather(*sends)
         try:
             await self.consumer.commit({TopicPartition(self.topic, p): o for p, o in offsets.items()})
         except (CommitFailedError, IllegalStateError) as e:  # a rebalance: the partitions' next owner reads them again
             log.warning("%s: offsets %s not committed (%s); they will be delivered again", self.name, offsets, e)
             return
         self._committed.update(offsets)
-        for p, records in polled.items():
-            if offsets.get(p, records[0].offset) <= records[-1].offset:  # left some unfinished: read them again
-                self.consumer.seek(TopicPartition(self.topic, p), offsets.get(p, records[0].offset))
+
+    async def _settled(self) -> None:
+        """Wait until the last poll's sends are acknowledged and its offsets committed; raise if a send failed."""
+        settling, self._settling = self._settling, None
+        if settling is not None:
+            await settling
+
+    async def settle(self) -> None:
+        """Wait until the last poll's offsets are committed (or failed to be: `run` raises that)."""
+        if self._settling is not None:
+            await asyncio.wait({self._settling})
 
     async def process(self, polled: Polled) -> dict[int, int]:
         """Process one poll: send what it produces (`send`); per partition, the offset after the last record of the
@@ -270,11 +301,13 @@ class _Rebalance(ConsumerRebalanceListener):
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         self.stage.interrupt()
         async with self.stage.lock:  # the poll in flight finishes and commits first
+            await self.stage.settle()
             await self.stage.revoked({tp.partition for tp in revoked} & self.stage.partitions)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         partitions = {tp.partition for tp in assigned}
         async with self.stage.lock:
+            await self.stage.settle()
             await self.stage.revoked(self.stage.partitions - partitions)
             new = partitions - self.stage.partitions
             if new:
