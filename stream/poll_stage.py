@@ -76,7 +76,7 @@ class PollStage:
         self.loss_watch = BrokerLossWatch(metrics, "worker", (topic,))
         self._committed: dict[int, int] = {}  # partition -> the offset this worker last committed there
         self._sends: list[asyncio.Future] = []
-        self._settling: asyncio.Future | None = None  # step 3 of the last poll (see the module)
+        self._last_commit: asyncio.Future | None = None  # step 3 of the last poll (see the module)
         self._stopping = False
         self._ran_out = asyncio.Event()  # set when `run` has returned (or never started)
         self._ran_out.set()
@@ -120,14 +120,14 @@ class PollStage:
         try:
             while not self._stopping:
                 polled = await self.consumer.getmany(timeout_ms=int(self.poll_wait_s * 1000))
-                if self._settling is not None and self._settling.done():
-                    await self._settled()  # raises what failed (a send) without waiting for the next poll
+                if self._last_commit is not None and self._last_commit.done():
+                    await self._finish_last_commit()  # raises what failed (a send) without waiting for the next poll
                 if polled and not self._stopping:
                     async with self.lock:
                         await self._while_polling(self._poll({tp.partition: records for tp, records in polled.items()}))
         finally:
             try:
-                await self._settled()
+                await self._finish_last_commit()
             finally:
                 self._ran_out.set()
 
@@ -192,8 +192,8 @@ class PollStage:
         for p, records in polled.items():
             if offsets.get(p, records[0].offset) <= records[-1].offset:  # left some unfinished: read them again
                 self.consumer.seek(TopicPartition(self.topic, p), offsets.get(p, records[0].offset))
-        await self._settled()  # commits in poll order
-        self._settling = asyncio.ensure_future(self._commit_once_sent(sends, offsets))
+        await self._finish_last_commit()  # commits in poll order
+        self._last_commit = asyncio.ensure_future(self._commit_once_sent(sends, offsets))
 
     async def _commit_once_sent(self, sends: list[asyncio.Future], offsets: dict[int, int]) -> None:
         await asyncio.gather(*sends)
@@ -204,16 +204,16 @@ class PollStage:
             return
         self._committed.update(offsets)
 
-    async def _settled(self) -> None:
+    async def _finish_last_commit(self) -> None:
         """Wait until the last poll's sends are acknowledged and its offsets committed; raise if a send failed."""
-        settling, self._settling = self._settling, None
-        if settling is not None:
-            await settling
+        commit, self._last_commit = self._last_commit, None
+        if commit is not None:
+            await commit
 
-    async def settle(self) -> None:
-        """Wait until the last poll's offsets are committed (or failed to be: `run` raises that)."""
-        if self._settling is not None:
-            await asyncio.wait({self._settling})
+    async def wait_for_last_commit(self) -> None:
+        """Wait until the last poll's offsets are committed (or failed to be: `run` raises that, this does not)."""
+        if self._last_commit is not None:
+            await asyncio.wait({self._last_commit})
 
     async def process(self, polled: Polled) -> dict[int, int]:
         """Process one poll: send what it produces (`send`); per partition, the offset after the last record of the
@@ -301,13 +301,13 @@ class _Rebalance(ConsumerRebalanceListener):
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         self.stage.interrupt()
         async with self.stage.lock:  # the poll in flight finishes and commits first
-            await self.stage.settle()
+            await self.stage.wait_for_last_commit()
             await self.stage.revoked({tp.partition for tp in revoked} & self.stage.partitions)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         partitions = {tp.partition for tp in assigned}
         async with self.stage.lock:
-            await self.stage.settle()
+            await self.stage.wait_for_last_commit()
             await self.stage.revoked(self.stage.partitions - partitions)
             new = partitions - self.stage.partitions
             if new:

@@ -99,7 +99,7 @@ def test_a_poll_is_processed_while_the_last_ones_sends_wait_and_no_offset_is_com
     stage, committed, copied = asyncio.run(_copy(kafka_broker))
 
     assert copied == [f"record {i}".encode() for i in range(RECORDS)]
-    assert committed == RECORDS  # stopping committed the last poll, whose acknowledgements were still pending
+    assert committed == RECORDS  # stopping commits the last poll (its commit runs after the poll)
     assert len(stage.sent) >= RECORDS // PER_POLL
     assert stage.unacknowledged_but_committed == []
     # The overlap itself: before, every poll waited for its acknowledgements and commit, so none began before them.
