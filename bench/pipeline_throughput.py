@@ -44,8 +44,9 @@ Measured, in one run:
    the beginning by a plain ``AIOKafkaConsumer`` (no processing), the
    denominator of the worker/raw ratio.
 4. **Two workers** (not with ``--quick``): the same workload on fresh topics, published once the group has
-   formed (every worker owns partitions, so no join interrupts the count), read by one worker and then by two
-   workers in one group (4 partitions); the ratio of the two rates.
+   formed (every worker owns partitions, so no join interrupts the count) in large aiokafka batches (its rate is
+   reported: a publisher slower than the workers would be what is measured), read by one worker and then by two
+   workers in one group (4 partitions); the ratio of the two rates, with the sink running and with it started after.
 
 Targets (issue 14): ≥ 5,000 turn events/s per worker, p99 ≤ 1 s excluding judge time, and two workers ≥ 1.8×
 one. Prints a table and writes
