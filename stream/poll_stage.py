@@ -103,8 +103,11 @@ class PollStage:
             bootstrap_servers=k.bootstrap_servers,
             client_id=f"{self.group_id}-producer",
             # Not kafka.producer_max_batch_size: that works around tansu's end offsets for Faust's table recovery,
-            # which the stages' restore does not need, and one record per request would make every poll wait for
-            # dozens of round trips.
+            # which the stages' restore does not need. A partition's records of a poll go in one batch of up to the
+            # largest record (the broker takes that much at once): with aiokafka's 16 KB batches, a request carries
+            # one batch per partition and one request is in flight, so a poll's few hundred KB took several round
+            # trips in turn.
+            max_batch_size=k.max_record_bytes,
             max_request_size=k.max_record_bytes,
             acks="all",
         )
