@@ -12,6 +12,7 @@ fingerprint; a conversation closed twice is deduplicated downstream).
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -26,10 +27,11 @@ from stream.state_batch import StateBatch
 @dataclass
 class AssembledBatch:
     """What a batch produced for the topics, in the order produced: (key, value) of each closed conversation, and the
-    dead letters of the events it refused."""
+    dead letters of the events it refused; and how many events of each type had each outcome."""
 
     closed: list[tuple[bytes, bytes]] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
+    event_counts: Counter[tuple[str, str]] = field(default_factory=Counter)  # (event type, outcome) -> events
 
 
 class BatchAssembler:
@@ -45,8 +47,12 @@ class BatchAssembler:
     def apply(self, records: Iterable[ConsumedRecord], batch: StateBatch) -> AssembledBatch:
         """Apply ``records`` (each partition's in offset order) to the states seen through ``batch``."""
         out = AssembledBatch()
-        for record in records:
-            self._apply_one(record, batch, out)
+        try:
+            for record in records:
+                self._apply_one(record, batch, out)
+        finally:
+            for (etype, outcome), n in out.event_counts.items():  # counted once a batch, not once an event
+                self.metrics.events.labels(etype, outcome).inc(n)
         return out
 
     def _apply_one(self, record: ConsumedRecord, batch: StateBatch, out: AssembledBatch) -> None:
@@ -54,7 +60,7 @@ class BatchAssembler:
         try:
             ev = parse_event(record.value, key=record.key, max_text_bytes=s.max_text_bytes, max_event_bytes=s.max_event_bytes)
         except InvalidEvent as e:
-            self.metrics.events.labels("invalid", "dead_letter").inc()
+            out.event_counts["invalid", "dead_letter"] += 1
             self._dead_letter(e.reason, e.detail, record, out)
             return
         etype = type(ev).__name__.removesuffix("Event").lower()
@@ -62,7 +68,7 @@ class BatchAssembler:
         partition = record.partition
         current = batch.get(key)
         step = self.assembler.apply(current, ev, partition=partition, now=time.time())
-        self.metrics.events.labels(etype, step.outcome).inc()
+        out.event_counts[etype, step.outcome] += 1
         if step.dead_letter is not None:
             self._dead_letter(*step.dead_letter, record, out)
         self._record(key, current, step, partition, batch, out)

@@ -166,7 +166,8 @@ class DimensionPrediction:
     expected_value: float
 
     def __post_init__(self) -> None:
-        in_range = all(_finite(p) and -_ROUNDING <= p <= 1 + _ROUNDING for p in self.probabilities)
+        probs = self.probabilities
+        in_range = all(map(_finite, probs)) and (not probs or (-_ROUNDING <= min(probs) and max(probs) <= 1 + _ROUNDING))
         if not in_range:
             raise RecordError(f"{self.question_id}: probabilities {self.probabilities!r} are not in [0, 1]")
         if not _finite(self.expected_value):

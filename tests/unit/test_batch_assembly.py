@@ -64,6 +64,10 @@ def test_bad_records_become_dead_letters_with_their_origin_and_the_batch_goes_on
     assert letter.topic == "convowatch.events" and letter.reason == "not_json"
     assert [key for key, _, _ in batch.changes()] == ["a"]
     assert metrics.dead_letters.labels("not_json")._value.get() == 1
+    counted = {
+        (s.labels["type"], s.labels["outcome"]): s.value for s in metrics.events.collect()[0].samples if s.name.endswith("_total")
+    }
+    assert counted == {("invalid", "dead_letter"): 1, ("turn", "accepted"): 1}  # each event once, the bad one too
 
 
 def test_a_turn_after_the_close_is_dead_lettered_and_a_redelivered_one_is_not() -> None:
