@@ -44,8 +44,8 @@ Measured, in one run:
    the beginning by a plain ``AIOKafkaConsumer`` (no processing), the
    denominator of the worker/raw ratio.
 4. **Two workers** (not with ``--quick``): the same workload on fresh topics, published once the group has
-   formed (every worker owns partitions, so no join interrupts the count) in large aiokafka batches (its rate is
-   reported: a publisher slower than the workers would be what is measured), read by one worker and then by two
+   formed (every worker owns partitions, so no join interrupts the count) as record batches encoded before (so
+   that publishing takes next to no CPU from the workers; its rate is reported), read by one worker and then by two
    workers in one group (4 partitions); the ratio of the two rates, with the sink running and with it started after.
 
 Targets (issue 14): ≥ 5,000 turn events/s per worker, p99 ≤ 1 s excluding judge time, and two workers ≥ 1.8×
@@ -108,8 +108,7 @@ MAX_LATENCY_RATE = 1000.0  # events/s: the latency phase's rate is at most this
 LATENCY_PHASE_SECONDS = 60.0  # the latency phase sends at most about this long
 WARMUP_CONVERSATIONS = 20
 PARTITIONS = 4
-PUBLISH_LINGER_MS = 20  # publish_batched: a batch waits this long to fill ...
-PUBLISH_BATCH_BYTES = 1_048_576  # ... up to this many bytes per partition
+PUBLISH_BATCH_BYTES = 1_048_576  # publish_prebuilt: a record batch holds up to this many bytes
 START_POLL_S = 0.25  # /metrics polls of the worker until its first event: when processing starts
 # ... then until the last conversation is scored. Each poll costs the worker a /metrics page (~25 ms of CPU with a
 # few thousand conversations' attribute series, holding the GIL): at 4 polls/s that was ~10 % of its samples. The
@@ -459,24 +458,49 @@ def store_check(pipeline: Pipeline, expect_ids: Iterable[str]) -> dict:
 # ---------------------------------------------------------------- phase 1 and 3: throughput, raw consume
 
 
-async def publish_batched(bootstrap: str, topic: str, items: list[ReplayItem]) -> dict:
-    """Send ``items`` (all valid) with aiokafka in large batches: several times the replay publisher's rate (kafka-python,
-    one record at a time), so that a phase whose workers read while the workload is published measures the workers,
-    not the publisher. Keys go to the partitions `publish` would choose (both clients hash them with murmur2)."""
+async def publish_prebuilt(bootstrap: str, topic: str, items: list[ReplayItem], go: threading.Event) -> dict:
+    """Encode ``items`` (all valid) into Kafka record batches of up to 1 MB per partition, wait for ``go``, then send
+    the batches: a phase whose workers read while the workload is published then measures the workers, not a
+    publisher encoding records beside them on the same cores (the replay publisher, kafka-python a record at a time,
+    sends ~10,000 events/s; aiokafka's `send` some 11,000-31,000 in large batches, using a core meanwhile). Keys go
+    to the partitions `publish` would choose (murmur2, as kafka-python's default partitioner)."""
     from aiokafka import AIOKafkaProducer
+    from aiokafka.partitioner import DefaultPartitioner
+    from aiokafka.producer.message_accumulator import BatchBuilder
 
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, acks="all", linger_ms=PUBLISH_LINGER_MS, max_batch_size=PUBLISH_BATCH_BYTES
-    )
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", max_batch_size=PUBLISH_BATCH_BYTES)
     await producer.start()
-    t = time.perf_counter()
     try:
-        sends = [await producer.send(topic, item.raw, key=item.key) for item in items]
+        t = time.perf_counter()
+        partitions = sorted(await producer.partitions_for(topic))
+        partition_of = DefaultPartitioner()
+        batches: list[tuple[int, BatchBuilder]] = []
+        filling: dict[int, BatchBuilder] = {}
+        for item in items:
+            p = partition_of(item.key, partitions, partitions)
+            batch = filling.setdefault(p, producer.create_batch())
+            if batch.append(key=item.key, value=item.raw, timestamp=None) is None:  # full
+                batches.append((p, batch))
+                batch = filling[p] = producer.create_batch()
+                batch.append(key=item.key, value=item.raw, timestamp=None)
+        batches.extend(filling.items())
+        for _, batch in batches:
+            batch.close()
+        encode_seconds = time.perf_counter() - t
+        await asyncio.to_thread(go.wait)
+        t = time.perf_counter()
+        sends = [await producer.send_batch(batch, topic, partition=p) for p, batch in batches]  # in order per partition
         await asyncio.gather(*sends)
+        seconds = time.perf_counter() - t
     finally:
         await producer.stop()
-    seconds = time.perf_counter() - t
-    return {"events": len(items), "seconds": round(seconds, 3), "events_per_s": round(len(items) / seconds, 1)}
+    return {
+        "events": len(items),
+        "batches": len(batches),
+        "encode_seconds_before": round(encode_seconds, 3),
+        "seconds": round(seconds, 3),
+        "events_per_s": round(len(items) / seconds, 1),
+    }
 
 
 def preload(pipeline: Pipeline, work: Workload) -> dict:
@@ -543,24 +567,28 @@ def throughput(
     publish_errors: list[Exception] = []
     published: dict[str, float] = {}
     if publish_after_join:
-        wait_until(
-            lambda: (
-                [w.metric("convowatch_assigned_partitions") > 0 for w in procs] == [True] * workers
-                and sum(w.metric("convowatch_assigned_partitions") for w in procs) == PARTITIONS
-            ),
-            180,
-            "every worker to own partitions",
-            interval=1.0,
-        )
+        go = threading.Event()  # set once the group has formed: the batches are encoded meanwhile
 
         def publish_workload() -> None:
             try:
                 k = pipeline.kafka_settings()
-                published.update(asyncio.run(publish_batched(k.bootstrap_servers, k.events_topic, work.items)))
+                published.update(asyncio.run(publish_prebuilt(k.bootstrap_servers, k.events_topic, work.items, go)))
             except Exception as e:  # reported by the loop below
                 publish_errors.append(e)
 
         threading.Thread(target=publish_workload, daemon=True).start()
+        try:
+            wait_until(
+                lambda: (
+                    [w.metric("convowatch_assigned_partitions") > 0 for w in procs] == [True] * workers
+                    and sum(w.metric("convowatch_assigned_partitions") for w in procs) == PARTITIONS
+                ),
+                180,
+                "every worker to own partitions",
+                interval=1.0,
+            )
+        finally:
+            go.set()
     timeline: list[tuple[float, float, float]] = []  # (t, events processed, conversations scored)
     t_first = None  # wall-clock time.time(), as the store's closed_at and scored_at
     cpu_first = cpu_scored = None
