@@ -119,7 +119,8 @@ class KafkaSettings(BaseModel):
         default=1_000_000,
         ge=65_536,
         description="Largest record the worker and the sink produce (the producer's max request size; at most the "
-        "broker's). A dead letter whose original does not fit keeps its start, size and SHA-256.",
+        "broker's), and the largest batch the worker's stages send to one partition at once. A dead letter whose "
+        "original does not fit keeps its start, size and SHA-256.",
     )
     refetch_idle_s: float = Field(
         default=10.0,
