@@ -104,9 +104,9 @@ class PollStage:
             client_id=f"{self.group_id}-producer",
             # Not kafka.producer_max_batch_size: that works around tansu's end offsets for Faust's table recovery,
             # which the stages' restore does not need. A partition's records of a poll go in one batch of up to the
-            # largest record (the broker takes that much at once): with aiokafka's 16 KB batches, a request carries
-            # one batch per partition and one request is in flight, so a poll's few hundred KB took several round
-            # trips in turn.
+            # largest record (the broker takes that much at once): aiokafka keeps one open batch per partition and a
+            # send that finds it full waits until it is sent, so with its 16 KB batches a poll's few hundred KB
+            # waited for several round trips in turn.
             max_batch_size=k.max_record_bytes,
             max_request_size=k.max_record_bytes,
             acks="all",
