@@ -23,8 +23,9 @@ Measured, in one run:
    until then, every 2 s after) to the last conversation's ``scored_at`` in the store. Headline with the tansu workaround
    settings the tests and the demo use (``producer_max_batch_size=1`` …); the
    same with Faust's default producer batch size for comparison.
-   Also the cores the sink, the broker and the whole host (``/proc/stat``) used
-   over the same window, and of the host's the share the hypervisor stole (a
+   Also the cores the worker, the sink, the broker and the whole host (``/proc/stat``) used
+   over the same window (CPU counters read every 0.05 s; the samples bracketing the
+   window count), and of the host's the share the hypervisor stole (a
    VM's steal: time none of these processes could run): the worker shares the
    host with them. How long the worker's threads waited for a core while ready
    to run (``/proc/PID/task/*/schedstat``) says whether they held it back.
@@ -116,6 +117,7 @@ START_POLL_S = 0.25  # /metrics polls of the worker until its first event: when 
 # few thousand conversations' attribute series, holding the GIL): at 4 polls/s that was ~10 % of its samples. The
 # end is read from the store (the last conversation's scored_at), so slow polls cost no precision.
 PROGRESS_POLL_S = 2.0
+CPU_SAMPLE_S = 0.05  # /proc CPU counters meanwhile (CpuSamples): the CPU figures' window is the store's, to this
 
 # tansu workarounds, as tests/pipeline.py and deploy/local/demo.py set them (deploy/local/README.md).
 TANSU_SETTINGS = {
@@ -595,18 +597,14 @@ def throughput(
             go.set()
     timeline: list[tuple[float, float, float]] = []  # (t, events processed, conversations scored)
     t_first = None  # wall-clock time.time(), as the store's closed_at and scored_at
-    cpu_first = cpu_scored = None
-    wall_scored = 0.0
-
-    def cpu() -> float:
-        return sum(cpu_seconds(w) for w in procs)
-
     # The worker shares the host with the sink and the broker: what they used over the same window shows whether the
     # host's cores, not the worker, were the limit.
-    window = CpuWindow(None if sink is None else sink.popen.pid, pipeline.broker_pid, [w.popen.pid for w in procs])
-    cpu_previous, wall_previous = cpu(), time.time()
+    usage = CpuSamples(None if sink is None else sink.popen.pid, pipeline.broker_pid, [w.popen.pid for w in procs])
+    usage.take()
+    wall_previous = time.time()
     deadline = time.monotonic() + timeout
-    while cpu_scored is None:
+    all_scored = False
+    while not all_scored:
         if publish_errors:
             raise BenchError(f"publishing the workload failed: {publish_errors[0]}")
         if time.monotonic() > deadline:
@@ -616,17 +614,17 @@ def throughput(
             )
         events = sum(w.metric("convowatch_events_total") for w in procs)
         done = sum(scored(w) for w in procs)
-        wall, cpu_now = time.time(), cpu()
+        wall = time.time()
         timeline.append((round(time.perf_counter() - started, 3), events, done))
         if events > 0 and t_first is None:
             t_first = (wall + wall_previous) / 2  # the first event was processed between the previous poll and this one
-            cpu_first = cpu_previous  # CPU counted from the poll before (idle until the first event)
-            window.begin()
-        if done >= work.conversations:
-            cpu_scored, wall_scored = cpu_now, wall  # up to PROGRESS_POLL_S of an idle worker after the last score
-            window.end()
-        cpu_previous, wall_previous = cpu_now, wall
-        time.sleep(START_POLL_S if t_first is None else PROGRESS_POLL_S)
+        all_scored = done >= work.conversations
+        wall_previous = wall
+        next_poll = time.monotonic() + (START_POLL_S if t_first is None else PROGRESS_POLL_S)
+        while not all_scored and (now := time.monotonic()) < next_poll:
+            usage.take()
+            time.sleep(min(CPU_SAMPLE_S, next_poll - now))
+    usage.take()
     if sink is None:
         sink = pipeline.start("sink", "sink")
     wait_until(
@@ -637,7 +635,7 @@ def throughput(
     lifetime_cpu = {s.name: cpu_seconds(s) for s in (*procs, sink)}
     pipeline.stop_all()
     by_id = store_check(pipeline, work.ids)
-    assert t_first is not None and cpu_first is not None and cpu_scored is not None  # the first event comes first
+    assert t_first is not None  # the first event comes before the last score
     if publish_after_join:
         # The workers read each record as it arrives, and the whole workload is sent within ~0.1 s: its first send is
         # a start as precise as the store's end (a poll of /metrics waits for a busy worker's GIL: at 1 s phases, the
@@ -651,6 +649,7 @@ def throughput(
     t_scored = max(int(r["scored_us"]) for r in by_id.values()) / 1e6
     seconds = t_scored - t_first
     events_seconds = t_events - t_first
+    used = usage.between(t_first, t_scored)
     return {
         "workers": workers,
         "sink": "started after every conversation was scored" if sink_after else "running throughout",
@@ -663,10 +662,11 @@ def throughput(
         "assembly_only_events_per_s": round(total / events_seconds, 1),
         "conversations_per_s": round(work.conversations / seconds, 1),
         "cpu_seconds_process_lifetime": lifetime_cpu,
-        "worker_cpu_seconds_first_event_to_all_scored": round(cpu_scored - cpu_first, 2),
-        "worker_cpu_utilisation": round((cpu_scored - cpu_first) / (wall_scored - t_first), 3),  # 1.0: a core busy
-        "turn_events_per_worker_cpu_second": round(work.turn_events / max(cpu_scored - cpu_first, 1e-9), 1),
-        "same_window_cores": window.cores(),
+        "cpu_window_s": used["window_s"],  # the samples bracketing first event → last score
+        "worker_cpu_seconds_first_event_to_all_scored": used["workers_cpu_seconds"],
+        "worker_cpu_utilisation": round(used["workers_cpu_seconds"] / used["window_s"], 3),  # 1.0: a core busy
+        "turn_events_per_worker_cpu_second": round(work.turn_events / max(used["workers_cpu_seconds"], 1e-9), 1),
+        "same_window_cores": used["cores"],
         "timeline_sampled": timeline[:: max(1, len(timeline) // 60)],
         **({"published_while_processing": published} if publish_after_join else {}),
     }
@@ -704,44 +704,48 @@ def host_busy_cpu_seconds() -> tuple[float, float]:
     return (sum(ticks[:8]) - ticks[3] - ticks[4]) / hz, ticks[7] / hz
 
 
-class CpuWindow:
-    """Cores used by the sink, the broker and the whole host (and stolen from it) between `begin` and `end` (`cores`),
-    and how long the workers' threads were ready to run but waited for a core (the kernel's run-queue wait)."""
+class CpuSamples:
+    """CPU counters of the workers, the sink, the broker and the whole host, read from /proc every `take` (cheap: no
+    worker takes part, unlike a /metrics poll). `between` gives what was used between the last sample at or before one
+    wall-clock time and the first at or after another: the phase's exact window, read from the store afterwards, give
+    or take a sampling interval (the polls of /metrics that find the end are seconds apart)."""
 
     def __init__(self, sink_pid: int | None, broker_pid: int, worker_pids: list[int]) -> None:
         self.sink_pid, self.broker_pid, self.worker_pids = sink_pid, broker_pid, worker_pids
-        self.start: tuple[float, ...] | None = None
-        self.stop: tuple[float, ...] | None = None
+        self.samples: list[tuple[float, ...]] = []
 
-    def _now(self) -> tuple[float, ...]:
-        return (
-            time.monotonic(),
-            0.0 if self.sink_pid is None else process_cpu_seconds(self.sink_pid),
-            process_cpu_seconds(self.broker_pid),
-            *host_busy_cpu_seconds(),
-            sum(map(run_queue_wait_seconds, self.worker_pids)),
+    def take(self) -> None:
+        self.samples.append(
+            (
+                time.time(),
+                sum(map(process_cpu_seconds, self.worker_pids)),
+                0.0 if self.sink_pid is None else process_cpu_seconds(self.sink_pid),
+                process_cpu_seconds(self.broker_pid),
+                *host_busy_cpu_seconds(),
+                sum(map(run_queue_wait_seconds, self.worker_pids)),
+            )
         )
 
-    def begin(self) -> None:
-        self.start = self._now()
-
-    def end(self) -> None:
-        self.stop = self._now()
-
-    def cores(self) -> dict[str, float | int | None] | None:
-        """Cores busy on average over the window (1.0: one core all the time), or None if it never ended."""
-        if self.start is None or self.stop is None or self.stop[0] <= self.start[0]:
-            return None
-        seconds = self.stop[0] - self.start[0]
-        sink, broker, host, stolen, waited = ((b - a) / seconds for a, b in zip(self.start[1:], self.stop[1:]))
+    def between(self, t_start: float, t_end: float) -> dict[str, Any]:
+        """The workers' CPU seconds, and the cores of the sink, the broker and the host (and stolen from it),
+        and how long the workers' threads were ready to run but waited for a core (the kernel's run-queue wait), all
+        averaged over the samples bracketing ``t_start``..``t_end`` (1.0: one core all the time)."""
+        first = max((s for s in self.samples if s[0] <= t_start), default=self.samples[0], key=lambda s: s[0])
+        last = min((s for s in self.samples if s[0] >= t_end), default=self.samples[-1], key=lambda s: s[0])
+        seconds = last[0] - first[0]
+        workers_cpu, sink, broker, host, stolen, waited = (b - a for a, b in zip(first[1:], last[1:]))
         cores: dict[str, float | None] = {
-            "sink": None if self.sink_pid is None else sink,
-            "broker": broker,
-            "host": host,
-            "host_stolen": stolen,
-            "workers_waiting_for_a_core": waited,
+            "sink": None if self.sink_pid is None else sink / seconds,
+            "broker": broker / seconds,
+            "host": host / seconds,
+            "host_stolen": stolen / seconds,
+            "workers_waiting_for_a_core": waited / seconds,
         }
-        return {**{name: None if v is None else round(v, 2) for name, v in cores.items()}, "host_cpus": os.cpu_count()}
+        return {
+            "workers_cpu_seconds": round(workers_cpu, 2),
+            "window_s": round(seconds, 3),
+            "cores": {**{name: None if v is None else round(v, 2) for name, v in cores.items()}, "host_cpus": os.cpu_count()},
+        }
 
 
 # ---------------------------------------------------------------- phase 2: latency
