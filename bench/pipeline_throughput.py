@@ -1155,8 +1155,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--scaling-rounds",
         type=int,
-        default=3,
-        help="rounds of the one- and two-worker phases (default 3; the ratio is their median)",
+        default=5,
+        help="rounds of the one- and two-worker phases (default 5; the ratio is their median)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, stores) and print its path")
     args = parser.parse_args(argv)
