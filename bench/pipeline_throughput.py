@@ -117,7 +117,7 @@ START_POLL_S = 0.25  # /metrics polls of the worker until its first event: when 
 # few thousand conversations' attribute series, holding the GIL): at 4 polls/s that was ~10 % of its samples. The
 # end is read from the store (the last conversation's scored_at), so slow polls cost no precision.
 PROGRESS_POLL_S = 2.0
-CPU_SAMPLE_S = 0.05  # /proc CPU counters meanwhile (CpuSamples): the CPU figures' window is the store's, to this
+CPU_SAMPLE_S = 0.05  # meanwhile, /proc CPU counters this often (CpuSamples): the CPU window is the phase's, to within this
 
 # tansu workarounds, as tests/pipeline.py and deploy/local/demo.py set them (deploy/local/README.md).
 TANSU_SETTINGS = {
