@@ -40,4 +40,7 @@ def test_samples_read_this_host_and_process() -> None:
     usage.take()
     used = usage.between(start, time.time())
     assert used["workers_cpu_seconds"] >= 0.2 and 0 < used["window_s"] < 10
-    assert used["cores"]["sink"] == used["cores"]["broker"] > 0.1 and used["cores"]["host"] > 0.1
+    cores = used["cores"]
+    assert cores["sink"] > 0.1 and cores["broker"] > 0.1 and cores["host"] > 0.1
+    # "sink" and "broker" are this process, read one after the other: a clock tick may fall between the two reads
+    assert abs(cores["sink"] - cores["broker"]) < 0.1
