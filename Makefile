@@ -14,6 +14,14 @@ PYTEST_ARGS ?=
 
 .PHONY: install test test-fast lint demo demo-stop bench clean stack-deps
 
+# Apache Kafka's jars (the embedded stack's broker), pinned in deploy/kafka/pom.xml, from Maven Central into
+# .convowatch/kafka/libs (Maven keeps its own cache in ~/.m2). Set KAFKA_HOME to use a Kafka distribution instead.
+KAFKA_LIBS := .convowatch/kafka/libs
+$(KAFKA_LIBS)/.fetched: deploy/kafka/pom.xml
+	rm -rf $(KAFKA_LIBS)
+	mvn -q -B -Dstyle.color=never -f deploy/kafka/pom.xml dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(KAFKA_LIBS)
+	touch $@
+
 $(VENV)/.installed: pyproject.toml deploy/llama_build.py
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip wheel
@@ -21,9 +29,9 @@ $(VENV)/.installed: pyproject.toml deploy/llama_build.py
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install --quiet --no-cache-dir -e ".[test,lint,llama]"
 	touch $@
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed $(KAFKA_LIBS)/.fetched
 
-# Unit tests (tests/unit) and integration tests (tests/integration: the real broker, ClickHouse engine,
+# Unit tests (tests/unit) and integration tests (tests/integration: Apache Kafka, the ClickHouse engine,
 # Prometheus, Alertmanager, llama.cpp server and models). The checkout's modules are compiled to bytecode first:
 # where PYTHONDONTWRITEBYTECODE is set (as on the CI hosts), every worker, sink and CLI process the tests start
 # would otherwise compile them again (~1 s of CPU each).

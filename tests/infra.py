@@ -1,9 +1,9 @@
-"""Real infrastructure for end-to-end tests: a Kafka broker, Prometheus and Alertmanager via deploy/local/stack.py.
+"""Real infrastructure for end-to-end tests: Apache Kafka, Prometheus and Alertmanager via deploy/local/stack.py.
 
 Register the fixtures in a conftest with ``from tests.infra import kafka_broker, prometheus_factory, alertmanager``.
 
-- ``kafka_broker`` (session): the stack's files broker (``CONVOWATCH_TEST_BROKER=tansu``
-  for tansu) on a free port; yields its bootstrap string ``"127.0.0.1:PORT"``.
+- ``kafka_broker`` (session): the stack's Apache Kafka (one KRaft node) on a free port; yields its bootstrap
+  string ``"127.0.0.1:PORT"``.
   Topics are shared across tests, so give each test its own topic names.
 - ``prometheus_factory`` (per test): ``start(scrape_targets, rule_files=[],
   alertmanager_url=None) -> url``; scrapes and evaluates every second, but the
@@ -13,7 +13,7 @@ Register the fixtures in a conftest with ``from tests.infra import kafka_broker,
   that delivers nowhere (alerts are still visible in ``/api/v2/alerts``).
 
 Helpers: ``free_port()``, ``free_ports(n)``, ``restartable_port()``, ``own_broker(state_dir)`` (a broker of a
-test's own) and ``crash_and_restart(cfg)``, ``wait_for(predicate, timeout, interval)``,
+test's own) and ``crash_and_restart(cfg)``, ``kafka_cluster(state_dir, n)`` (a KRaft cluster of ``n`` nodes), ``wait_for(predicate, timeout, interval)``,
 ``prometheus_query(url, promql)``, ``WebhookReceiver`` (records what Alertmanager delivers).
 """
 
@@ -39,12 +39,22 @@ from typing import Any, TypeVar
 
 import pytest
 
-from deploy.local.processes import port_in_use
-from deploy.local.stack import StackConfig, start_alertmanager, start_kafka, start_prometheus, status, stop
+from deploy.local.kafka import KafkaNode
+from deploy.local.processes import port_in_use, read_tracked
+from deploy.local.stack import (
+    EXECUTABLES,
+    StackConfig,
+    start_alertmanager,
+    start_kafka,
+    start_kafka_cluster,
+    start_kafka_node,
+    start_prometheus,
+    status,
+    stop,
+    stop_kafka_cluster,
+)
 
 LOCALHOST = "127.0.0.1"
-# Which broker the session's ``kafka_broker`` runs (deploy/local/stack.py BROKERS): the stack's default, files.
-TEST_BROKER = os.environ.get("CONVOWATCH_TEST_BROKER", "files")
 TEST_SCRAPE_INTERVAL_S = 1.0
 TEST_EVALUATION_INTERVAL_S = 1.0
 HTTP_TIMEOUT_S = 10.0
@@ -100,6 +110,14 @@ def restartable_port() -> int:
                 continue
         return port
     raise RuntimeError(f"no free port below the ephemeral range (from {low})")
+
+
+def restartable_ports(n: int) -> list[int]:
+    """``n`` distinct ports as ``restartable_port`` draws them."""
+    ports: set[int] = set()
+    while len(ports) < n:
+        ports.add(restartable_port())
+    return sorted(ports)
 
 
 def wait_for(predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.2, what: str = "") -> T:
@@ -231,11 +249,10 @@ class AlertmanagerFactory:
 
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A broker (``TEST_BROKER``) for the whole session; yields the bootstrap string ``127.0.0.1:PORT``."""
+    """Apache Kafka (one node) for the whole session; yields the bootstrap string ``127.0.0.1:PORT``."""
     port, unused_1, unused_2 = free_ports(3)
     cfg = StackConfig(
         state_dir=tmp_path_factory.mktemp("kafka-stack"),
-        broker=TEST_BROKER,
         kafka_port=port,
         prometheus_port=unused_1,
         alertmanager_port=unused_2,  # unused; must only differ
@@ -248,15 +265,49 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def own_broker(state_dir: Path, broker: str = "files") -> Iterator[StackConfig]:
-    """A broker of a test's own (not the session's), on a port it can be restarted on; stopped afterwards."""
-    port, (unused_1, unused_2) = restartable_port(), free_ports(2)
-    cfg = StackConfig(state_dir=state_dir, broker=broker, kafka_port=port, prometheus_port=unused_1, alertmanager_port=unused_2)
-    start_kafka(cfg)
+def own_broker(state_dir: Path, overrides: Mapping[str, str] | None = None) -> Iterator[StackConfig]:
+    """A broker of a test's own (not the session's), on ports it can be restarted on; stopped afterwards.
+
+    ``overrides``: broker properties (deploy/local/kafka.py), for a test that says why it needs them."""
+    (port, controller_port), (unused_1, unused_2) = restartable_ports(2), free_ports(2)
+    cfg = StackConfig(
+        state_dir=state_dir,
+        kafka_port=port,
+        kafka_controller_port=controller_port,
+        prometheus_port=unused_1,
+        alertmanager_port=unused_2,
+    )
+    start_kafka(cfg, overrides)
     try:
         yield cfg
     finally:
         stop(cfg, ["kafka"])
+
+
+@contextlib.contextmanager
+def kafka_cluster(state_dir: Path, size: int = 3, overrides: Mapping[str, str] | None = None) -> Iterator[list[KafkaNode]]:
+    """A KRaft cluster of ``size`` combined broker+controller nodes on restartable ports; stopped afterwards."""
+    ports = restartable_ports(2 * size)
+    nodes = [KafkaNode(i + 1, ports[2 * i], ports[2 * i + 1], state_dir / f"kafka-{i + 1}") for i in range(size)]
+    start_kafka_cluster(state_dir, nodes, overrides)
+    try:
+        yield nodes
+    finally:
+        stop_kafka_cluster(state_dir, nodes)
+
+
+def crash_and_restart_node(
+    state_dir: Path, node: KafkaNode, cluster: Sequence[KafkaNode], before_restart: Callable[[], object] = lambda: None
+) -> None:
+    """Kill one node of a `kafka_cluster` (-9), call ``before_restart`` while it is down, start it again."""
+    name = f"kafka-{node.node_id}"
+    tracked = read_tracked(state_dir.resolve(), name, EXECUTABLES["kafka"])
+    assert tracked is not None, f"{name} does not run in {state_dir}"
+    os.kill(tracked.pid, signal.SIGKILL)
+    wait_for(lambda: not port_in_use(node.port), timeout=30, interval=0.05, what=f"the killed {name}'s port free")
+    before_restart()
+    stop_kafka_cluster(state_dir, [node])  # reaps it and forgets its pid file
+    start_kafka_node(state_dir.resolve(), name, node, cluster)
 
 
 def crash_and_restart(cfg: StackConfig) -> None:

@@ -3,7 +3,7 @@
     python -m deploy.local.demo start   # stack + artifacts + worker + sink, the loop below, summary (leaves it running)
     python -m deploy.local.demo stop    # worker, sink and the stack
 
-Steps: start the files broker (deploy/local/kafka_broker: records, committed
+Steps: start Apache Kafka (deploy/local/kafka.py: one KRaft node; records, committed
 offsets and the worker's changelog survive a broker restart), Prometheus
 (scraping the worker and the sink, evaluating the production alert rules) and
 Alertmanager; make a rubric set and a
@@ -72,11 +72,6 @@ def _settings_env() -> dict[str, str]:
     """The demo's configuration, as the CONVOWATCH_* environment the service reads."""
     return {
         "CONVOWATCH_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{KAFKA_PORT}",
-        # A one-node local stack: quick group joins and fetches; a crashed worker's partitions move on after 6 s.
-        "CONVOWATCH_KAFKA__SESSION_TIMEOUT_S": "6",
-        "CONVOWATCH_KAFKA__HEARTBEAT_INTERVAL_S": "1",
-        "CONVOWATCH_KAFKA__MAX_POLL_INTERVAL_S": "30",
-        "CONVOWATCH_KAFKA__FETCH_MAX_WAIT_S": "0.1",
         "CONVOWATCH_JUDGE__BACKEND": "recorded",
         "CONVOWATCH_JUDGE__RECORDED_ANSWERS": str(DATA / "gpt-3.5-turbo-16k_real_evaluations_FIXED.tsv"),
         "CONVOWATCH_SCORING__REGISTRY": str(REGISTRY),
@@ -287,7 +282,13 @@ def start_service(name: str, command: str, port: int) -> None:
         return
     if processes.port_in_use(port):
         raise SystemExit(f"demo: port {port} (the {name}'s metrics) is already in use; stop what uses it or run `make demo-stop`")
-    env = {**os.environ, **_settings_env(), "CONVOWATCH_METRICS__PORT": str(port)}
+    # Static group membership, as the production units set it: a worker started again takes its partitions back.
+    env = {
+        **os.environ,
+        **_settings_env(),
+        "CONVOWATCH_METRICS__PORT": str(port),
+        "CONVOWATCH_KAFKA__GROUP_INSTANCE_ID": f"demo-{name}",
+    }
     with processes.open_log(processes.log_path(STATE, name), append=True) as out:
         popen = subprocess.Popen(
             [sys.executable, "-m", "stream.commands.cli", command],
@@ -327,10 +328,9 @@ def human_ratings() -> dict[str, tuple[int, float, float]]:
 
 
 def stack_config() -> stack.StackConfig:
-    """The demo's stack: the durable files broker, Prometheus scraping the worker and the sink, Alertmanager."""
+    """The demo's stack: Apache Kafka, Prometheus scraping the worker and the sink, Alertmanager."""
     return stack.StackConfig(
         state_dir=STATE / "stack",
-        broker="files",
         kafka_port=KAFKA_PORT,
         scrape_targets=[f"127.0.0.1:{WORKER_PORT}", f"127.0.0.1:{SINK_PORT}"],
         rule_files=[RULES],
@@ -339,7 +339,7 @@ def stack_config() -> stack.StackConfig:
 
 def start() -> None:
     STATE.mkdir(parents=True, exist_ok=True, mode=0o700)  # the store, logs and conversation files: owner only
-    print("- starting the embedded stack (files broker, Prometheus, Alertmanager)")
+    print("- starting the embedded stack (Apache Kafka, Prometheus, Alertmanager)")
     for service in stack.start_all(stack_config()).values():
         print(f"  {service.name:<13}{service.url}")
     make_artifacts()

@@ -109,7 +109,7 @@ def _reap(pid: int) -> None:
 
 def runs(argv: Sequence[str], executable: str) -> bool:
     """True if ``argv`` is a run of ``executable``: a basename, optionally followed by the arguments that must come
-    next (``"python3.11 -m deploy.local.kafka_broker"``: any python3.11 is not enough)."""
+    next (``"java -Dconvowatch.service=kafka"``: any java is not enough)."""
     wanted = executable.split()
     return len(argv) >= len(wanted) and os.path.basename(argv[0]) == wanted[0] and list(argv[1 : len(wanted)]) == wanted[1:]
 

