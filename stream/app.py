@@ -201,7 +201,6 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
         broker_heartbeat_interval=k.heartbeat_interval_s,
         broker_max_poll_interval=k.max_poll_interval_s,
         broker_commit_interval=k.commit_interval_s,
-        producer_max_batch_size=k.producer_max_batch_size,
         producer_max_request_size=k.max_record_bytes,
         stream_buffer_maxsize=k.stream_buffer_maxsize,
         broker_max_poll_records=k.max_poll_records,

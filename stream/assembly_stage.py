@@ -8,9 +8,8 @@ redelivered turn is recognised by its fingerprint, a conversation closed twice i
 
 The states of the partitions this worker owns live in memory (`states`) and in the changelog topic
 (``<app_id>-conversations-changelog``, the name and record format of the Faust table it replaces). When partitions
-are assigned, their states are read back from the changelog before any of their events is processed, keeping every
-record of each fetched batch (tansu reports a batch's first offset as the end of a log, so a reader that stops at
-the reported end would miss the rest of that batch); when they are revoked, the poll in flight is finished and
+are assigned, their states are read back from the changelog (up to the end offset the broker reports when the
+restore starts) before any of their events is processed; when they are revoked, the poll in flight is finished and
 committed first, then their states are dropped. A deployment switched from the Faust consumer starts where the
 Faust workers left the events topic (`PollStage`) and reads their open conversations from the same changelog.
 """

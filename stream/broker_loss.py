@@ -1,7 +1,7 @@
 """Noticing that the broker lost records: a partition whose log now ends below what this process consumed.
 
-A broker that keeps nothing across a restart (tansu's ``memory://`` engine, the
-embedded default) or whose topic was deleted and recreated comes back with
+A broker that comes back without its data (a lost disk, a log directory
+formatted anew) or whose topic was deleted and recreated comes back with
 shorter logs, or none, and without the consumer groups' committed offsets.
 Producers recreate the topics and write from offset 0 again, while a consumer
 that survived keeps its position: it sits past the new end of the log, reads
@@ -14,9 +14,9 @@ confirm each by asking the broker for the group's committed offset: lost when
 the broker no longer has it, or has one below the offset this process last
 committed. The worker asks the same once for every partition that comes back
 to it after a rebalance (a restarted broker makes its consumers rejoin, and
-Faust then starts the partition from whatever the broker says). Both are needed: a negative lag alone is also what tansu reports for
-topics written in batches of several records (it understates the high-water
-mark, DESIGN.md), and a missing committed offset alone is also what a group's
+Faust then starts the partition from whatever the broker says). Both are needed: a negative lag alone can be a
+high-water mark read a moment before the position moved past it (the two are
+fetched apart), and a missing committed offset alone is also what a group's
 expired offsets look like. A confirmed partition is logged (ERROR) and counted
 once in ``convowatch_broker_lost_data_total{topic}`` (alert
 ``ConvowatchBrokerLostData``, docs/runbooks.md), and again only after it

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import CommitFailedError, IllegalStateError
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import ConsumerRecord
 
 from stream.broker_loss import BrokerLossWatch
@@ -41,6 +41,8 @@ from stream.metrics import ServiceMetrics
 from stream.settings import Settings
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+RETRY_BACKOFF_S = 0.5
 
 Polled = dict[int, list[ConsumerRecord]]  # partition -> its records of one poll, in offset order
 
@@ -98,13 +100,12 @@ class PollStage:
             session_timeout_ms=int(k.session_timeout_s * 1000),
             heartbeat_interval_ms=int(k.heartbeat_interval_s * 1000),
             max_poll_interval_ms=int(k.max_poll_interval_s * 1000),
+            group_instance_id=k.group_instance_id,
         )
         self.producer = AIOKafkaProducer(
             bootstrap_servers=k.bootstrap_servers,
             client_id=f"{self.group_id}-producer",
-            # Not kafka.producer_max_batch_size: that works around tansu's end offsets for Faust's table recovery,
-            # which the stages' restore does not need. A partition's records of a poll go in one batch of up to the
-            # largest record (the broker takes that much at once): aiokafka keeps one open batch per partition and a
+            # A partition's records of a poll go in one batch of up to the largest record (the broker takes that much at once): aiokafka keeps one open batch per partition and a
             # send that finds it full waits until it is sent, so with its 16 KB batches a poll's few hundred KB
             # waited for several round trips in turn.
             max_batch_size=k.max_record_bytes,
@@ -257,10 +258,12 @@ class PollStage:
         try:
             [topic] = await admin.describe_topics([self.topic])
             tps = [TopicPartition(self.topic, p["partition"]) for p in topic["partitions"]]
-            ours = await admin.list_consumer_group_offsets(self.group_id, partitions=tps) if tps else {}
-            if not tps or any(meta.offset >= 0 for meta in ours.values()):
+            if not tps:
                 return
-            faust = await admin.list_consumer_group_offsets(k.app_id, partitions=tps)
+            ours = await _retrying(lambda: admin.list_consumer_group_offsets(self.group_id, partitions=tps), k.admin_timeout_s)
+            if any(meta.offset >= 0 for meta in ours.values()):
+                return
+            faust = await _retrying(lambda: admin.list_consumer_group_offsets(k.app_id, partitions=tps), k.admin_timeout_s)
         finally:
             await admin.close()
         offsets = {tp: meta.offset for tp, meta in faust.items() if meta.offset >= 0}
@@ -316,3 +319,17 @@ class _Rebalance(ConsumerRebalanceListener):
             if new:
                 await self.stage.assigned(new)
         self.stage.resume()
+
+
+async def _retrying(call: Callable[[], Awaitable[T]], timeout_s: float) -> T:
+    """``await call()``, again after a retriable broker error (a coordinator not yet elected or still loading, as on a
+    broker that has just started) until ``timeout_s`` has passed; then the last error is raised."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        try:
+            return await call()
+        except KafkaError as e:
+            if not e.retriable or asyncio.get_running_loop().time() + RETRY_BACKOFF_S > deadline:
+                raise
+            log.info("broker not ready (%s); retrying", e)
+            await asyncio.sleep(RETRY_BACKOFF_S)

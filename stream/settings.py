@@ -104,17 +104,21 @@ class KafkaSettings(BaseModel):
         "created with its parents, owner-only (0700), on start.",
     )
     sink_group: str = "convowatch-sink"
+    group_instance_id: str | None = Field(
+        default=None,
+        description="Kafka static group membership (group.instance.id) of this worker's or sink's consumers: a process "
+        "restarted with the same id within session_timeout_s takes its partitions back with no rebalance. Give each "
+        "process its own (the systemd units use the instance name). A static member does not leave its group when "
+        "it stops: its partitions wait session_timeout_s for it before they move. None = dynamic membership.",
+    )
     session_timeout_s: float = Field(default=30.0, gt=0)
     heartbeat_interval_s: float = Field(default=3.0, gt=0)
     max_poll_interval_s: float = Field(default=300.0, gt=0)
     commit_interval_s: float = Field(default=2.0, gt=0)
     admin_timeout_s: float = Field(default=30.0, gt=0, description="How long topic creation and replay wait for the broker.")
-    # Longest a fetch waits for data (Kafka's fetch.max.wait.ms; Faust hard-codes 1.5 s). Brokers answer as soon
-    # as data arrives, but tansu waits the full time, so this bounds each hop's latency on the embedded stack.
+    # Longest a fetch waits for data (Kafka's fetch.max.wait.ms, default 500 ms; Faust hard-codes 1.5 s). The broker
+    # answers as soon as data arrives; this bounds an idle fetch.
     fetch_max_wait_s: float = Field(default=0.5, gt=0, le=30)
-    # Max bytes per producer batch. tansu (embedded stack) loses Faust table updates on
-    # recovery unless this is 1 (one record per batch); real Kafka wants the default.
-    producer_max_batch_size: int = Field(default=16384, ge=1)
     max_record_bytes: int = Field(
         default=1_000_000,
         ge=65_536,

@@ -113,6 +113,7 @@ class ScoreSink:
             heartbeat_interval_ms=int(k.heartbeat_interval_s * 1000),
             max_poll_interval_ms=int(k.max_poll_interval_s * 1000),
             fetch_max_wait_ms=int(k.fetch_max_wait_s * 1000),
+            group_instance_id=k.group_instance_id,
         )
         self.loss_watch = BrokerLossWatch(metrics, "sink", (k.scores_topic, k.events_topic))
         self._committed: dict[tuple[str, int], int] = {}  # what this sink last committed, per partition
@@ -255,19 +256,24 @@ class ScoreSink:
     def report_lag(self) -> bool:
         """Consumer lag per assigned partition, where the broker has reported a high-water mark; a partition whose
         records the broker lost (stream/broker_loss.py) is read again from its beginning. True if every assigned
-        partition is read up to its high-water mark."""
+        partition is read up to its high-water mark; False, and nothing reported, while the broker does not answer (a
+        position or committed offset kafka-python must fetch raises then: the next round tries again)."""
         lags = {}
         assigned = {(tp.topic, tp.partition): tp for tp in self.consumer.assignment()}
-        for key, tp in assigned.items():
-            highwater = self.consumer.highwater(tp)
-            if highwater is not None:
-                lags[key] = highwater - self.consumer.position(tp)
-        self.metrics.set_consumer_lag(lags)
-        suspects = self.loss_watch.suspects(lags)
-        if suspects:
-            committed = {key: (self.consumer.committed(assigned[key]), self._committed.get(key)) for key in suspects}
-            for key in self.loss_watch.confirm(committed):
-                self.consumer.seek_to_beginning(assigned[key])
+        try:
+            for key, tp in assigned.items():
+                highwater = self.consumer.highwater(tp)
+                if highwater is not None:
+                    lags[key] = highwater - self.consumer.position(tp)
+            self.metrics.set_consumer_lag(lags)
+            suspects = self.loss_watch.suspects(lags)
+            if suspects:
+                committed = {key: (self.consumer.committed(assigned[key]), self._committed.get(key)) for key in suspects}
+                for key in self.loss_watch.confirm(committed):
+                    self.consumer.seek_to_beginning(assigned[key])
+        except KafkaError as e:
+            log.warning("consumer lag not read, the broker did not answer: %s", e)
+            return False
         return len(lags) == len(assigned) and all(lag <= 0 for lag in lags.values())
 
     def close(self) -> None:

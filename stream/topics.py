@@ -1,7 +1,7 @@
 """Topic creation: every topic the service uses exists, with the configured partitions, before it starts.
 
-Brokers that auto-create topics pick their own partition count (tansu does),
-which would silently cap how many workers can share the load; so topics are
+A broker that auto-creates topics gives them its own partition count (Kafka's
+``num.partitions``, default 1), which would silently cap how many workers can share the load; so topics are
 created explicitly, and an existing topic with fewer partitions is reported.
 """
 

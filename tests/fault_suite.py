@@ -19,12 +19,17 @@ its consumer group reach the topic's end offsets as they stood at the fault
 runs in the background while the other faults go on: the closed topic, from
 the moment it answers again). At the end every conversation must be in the
 store exactly once, scored, with every turn as it was sent, in order; no
-dead letter; no conversation left open.
+dead letter; no conversation left open; no process flagged lost broker data
+(``convowatch_broker_lost_data_total`` of every worker and sink incarnation,
+read before each is stopped or killed).
 
-The broker restart kills the broker (-9) and starts it again on its files
-(deploy/local/kafka_broker, the stack's ``files`` broker), so the run needs a
-broker of its own; tansu's memory engine would lose everything (detected, never
-silent: tests/integration/test_broker_loss.py).
+The service runs with its default client settings. Each restarted worker or
+sink comes back under the same ``kafka.group_instance_id`` (Kafka's static
+membership, as the production units run it), so it takes its partitions back
+without waiting for the killed one's session to expire.
+
+The broker restart kills Apache Kafka (-9) and starts it again on its log
+directory, so the run needs a broker of its own.
 """
 
 from __future__ import annotations
@@ -161,8 +166,8 @@ class FaultRun:
     def __init__(
         self, pipeline: Pipeline, judge: RecordedJudgeServer, plan: FaultPlan, broker: StackConfig | None = None
     ) -> None:
-        if plan.broker_restarts and (broker is None or broker.broker != "files"):
-            raise ValueError("a plan with broker restarts needs a broker of its own with file storage")
+        if plan.broker_restarts and broker is None:
+            raise ValueError("a plan with broker restarts needs a broker of its own")
         self.pipeline, self.judge, self.plan, self.broker = pipeline, judge, plan, broker
         self.rng = random.Random(plan.seed)
         self.report = FaultReport(plan)
@@ -171,6 +176,7 @@ class FaultRun:
         self.offsets = KafkaConsumer(bootstrap_servers=pipeline.bootstrap)
         self.workers = 0
         self.sinks = 0
+        self.lost_data_flags = 0.0  # convowatch_broker_lost_data_total of every incarnation that was stopped
         self._judge_thread: threading.Thread | None = None
         self._kafka = threading.Lock()  # the judge outage's thread reads offsets too; the clients are not thread-safe
 
@@ -212,13 +218,25 @@ class FaultRun:
 
     def start_worker(self) -> Process:
         self.workers += 1
-        worker = self.pipeline.start_worker(f"worker-{self.workers}")
+        worker = self.pipeline.start_worker(f"worker-{self.workers}", env=self._instance("worker"))
         self.pipeline.wait_assigned([worker])
         return worker
 
     def start_sink(self) -> Process:
         self.sinks += 1
-        return self.pipeline.start_sink(f"sink-{self.sinks}")
+        return self.pipeline.start_sink(f"sink-{self.sinks}", env=self._instance("sink"))
+
+    def _instance(self, role: str) -> dict[str, str]:
+        """Every incarnation of a role joins under one static member id."""
+        return {"CONVOWATCH_KAFKA__GROUP_INSTANCE_ID": f"{self.pipeline.tag}-{role}"}
+
+    def _stop(self, process: Process, kill: bool) -> None:
+        """Read the process's lost-data flags (it cannot be read after), then kill it (-9) or stop it (SIGTERM)."""
+        self.lost_data_flags += process.metric_sum("convowatch_broker_lost_data_total")
+        if kill:
+            process.kill9()
+        else:
+            process.terminate()
 
     # ---------------------------------------------------------------- faults
 
@@ -273,12 +291,12 @@ class FaultRun:
             time.sleep(self.rng.uniform(0.5, 3.0))
             at = time.monotonic()
             if action == "worker kill":
-                worker.kill9()
+                self._stop(worker, kill=True)
                 worker = self.start_worker()
                 caught = self.caught_up_after(self.pipeline.worker_group("events"), "events", at)
                 self.report.recoveries.append({"fault": action, "caught_up_s": caught})
             elif action == "sink kill":
-                sink.kill9()
+                self._stop(sink, kill=True)
                 sink = self.start_sink()
                 self.report.recoveries.append(
                     {"fault": action, "caught_up_s": self.caught_up_after(self.sink_group, "scores", at)}
@@ -289,7 +307,7 @@ class FaultRun:
                 sink_back = self.caught_up_after(self.sink_group, "scores", at)
                 self.report.recoveries.append({"fault": action, "caught_up_s": max(worker_back, sink_back)})
             elif action == "sink outage":
-                sink.terminate()
+                self._stop(sink, kill=False)
                 time.sleep(self.plan.sink_outage_s)
                 back = time.monotonic()
                 sink = self.start_sink()
@@ -331,13 +349,12 @@ class FaultRun:
         self.report.score_records = sum(len(rs) for rs in seen.values())
         self.caught_up_after(self.sink_group, "scores", time.monotonic())
         open_left = worker.metric_sum("convowatch_open_conversations")
-        lost_data = worker.metric_sum("convowatch_broker_lost_data_total")
-        sink.terminate()
-        worker.terminate()
+        self._stop(sink, kill=False)
+        self._stop(worker, kill=False)
         self.report.stored = {
             **stored_counts(self.pipeline, work.sent),
             "open_conversations_left": open_left,
-            "broker_lost_data": lost_data,
+            "broker_lost_data": self.lost_data_flags,
             "dead_letters": len(self.pipeline.consume("dead_letter", 1, timeout=3)),
         }
 
@@ -371,7 +388,7 @@ def _unless_unreachable(call: Callable[..., T], *args: Any) -> T | None:
 
 def run_fault_suite(pipeline: Pipeline, rubric_set: Path, plan: FaultPlan, broker: StackConfig | None = None) -> FaultReport:
     """Run ``plan`` on ``pipeline`` (no process started yet) with a recorded judge server in front of it;
-    ``broker`` is the pipeline's own broker (files storage), for the plan's broker restarts."""
+    ``broker`` is the pipeline's own broker, for the plan's broker restarts."""
     with judge_server(rubric_set) as judge:
         run = FaultRun(pipeline, judge, plan, broker)
         try:

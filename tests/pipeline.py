@@ -25,23 +25,11 @@ from kafka import KafkaConsumer, KafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
 
 from stream.settings import KafkaSettings
-from tests.infra import TEST_BROKER, free_port, wait_for
+from tests.infra import free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 LLM_RUBRIC_DATA = REPO / "data" / "llm-rubric"
 RECORDED_REAL_ANSWERS = LLM_RUBRIC_DATA / "gpt-3.5-turbo-16k_real_evaluations_FIXED.tsv"
-
-# A one-node test broker: short session timeout for fast group joins (and, on tansu, a short max poll interval to
-# end its rebalance loops), short fetch waits and commit intervals. tansu also needs one record per producer batch
-# for exact Faust table recovery (DESIGN.md); the files broker reports exact end offsets.
-BROKER_SETTINGS = {
-    "CONVOWATCH_KAFKA__SESSION_TIMEOUT_S": "6",
-    "CONVOWATCH_KAFKA__HEARTBEAT_INTERVAL_S": "1",
-    "CONVOWATCH_KAFKA__MAX_POLL_INTERVAL_S": "15",
-    "CONVOWATCH_KAFKA__FETCH_MAX_WAIT_S": "0.1",
-    "CONVOWATCH_KAFKA__COMMIT_INTERVAL_S": "1",
-    **({"CONVOWATCH_KAFKA__PRODUCER_MAX_BATCH_SIZE": "1"} if TEST_BROKER == "tansu" else {}),
-}
 
 
 @dataclass
@@ -65,11 +53,12 @@ class Process:
         }
 
     def metric_sum(self, name: str, **labels: str) -> float:
-        """Sum of ``name`` over samples whose labels include ``labels`` (0 if none or unreachable)."""
+        """Sum of ``name`` over samples whose labels include ``labels`` (0 if none); an endpoint that cannot be
+        reached fails the test (no silent 0)."""
         try:
             samples = self.metrics()
-        except OSError:
-            return 0.0
+        except OSError as e:
+            raise AssertionError(f"{self.name}'s /metrics (port {self.metrics_port}) cannot be read: {e}") from e
         return sum(v for (n, lab), v in samples.items() if n == name and all((k, val) in lab for k, val in labels.items()))
 
     def terminate(self, timeout: float = 30) -> None:
@@ -115,7 +104,6 @@ class Pipeline:
             "CONVOWATCH_KAFKA__DATA_DIR": str(self.root / "state" / "worker"),  # not there yet, as on a fresh checkout
             "CONVOWATCH_KAFKA__SINK_GROUP": f"sink-{t}",
             "CONVOWATCH_KAFKA__PARTITIONS": str(self.partitions),
-            **BROKER_SETTINGS,
             "CONVOWATCH_JUDGE__BACKEND": "recorded",
             "CONVOWATCH_JUDGE__RECORDED_ANSWERS": str(RECORDED_REAL_ANSWERS),
             **({"CONVOWATCH_RUBRIC_SET": str(self.rubric_set)} if self.rubric_set is not None else {}),
@@ -143,7 +131,15 @@ class Pipeline:
         port = free_port()
         log = self.root / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        full_env = {**os.environ, **self.env, "CONVOWATCH_METRICS__PORT": str(port), **(env or {})}
+        # Static group membership per process name, as the production units set it: a worker killed and started
+        # again under its name takes its partitions back at once.
+        full_env = {
+            **os.environ,
+            **self.env,
+            "CONVOWATCH_METRICS__PORT": str(port),
+            "CONVOWATCH_KAFKA__GROUP_INSTANCE_ID": f"{self.tag}-{name}",
+            **(env or {}),
+        }
         with log.open("ab") as out:
             popen = subprocess.Popen(
                 [sys.executable, "-m", "stream.commands.cli", command],
@@ -171,8 +167,8 @@ class Pipeline:
     def start_worker(self, name: str = "worker", env: Mapping[str, str] | None = None) -> Process:
         return self._start(name, "run", env)
 
-    def start_sink(self, name: str = "sink") -> Process:
-        return self._start(name, "sink")
+    def start_sink(self, name: str = "sink", env: Mapping[str, str] | None = None) -> Process:
+        return self._start(name, "sink", env)
 
     def wait_assigned(self, workers: Iterable[Process], timeout: float = 90, each_at_least: int = 1) -> None:
         """Until the workers together own every partition, each at least ``each_at_least``."""

@@ -1,4 +1,4 @@
-"""ABC-Eval behaviours in the real pipeline: tansu broker, worker and sink processes, chDB, and a real judge
+"""ABC-Eval behaviours in the real pipeline: Apache Kafka, worker and sink processes, chDB, and a real judge
 (llama-cpp-python's server on Gemma 3 270M, session fixture ``llama_server``).
 
 Gemma 270M is far too weak for its yes/no answers to mean anything; this checks that every assistant turn's

@@ -1,15 +1,15 @@
-"""A broker that loses its records (a restart of tansu's memory engine) is noticed by the worker.
+"""A broker that loses its records (Kafka started again on an empty disk) is noticed by the worker.
 
 A broker of this test's own (the session broker is shared), a worker and a sink as real processes. Ten real
-conversations are scored and stored; the broker is restarted, which empties it and forgets the groups' committed
-offsets; ten more conversations are sent. The worker must say that the broker lost records (metric, log line)
-instead of carrying on in silence. (What the sink does next is not asserted here: after a restart tansu can keep its
-consumer group rebalancing for longer than a test waits, DESIGN.md's fault 3; `BrokerLossWatch`'s rules are unit
-tests.)
+conversations are scored and stored; the broker is stopped, its log directory removed (a lost disk: records,
+topics and the groups' committed offsets gone) and it is started again, formatted anew, on the same ports; ten
+more conversations are sent. The worker must say that the broker lost records (metric, log line) instead of
+carrying on in silence. (What the sink does next is not asserted here; `BrokerLossWatch`'s rules are unit tests.)
 """
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +26,7 @@ N = 10
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[StackConfig]:
-    with own_broker(tmp_path / "stack", "tansu") as cfg:  # memory storage: a restart loses everything
+    with own_broker(tmp_path / "stack") as cfg:
         yield cfg
 
 
@@ -51,7 +51,8 @@ def test_records_lost_by_the_broker_are_noticed_by_the_worker(pipeline: Pipeline
     wait_for(lambda: stored() >= N, timeout=120, what="the first conversations stored")
     assert worker.metric_sum("convowatch_broker_lost_data_total") == sink.metric_sum("convowatch_broker_lost_data_total") == 0
 
-    stop(broker, ["kafka"])  # tansu's memory engine: everything is gone
+    stop(broker, ["kafka"])
+    shutil.rmtree(broker.state_dir / "kafka" / "data")  # the disk is lost: everything is gone
     start_kafka(broker)
     for items in conversations[N : 2 * N]:
         pipeline.produce((item.key, item.raw) for item in items)

@@ -2,7 +2,7 @@
 
 One phased stream of the 223 real LLM-Rubric conversations (recorded GPT-3.5
 judge, the scoring-core rubric set and calibrator) runs through a real worker
-and sink on tansu; a real Prometheus scrapes both and evaluates the alert rules
+and sink on Apache Kafka; a real Prometheus scrapes both and evaluates the alert rules
 (the production rules rendered with compressed windows); a real Alertmanager
 delivers to a webhook receiver started here. Two products share the stream:
 

@@ -1,4 +1,4 @@
-"""End to end on the real components: tansu broker, worker and sink processes, the embedded ClickHouse engine.
+"""End to end on the real components: Apache Kafka, worker and sink processes, the embedded ClickHouse engine.
 
 Conversations are the 223 real LLM-Rubric conversations, scored with the
 recorded GPT-3.5 judge, a rubric set and a calibrator made by the scoring-core
@@ -143,9 +143,9 @@ def test_replayed_conversations_are_scored_in_clickhouse_and_metrics(pipeline: P
     assert worker.metric_sum("convowatch_conversations_scored_total", model_version="variant-0") == 76
     assert worker.metric_sum("convowatch_dead_letters_total") == 0
     assert sink.metric_sum("convowatch_close_to_store_latency_seconds_count") == N_REAL
-    # The replay writes the events topic in batches, whose end tansu understates (a negative lag): no data was lost.
+    # Nothing lost, as either consumer sees it.
     assert worker.metric_sum("convowatch_broker_lost_data_total") == sink.metric_sum("convowatch_broker_lost_data_total") == 0
-    # tansu reports high-water marks: once everything is consumed, both consumers show lag series at 0
+    # Once everything is consumed, both consumers show lag series at 0
     wait_for(
         lambda: (
             worker.metric_sum("convowatch_consumer_lag", topic=pipeline.topic("events")) == 0

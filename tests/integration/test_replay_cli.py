@@ -1,4 +1,4 @@
-"""`convowatch replay` as a real subprocess against the real tansu broker: refusing bad files, skipping, usage, no broker.
+"""`convowatch replay` as a real subprocess against Apache Kafka: refusing bad files, skipping, usage, no broker.
 
 Each test uses its own topic names (the session broker is shared) and reads the
 events topic back with kafka-python.

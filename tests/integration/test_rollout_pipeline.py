@@ -1,6 +1,6 @@
 """Scorer versions on the real components: a promotion during a live stream, shadow scoring, and a refused rollout.
 
-One worker and one sink (real processes) on the session's tansu broker, the embedded ClickHouse engine, the recorded
+One worker and one sink (real processes) on the session's Kafka broker, the embedded ClickHouse engine, the recorded
 GPT-3.5 judge, and a scorer registry the worker reads every second. The 223 real LLM-Rubric conversations are sent
 by this test, one every 0.1 s. v1 (the demo's rubric set and calibrator) is active with v2 (the same rubric set
 re-windowed so that it calls every conversation dissatisfied) as its shadow on every judged conversation; a third of

@@ -1,6 +1,6 @@
 """Sampling end to end on the real components: a 50 % sampled replay estimates the full replay's rates.
 
-Two isolated pipelines on the session's tansu broker (worker and sink processes, the embedded ClickHouse
+Two isolated pipelines on the session's Kafka broker (worker and sink processes, the embedded ClickHouse
 engine) replay the same 223 real LLM-Rubric conversations, scored by the recorded GPT-3.5 judge: one judges
 every conversation, the other half of them (``scoring.sampling.default_rate = 0.5``). The full replay's
 rates are the truth for these conversations; the sampled replay's 1/π-weighted rates, read from its

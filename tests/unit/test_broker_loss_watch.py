@@ -19,8 +19,8 @@ def test_a_negative_lag_is_lost_data_only_when_the_broker_forgot_the_committed_o
     assert lost_count(metrics, EVENTS) == lost_count(metrics, SCORES) == 0  # exported at 0 from the start
     lags = {(EVENTS, 0): -8, (EVENTS, 1): -3, (SCORES, 0): 5}
     assert watch.suspects(lags) == [(EVENTS, 0), (EVENTS, 1)]
-    # partition 0: the broker has no committed offset (it restarted empty); partition 1: it still has ours (tansu
-    # understating the high-water mark of a topic written in batches): not lost.
+    # partition 0: the broker has no committed offset (it restarted empty); partition 1: it still has ours (a
+    # high-water mark read before the position moved past it): not lost.
     assert watch.confirm({(EVENTS, 0): (None, 120), (EVENTS, 1): (40, 40)}) == [(EVENTS, 0)]
     assert lost_count(metrics, EVENTS) == 1
     assert watch.suspects(lags) == [(EVENTS, 1)]  # reported once

@@ -1,5 +1,5 @@
-"""What `ensure_topics` asks the broker to create (tansu accepts topic configs but does not report them back, so the
-request is checked here; the integration tests create every topic on the real broker)."""
+"""What `ensure_topics` asks the broker to create, checked on the request itself (the integration tests create every
+topic on the real broker)."""
 
 from __future__ import annotations
 
