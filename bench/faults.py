@@ -6,15 +6,20 @@ conversations, the worker killed (-9) 10 times and the sink 3 times at seeded
 random moments between the replay's chunks, the sink stopped for 60 s, the
 judge failing for 5 min (connection refused, HTTP 503, replies slower than the
 worker's judge timeout, a third each) while the rest goes on, and the broker
-killed (-9) once and started again on its files. The stack's files broker
-(deploy/local/kafka_broker) is started here, the worker and sink are the real
-``convowatch run`` / ``convowatch sink`` processes, the store is embedded
+killed (-9) once and started again on its log directory. The broker is Apache
+Kafka (KRaft, one node: the embedded stack's, deploy/local/stack.py), a broker
+of this run's own on ports it can be restarted on (tests/infra.py's
+``own_broker``; the restart is its ``crash_and_restart``). The worker and sink
+are the real ``convowatch run`` / ``convowatch sink`` processes with the Kafka
+client defaults of stream/settings.py, each under a ``kafka.group_instance_id``
+of its own (static membership, as the production units run it: a killed worker
+started again takes its partitions back at once); the store is embedded
 ClickHouse, the judge is the recorded GPT-3.5 answers served over HTTP.
 
 Reports what reached the store (rows, scored, duplicates visible after FINAL,
 conversations missing, conversations whose stored turns differ from those
 sent, conversations left open, dead letters) and, per fault, the seconds until
-the process it hit had caught up. Writes ``bench/results/faults.json``.
+the process it hit had caught up. Writes ``bench/results/faults.json`` (with the CPU model and the Kafka version).
 
 Run from the repository root: ``.venv/bin/python bench/faults.py [--seed 1] [--quick] [--consumer batch]``
 """
@@ -32,15 +37,16 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script from a checkout
-    sys.path.insert(0, str(ROOT))
+for path in (ROOT, ROOT / "bench"):
+    if str(path) not in sys.path:  # run as a script from a checkout, or imported as bench.faults
+        sys.path.insert(0, str(path))
 
 import pipeline_throughput  # noqa: E402
 from results_file import cpu_model  # noqa: E402
 
-from deploy.local.stack import stop  # noqa: E402
+from deploy.local.kafka import kafka_version  # noqa: E402
 from tests.fault_suite import FULL, SHORT, FaultReport, run_fault_suite  # noqa: E402
-from tests.infra import restartable_port  # noqa: E402
+from tests.infra import own_broker  # noqa: E402
 from tests.pipeline import Pipeline  # noqa: E402
 
 OUTPUT = ROOT / "bench" / "results" / "faults.json"
@@ -64,14 +70,14 @@ def run(seed: int, quick: bool, consumer: str) -> FaultReport:
     rubric_set, calibrator = pipeline_throughput.scoring_artifacts(pipeline_throughput.CACHE)
     with tempfile.TemporaryDirectory(prefix="convowatch-faults-") as tmp:
         root = Path(tmp)
-        stack = pipeline_throughput.start_broker(root, "files", restartable_port())
-        pipeline = Pipeline(root / "pipeline", stack.bootstrap, rubric_set, calibrator)
-        pipeline.extra_env["CONVOWATCH_KAFKA__CONSUMER"] = consumer
-        try:
-            return run_fault_suite(pipeline, rubric_set, plan, stack.cfg)
-        finally:
-            pipeline.stop_all()
-            stop(stack.cfg, ["kafka"])
+        # Apache Kafka of this run's own, on ports below the ephemeral range (it is killed and started again on them).
+        with own_broker(root / "stack") as cfg:
+            pipeline = Pipeline(root / "pipeline", f"127.0.0.1:{cfg.kafka_port}", rubric_set, calibrator)
+            pipeline.extra_env["CONVOWATCH_KAFKA__CONSUMER"] = consumer
+            try:
+                return run_fault_suite(pipeline, rubric_set, plan, cfg)
+            finally:
+                pipeline.stop_all()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -85,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "benchmark": "faults",
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": " ".join([".venv/bin/python", "bench/faults.py", *(argv if argv is not None else sys.argv[1:])]),
-        "machine": {"cpu": cpu_model()},
+        "machine": {"cpu": cpu_model(), "kafka": kafka_version()},
         "consumer": args.consumer,
         **run(args.seed, args.quick, args.consumer).as_dict(),
     }

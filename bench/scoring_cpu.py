@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         answers = Path(tmp) / "answers.tsv"
         pipeline_throughput.write_judge_answers(answers, header, rows, work.ids)
-        env = pipeline_throughput.base_env(rubric_set, calibrator, answers, tansu=False)
+        env = pipeline_throughput.base_env(rubric_set, calibrator, answers)
         os.environ.update(env)
         from stream.metrics import ServiceMetrics
         from stream.service import build_scorer

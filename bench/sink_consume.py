@@ -2,9 +2,9 @@
 
 kafka-python checks every fetched batch's CRC-32C; without the `crc32c` package it does so in pure Python, which
 was ~20 % of the sink's CPU in a py-spy profile of bench/pipeline_throughput.py. This benchmark publishes
-`N_RECORDS` turn events of ~350 bytes to a tansu broker started here, then reads them back as the sink polls
-(500 records at a time; no consumer group), best of 3 reads, once with the C extension and once with it hidden (a
-child process each).
+`N_RECORDS` turn events of ~350 bytes to Apache Kafka (KRaft, one node: the embedded stack's) started here, then reads
+them back as the sink polls (500 records at a time; no consumer group), best of 3 reads, once with the C extension
+and once with it hidden (a child process each).
 
 Run: ``.venv/bin/python bench/sink_consume.py`` (about a minute); figures to bench/results/sink_consume.json.
 """
@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     import pipeline_throughput
     from results_file import cpu_model  # bench/, beside this script; imported here to keep the timed children light
 
+    from deploy.local.kafka import kafka_version
+
     stack = pipeline_throughput.start_broker(Path(tempfile.mkdtemp(prefix="convowatch-bench-sink-")))
     bootstrap = stack.bootstrap
     try:
@@ -89,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
             {
                 "benchmark": "sink_consume",
                 "command": ".venv/bin/python bench/sink_consume.py",
-                "machine": {"cpu": cpu_model()},
+                "machine": {"cpu": cpu_model(), "kafka": kafka_version()},
                 "records": N_RECORDS,
                 "record_bytes": len(VALUE),
                 "best_of": RUNS,
