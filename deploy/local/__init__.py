@@ -1,1 +1,1 @@
-"""The embedded local stack: tansu (Kafka protocol), Prometheus and Alertmanager as plain processes."""
+"""The embedded local stack: Apache Kafka, Prometheus and Alertmanager as plain processes on 127.0.0.1."""
