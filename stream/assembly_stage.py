@@ -8,8 +8,8 @@ redelivered turn is recognised by its fingerprint, a conversation closed twice i
 
 The states of the partitions this worker owns live in memory (`states`) and in the changelog topic
 (``<app_id>-conversations-changelog``, the name and record format of the Faust table it replaces). When partitions
-are assigned, their states are read back from the changelog (up to the end offset the broker reports when the
-restore starts) before any of their events is processed; when they are revoked, the poll in flight is finished and
+are assigned, their states are read back from the changelog (at least up to its end offsets when the restore
+starts) before any of their events is processed; when they are revoked, the poll in flight is finished and
 committed first, then their states are dropped. A deployment switched from the Faust consumer starts where the
 Faust workers left the events topic (`PollStage`) and reads their open conversations from the same changelog.
 """
@@ -96,7 +96,7 @@ class AssemblyStage(PollStage):
             remaining = {tp for tp in tps if await reader.position(tp) < ends[tp]}
             while remaining:
                 for records in (await reader.getmany(*remaining, timeout_ms=1000)).values():
-                    for record in records:  # every record of the batch, past the reported end too (see the module)
+                    for record in records:  # a record past the end taken at the start is a newer state: kept too
                         key = conversation_of(record.key)
                         if record.value is None:
                             self.states.pop(key, None)

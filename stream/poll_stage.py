@@ -105,9 +105,9 @@ class PollStage:
         self.producer = AIOKafkaProducer(
             bootstrap_servers=k.bootstrap_servers,
             client_id=f"{self.group_id}-producer",
-            # A partition's records of a poll go in one batch of up to the largest record (the broker takes that much at once): aiokafka keeps one open batch per partition and a
-            # send that finds it full waits until it is sent, so with its 16 KB batches a poll's few hundred KB
-            # waited for several round trips in turn.
+            # A partition's records of a poll go in one batch of up to the largest record (the broker takes that much
+            # at once): aiokafka keeps one open batch per partition and a send that finds it full waits until it is
+            # sent, so with its 16 KB batches a poll's few hundred KB waited for several round trips in turn.
             max_batch_size=k.max_record_bytes,
             max_request_size=k.max_record_bytes,
             acks="all",

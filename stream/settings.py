@@ -108,7 +108,7 @@ class KafkaSettings(BaseModel):
         default=None,
         description="Kafka static group membership (group.instance.id) of this worker's or sink's consumers: a process "
         "restarted with the same id within session_timeout_s takes its partitions back with no rebalance. Give each "
-        "process its own (the systemd units use the instance name). A static member does not leave its group when "
+        "process its own (the systemd units use the host and instance names). A static member does not leave its group when "
         "it stops: its partitions wait session_timeout_s for it before they move. None = dynamic membership.",
     )
     session_timeout_s: float = Field(default=30.0, gt=0)

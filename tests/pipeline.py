@@ -198,15 +198,17 @@ class Pipeline:
     def produce_to(
         self, topic: str, records: Iterable[tuple[bytes | None, bytes | None]], max_request_size: int = 1_048_576
     ) -> int:
-        """Send raw (key, value) records to this pipeline's ``topic`` (events, closed, scores, dead_letter)."""
+        """Send raw (key, value) records to this pipeline's ``topic`` (events, closed, scores, dead_letter); a record
+        the broker refuses raises here (as the user's producer would see it), after the others were sent."""
         producer = KafkaProducer(bootstrap_servers=self.bootstrap, acks="all", max_request_size=max_request_size)
-        n = 0
-        for key, value in records:
-            producer.send(self.topic(topic), key=key, value=value)
-            n += 1
-        producer.flush()
-        producer.close()
-        return n
+        try:
+            sent = [producer.send(self.topic(topic), key=key, value=value) for key, value in records]
+            producer.flush()
+            for future in sent:
+                future.get(timeout=60)
+        finally:
+            producer.close()
+        return len(sent)
 
     def consume(self, topic: str, expect: int, timeout: float = 120) -> list:
         """Read ``topic`` from the beginning until at least ``expect`` records arrived (or time out)."""

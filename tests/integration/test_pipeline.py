@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from kafka import KafkaAdminClient
+from kafka.errors import MessageSizeTooLargeError
 from prometheus_client import CollectorRegistry
 
 from stream.contract import DeadLetter, EndEvent, FeedbackEvent, InvalidEvent, RatingEvent, TurnEvent, encode_event, parse_event
@@ -336,11 +337,16 @@ def test_a_closed_topic_record_that_is_no_conversation_is_dead_lettered_and_the_
 
 
 def test_an_event_too_large_for_its_dead_letter_is_dead_lettered_in_part_and_the_worker_goes_on(pipeline: Pipeline) -> None:
-    """A 1.5 MB event: base64 makes its dead letter larger than the producer's 1 MB record limit. Before, the
-    assemble agent crashed (MessageSizeTooLargeError) and the event was lost with only a log line."""
+    """An event of 1.5 MB is refused to the producer by Kafka (the events topic's ``max.message.bytes``, default
+    1,048,588 bytes a batch). One just under that limit is taken, and base64 makes its dead letter larger than the
+    worker's 1 MB record limit: it is dead-lettered in part. Before, the assemble agent crashed
+    (MessageSizeTooLargeError) and the event was lost with only a log line."""
     worker = pipeline.start_worker()
     pipeline.wait_assigned([worker])
-    huge = encode_event(TurnEvent("c-huge", 0, "user", "x" * 1_500_000, 1_707_000_000.0, {}))
+    refused = encode_event(TurnEvent("c-refused", 0, "user", "x" * 1_500_000, 1_707_000_000.0, {}))
+    with pytest.raises(MessageSizeTooLargeError):
+        pipeline.produce([(b"c-refused", refused)], max_request_size=4 * 1_048_576)
+    huge = encode_event(TurnEvent("c-huge", 0, "user", "x" * 1_040_000, 1_707_000_000.0, {}))
     items = _real_items()
     after = sorted(_ids(items))[:2]
     pipeline.produce([(b"c-huge", huge)], max_request_size=4 * 1_048_576)
