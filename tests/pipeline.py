@@ -9,6 +9,8 @@ process already owns another engine.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import signal
@@ -24,6 +26,7 @@ from pathlib import Path
 from kafka import KafkaConsumer, KafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
 
+from stream.contract import RECORD_HEADROOM_BYTES
 from stream.settings import KafkaSettings
 from tests.infra import free_port, wait_for
 
@@ -229,6 +232,30 @@ class Pipeline:
         finally:
             consumer.close()
         return out
+
+    def check_too_large_dead_letter(
+        self, message, original: bytes, key: bytes, partition: int | None = None, offset: int | None = None
+    ) -> dict:
+        """Check ``message``, a record of the dead-letter topic, is the dead letter of ``original`` (the value of an
+        events record with ``key``, at ``partition`` and ``offset`` when given) refused as too_large and too large to
+        keep whole (docs/event-contract.md): its value fits in ``kafka.max_record_bytes`` with the headroom the worker
+        leaves (`DeadLetter.record_value`), it keeps the start of the original, its size and SHA-256, and says where
+        it came from. Returns the dead letter as a dict."""
+        max_record_bytes = int(self.env.get("CONVOWATCH_KAFKA__MAX_RECORD_BYTES", KafkaSettings().max_record_bytes))
+        letter = json.loads(message.value)
+        assert len(message.value) <= max_record_bytes - RECORD_HEADROOM_BYTES, len(message.value)
+        assert (letter["reason"], letter["original_truncated"]) == ("too_large", True), letter["reason"]
+        assert letter["original_size"] == len(original)
+        assert letter["original_sha256"] == hashlib.sha256(original).hexdigest()
+        kept = base64.b64decode(letter["original_base64"])
+        assert kept and original.startswith(kept)
+        assert letter["key_base64"] == base64.b64encode(key).decode("ascii")
+        assert letter["topic"] == self.topic("events")
+        if partition is not None:
+            assert letter["partition"] == partition
+        if offset is not None:
+            assert letter["offset"] == offset
+        return letter
 
     def query_store(self, sql: str) -> list[dict]:
         """Run a read-only query on this pipeline's embedded store in a fresh process (the sink must be stopped)."""
