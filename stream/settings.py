@@ -93,6 +93,12 @@ class KafkaSettings(BaseModel):
     dead_letter_topic: str = "convowatch.dead-letters"
     partitions: int = Field(default=4, ge=1, description="Partitions of each topic created on start (= max workers).")
     replication_factor: int = Field(default=1, ge=1)
+    changelog_segment_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="segment.ms of the changelog topic created on start: Kafka compacts only closed segments, and at its "
+        "default (7 days) a restore would read up to a week of every conversation's states (bench/changelog_restore.py).",
+    )
     app_id: str = Field(
         default="convowatch",
         description="Faust app id; the workers' consumer groups are <app_id>-assemble and <app_id>-score (consumer "

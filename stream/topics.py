@@ -42,8 +42,10 @@ def new_topic(settings: KafkaSettings, name: str) -> NewTopic:
     """The topic to create: ``kafka.partitions`` partitions; the changelog compacted, since restoring a partition's
     conversations needs only each one's last state (Faust would create its changelog so, but finds it made here, and
     a changelog under the default delete policy keeps every state written for the retention period, all read back
-    on each restore)."""
-    configs = {"cleanup.policy": "compact"} if name == changelog_topic(settings) else {}
+    on each restore), its segments rolled every ``kafka.changelog_segment_s`` so that the cleaner gets to them."""
+    configs = {}
+    if name == changelog_topic(settings):
+        configs = {"cleanup.policy": "compact", "segment.ms": str(int(settings.changelog_segment_s * 1000))}
     return NewTopic(name, settings.partitions, settings.replication_factor, topic_configs=configs)
 
 

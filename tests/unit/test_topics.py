@@ -11,6 +11,6 @@ def test_the_changelog_is_compacted_and_the_other_topics_keep_the_brokers_defaul
     settings = KafkaSettings(partitions=6, replication_factor=3, app_id="cw")
     topics = {name: new_topic(settings, name) for name in service_topics(settings)}
     assert changelog_topic(settings) == "cw-conversations-changelog"
-    assert topics["cw-conversations-changelog"].topic_configs == {"cleanup.policy": "compact"}
+    assert topics["cw-conversations-changelog"].topic_configs == {"cleanup.policy": "compact", "segment.ms": "3600000"}
     assert all(t.topic_configs == {} for name, t in topics.items() if name != "cw-conversations-changelog")
     assert {(t.num_partitions, t.replication_factor) for t in topics.values()} == {(6, 3)}
