@@ -33,6 +33,7 @@ from stream.store import ClickHouseStore, StoreError
 log = logging.getLogger(__name__)
 
 ROW_EVENT_TYPES = ("feedback", "rating")  # the events the sink writes; the workers take the turns and ends
+BROKER_RETRY_S = 1.0  # the wait before polling again after no broker answered
 
 
 @dataclass
@@ -221,7 +222,17 @@ class ScoreSink:
         caught_up = False
         while not stop.is_set():
             wait_s = self.pace.poll_timeout(time.monotonic(), held_since, caught_up)
-            polled = self.consumer.poll(timeout_ms=int(wait_s * 1000), max_records=max(1, store.batch_size - pending.rows))
+            try:
+                polled = self.consumer.poll(timeout_ms=int(wait_s * 1000), max_records=max(1, store.batch_size - pending.rows))
+            except KafkaError as e:
+                # kafka-python raises from poll when no broker answers the coordinator lookup (the whole cluster
+                # restarting); what the sink holds stays held, uncommitted, and it polls again.
+                if not e.retriable:
+                    raise
+                log.warning("poll failed, no broker answered (retrying in %.0f s): %s", BROKER_RETRY_S, e)
+                if stop.wait(BROKER_RETRY_S):
+                    break
+                continue
             messages = [m for part in polled.values() for m in part]
             caught_up = self.report_lag()
             if messages:
