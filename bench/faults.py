@@ -5,11 +5,12 @@ what is checked), with `FULL`: 1,000 copies of the real LLM-Rubric
 conversations, the worker killed (-9) 10 times and the sink 3 times at seeded
 random moments between the replay's chunks, the sink stopped for 60 s, the
 judge failing for 5 min (connection refused, HTTP 503, replies slower than the
-worker's judge timeout, a third each) while the rest goes on, and the broker
-killed (-9) once and started again on its log directory. The broker is Apache
-Kafka (KRaft, one node: the embedded stack's, deploy/local/stack.py), a broker
-of this run's own on ports it can be restarted on (tests/infra.py's
-``own_broker``; the restart is its ``crash_and_restart``). The worker and sink
+worker's judge timeout, a third each) while the rest goes on; and the broker
+faults of a 3-node Apache Kafka cluster (KRaft, each node broker and
+controller; replication factor 3, ``min.insync.replicas=2``, ``acks=all``):
+the leader of an events partition and of a changelog partition killed (-9) and
+started again, the active controller killed and started again, the whole
+cluster killed at once and started again on its files. The worker and sink
 are the real ``convowatch run`` / ``convowatch sink`` processes with the Kafka
 client defaults of stream/settings.py, each under a ``kafka.group_instance_id``
 of its own (static membership, as the production units run it: a killed worker
@@ -19,7 +20,8 @@ ClickHouse, the judge is the recorded GPT-3.5 answers served over HTTP.
 Reports what reached the store (rows, scored, duplicates visible after FINAL,
 conversations missing, conversations whose stored turns differ from those
 sent, conversations left open, dead letters) and, per fault, the seconds until
-the process it hit had caught up. Writes ``bench/results/faults.json`` (with the CPU model and the Kafka version).
+the process it hit had caught up (a broker fault: also until every replica was
+back in sync). Writes ``bench/results/faults.json`` (with the CPU model and the Kafka version).
 
 Run from the repository root: ``.venv/bin/python bench/faults.py [--seed 1] [--quick] [--consumer batch]``
 """
@@ -45,8 +47,8 @@ import pipeline_throughput  # noqa: E402
 from results_file import cpu_model  # noqa: E402
 
 from deploy.local.kafka import kafka_version  # noqa: E402
-from tests.fault_suite import FULL, SHORT, FaultReport, run_fault_suite  # noqa: E402
-from tests.infra import own_broker  # noqa: E402
+from tests.fault_suite import CLUSTER_OVERRIDES, CLUSTER_SIZE, FULL, SHORT, FaultReport, run_fault_suite  # noqa: E402
+from tests.infra import kafka_cluster  # noqa: E402
 from tests.pipeline import Pipeline  # noqa: E402
 
 OUTPUT = ROOT / "bench" / "results" / "faults.json"
@@ -58,10 +60,11 @@ def report(result: dict[str, Any]) -> None:
     print(f"\n{result['plan']['conversations']} conversations in {result['seconds']:.0f} s")
     for key, value in stored.items():
         print(f"  {key:<28} {value}")
-    print("recovery (s until caught up):")
+    print("recovery (s until caught up; a broker fault: and until every replica was in sync):")
     for r in result["recoveries"]:
         outage = f" after {r['seconds']:.0f} s down" if "seconds" in r else ""
-        print(f"  {r['fault']:<14}{outage:<20} {r['caught_up_s']:>7.1f}")
+        in_sync = f" {r['in_sync_s']:>7.1f}" if "in_sync_s" in r else ""
+        print(f"  {r['fault']:<22}{outage:<20} {r['caught_up_s']:>7.1f}{in_sync}")
     print(f"judge requests: {result['judge_requests']}")
 
 
@@ -70,12 +73,12 @@ def run(seed: int, quick: bool, consumer: str) -> FaultReport:
     rubric_set, calibrator = pipeline_throughput.scoring_artifacts(pipeline_throughput.CACHE)
     with tempfile.TemporaryDirectory(prefix="convowatch-faults-") as tmp:
         root = Path(tmp)
-        # Apache Kafka of this run's own, on ports below the ephemeral range (it is killed and started again on them).
-        with own_broker(root / "stack") as cfg:
-            pipeline = Pipeline(root / "pipeline", f"127.0.0.1:{cfg.kafka_port}", rubric_set, calibrator)
+        # A cluster of this run's own, on ports below the ephemeral range (its nodes are killed and started again on them).
+        with kafka_cluster(root / "cluster", CLUSTER_SIZE, CLUSTER_OVERRIDES) as cluster:
+            pipeline = Pipeline(root / "pipeline", cluster.bootstrap, rubric_set, calibrator)
             pipeline.extra_env["CONVOWATCH_KAFKA__CONSUMER"] = consumer
             try:
-                return run_fault_suite(pipeline, rubric_set, plan, cfg)
+                return run_fault_suite(pipeline, rubric_set, plan, cluster)
             finally:
                 pipeline.stop_all()
 

@@ -2,7 +2,16 @@
 
 One scenario, two sizes: `SHORT` runs in ``make test``
 (tests/integration/test_faults.py), `FULL` (≥ 1,000 conversations, ten worker
-kills, a broker restart, a 60 s sink outage, a 5 min judge outage) in ``bench/faults.py``.
+kills, three sink kills, a 60 s sink outage, a 5 min judge outage) in ``bench/faults.py``.
+
+The broker is a 3-node Apache Kafka cluster on loopback (KRaft, each node
+broker and controller; `tests.infra.KafkaCluster`) run as production runs it:
+convowatch creates its topics with replication factor 3, the brokers require
+``min.insync.replicas=2``, every producer sends with ``acks=all``. Its faults,
+in both sizes: the leader of an events partition and the leader of a changelog
+partition killed (-9) mid-stream and started again, the active controller
+killed and started again, and the whole cluster killed at once and started
+again on its files.
 
 The conversations are the 223 real LLM-Rubric ones, copied under new ids
 (``<real id>#<k>``) up to the plan's count, and judged over HTTP by the
@@ -15,9 +24,10 @@ whenever a worker dies.
 Faults run in a seeded random order between the chunks; after each, the time
 until the process it hit has caught up is measured: the committed offsets of
 its consumer group reach the topic's end offsets as they stood at the fault
-(a worker: the events topic; the sink: the scores topic; the judge, which
-runs in the background while the other faults go on: the closed topic, from
-the moment it answers again). At the end every conversation must be in the
+(a worker: the events topic; the sink: the scores topic; a broker fault: both,
+and the time until every replica of the pipeline's topics is back in sync;
+the judge, which runs in the background while the other faults go on: the
+closed topic, from the moment it answers again). At the end every conversation must be in the
 store exactly once, scored, with every turn as it was sent, in order; no
 dead letter; no conversation left open; no process flagged lost broker data
 (``convowatch_broker_lost_data_total`` of every worker and sink incarnation,
@@ -27,19 +37,17 @@ The service runs with its default client settings. Each restarted worker or
 sink comes back under the same ``kafka.group_instance_id`` (Kafka's static
 membership, as the production units run it), so it takes its partitions back
 without waiting for the killed one's session to expire.
-
-The broker restart kills Apache Kafka (-9) and starts it again on its log
-directory, so the run needs a broker of its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -47,7 +55,6 @@ from typing import Any, TypeVar
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
-from deploy.local.stack import StackConfig
 from scorers.conversation import Conversation
 from scorers.datasets.llm_rubric import load_real_conversations
 from scorers.judges.recorded import load_answer_table
@@ -56,13 +63,15 @@ from scorers.rubrics import RubricSet
 from stream.contract import EndEvent, Event, TurnEvent
 from stream.records import ScoreRecord
 from stream.replay.sources import LLM_RUBRIC_REAL_DATA, ReplayItem, llm_rubric_events
-from stream.settings import JudgeSettings
-from tests.infra import crash_and_restart, free_port, wait_for
+from stream.settings import JudgeSettings, KafkaSettings
+from stream.topics import changelog_topic
+from tests.infra import KafkaCluster, free_port, wait_for
 from tests.pipeline import LLM_RUBRIC_DATA, RECORDED_REAL_ANSWERS, Pipeline, Process
 from tests.recorded_judge_server import RecordedJudgeServer
 
 JUDGE_TIMEOUT_S = 2.0
 SLOW_REPLY_S = 3.0  # longer than the judge timeout: a slow reply is a failed attempt
+OFFSETS_TIMEOUT_MS = 10_000  # one read of end offsets; a read that fails is tried again
 OUTAGE_MODE_MAX_WAIT_S = 300.0  # the last chunk's conversations reach the judge well within this
 T = TypeVar("T")
 
@@ -76,12 +85,19 @@ class FaultPlan:
     sink_kills: int
     sink_outage_s: float
     judge_outage_s: float  # a third each: connection refused, HTTP 503, replies slower than the judge timeout
-    broker_restarts: int = 1  # kill -9 and start again on the same files
+    leader_kills: int = 1  # of an events partition's leader, and as many of a changelog partition's
+    controller_kills: int = 1
+    cluster_restarts: int = 1  # every node killed at once, then all started again
     seed: int = 1
 
 
 SHORT = FaultPlan(conversations=300, worker_kills=3, sink_kills=1, sink_outage_s=10, judge_outage_s=30)
 FULL = FaultPlan(conversations=1000, worker_kills=10, sink_kills=3, sink_outage_s=60, judge_outage_s=300)
+
+# What production runs on (deploy/production/README.md): writes need two in-sync replicas of three.
+CLUSTER_OVERRIDES = {"min.insync.replicas": "2"}
+CLUSTER_SIZE = 3
+BROKER_FAULTS = ("events leader kill", "changelog leader kill", "controller kill", "cluster restart")
 
 # The worker retries a conversation through a judge outage (capped backoff) instead of storing it unscored.
 JUDGE_ENV = {
@@ -163,19 +179,22 @@ class FaultReport:
 class FaultRun:
     """Runs `FaultPlan` against a pipeline (its own topics and store) with a recorded judge server."""
 
-    def __init__(
-        self, pipeline: Pipeline, judge: RecordedJudgeServer, plan: FaultPlan, broker: StackConfig | None = None
-    ) -> None:
-        if plan.broker_restarts and broker is None:
-            raise ValueError("a plan with broker restarts needs a broker of its own")
-        self.pipeline, self.judge, self.plan, self.broker = pipeline, judge, plan, broker
+    def __init__(self, pipeline: Pipeline, judge: RecordedJudgeServer, plan: FaultPlan, cluster: KafkaCluster) -> None:
+        self.pipeline, self.judge, self.plan, self.cluster = pipeline, judge, plan, cluster
         self.rng = random.Random(plan.seed)
         self.report = FaultReport(plan)
-        pipeline.extra_env.update({**JUDGE_ENV, "CONVOWATCH_JUDGE__BASE_URL": f"http://127.0.0.1:{judge.port}/v1"})
+        pipeline.extra_env.update(
+            {
+                **JUDGE_ENV,
+                "CONVOWATCH_JUDGE__BASE_URL": f"http://127.0.0.1:{judge.port}/v1",
+                "CONVOWATCH_KAFKA__REPLICATION_FACTOR": str(len(cluster.nodes)),
+            }
+        )
         self.admin = KafkaAdminClient(bootstrap_servers=pipeline.bootstrap)
         self.offsets = KafkaConsumer(bootstrap_servers=pipeline.bootstrap)
         self.workers = 0
         self.sinks = 0
+        self.running: dict[str, Process] = {}  # the worker and the sink as they are now
         self.lost_data_flags = 0.0  # convowatch_broker_lost_data_total of every incarnation that was stopped
         self._judge_thread: threading.Thread | None = None
         self._kafka = threading.Lock()  # the judge outage's thread reads offsets too; the clients are not thread-safe
@@ -189,14 +208,26 @@ class FaultRun:
     def end_offsets(self, topic: str) -> dict[int, int]:
         name = self.pipeline.topic(topic)
         tps = [TopicPartition(name, p) for p in range(self.pipeline.partitions)]
-        with self._kafka:
-            return {tp.partition: off for tp, off in self.offsets.end_offsets(tps).items()}
+        with self._kafka, self._afresh_on_error():
+            return {tp.partition: off for tp, off in self.offsets.end_offsets(tps, timeout_ms=OFFSETS_TIMEOUT_MS).items()}
 
     def committed(self, group: str, topic: str) -> dict[int, int]:
         name = self.pipeline.topic(topic)
-        with self._kafka:
+        with self._kafka, self._afresh_on_error():
             offsets = self.admin.list_group_offsets(group)[group]
         return {tp.partition: om.offset for tp, om in offsets.items() if tp.topic == name}
+
+    @contextlib.contextmanager
+    def _afresh_on_error(self) -> Iterator[None]:
+        """This run's own clients are made again after a broker error: a kafka-python client that met a node while
+        it restarted was seen to fail every read for over a minute after it was back (the service's clients were not)."""
+        try:
+            yield
+        except KafkaError:
+            self.close()
+            self.admin = KafkaAdminClient(bootstrap_servers=self.pipeline.bootstrap)
+            self.offsets = KafkaConsumer(bootstrap_servers=self.pipeline.bootstrap)
+            raise
 
     def caught_up_after(self, group: str, topic: str, since: float, timeout: float = 900) -> float:
         """Seconds from ``since`` (the fault) until ``group`` has committed ``topic`` up to its end offsets as they
@@ -204,6 +235,9 @@ class FaultRun:
         target = wait_for(lambda: _unless_unreachable(self.end_offsets, topic) or {}, timeout=60, what=f"{topic} end offsets")
 
         def done() -> bool:
+            for p in self.running.values():
+                if p.popen.poll() is not None:
+                    raise AssertionError(f"{p.name} exited with {p.popen.returncode}:\n{p.log_tail()}")
             got = _unless_unreachable(self.committed, group, topic)
             return got is not None and all(got.get(p, 0) >= end for p, end in target.items())
 
@@ -218,13 +252,14 @@ class FaultRun:
 
     def start_worker(self) -> Process:
         self.workers += 1
-        worker = self.pipeline.start_worker(f"worker-{self.workers}", env=self._instance("worker"))
+        worker = self.running["worker"] = self.pipeline.start_worker(f"worker-{self.workers}", env=self._instance("worker"))
         self.pipeline.wait_assigned([worker])
         return worker
 
     def start_sink(self) -> Process:
         self.sinks += 1
-        return self.pipeline.start_sink(f"sink-{self.sinks}", env=self._instance("sink"))
+        self.running["sink"] = self.pipeline.start_sink(f"sink-{self.sinks}", env=self._instance("sink"))
+        return self.running["sink"]
 
     def _instance(self, role: str) -> dict[str, str]:
         """Every incarnation of a role joins under one static member id."""
@@ -233,6 +268,7 @@ class FaultRun:
     def _stop(self, process: Process, kill: bool) -> None:
         """Read the process's lost-data flags (it cannot be read after), then kill it (-9) or stop it (SIGTERM)."""
         self.lost_data_flags += process.metric_sum("convowatch_broker_lost_data_total")
+        self.running = {role: p for role, p in self.running.items() if p is not process}
         if kill:
             process.kill9()
         else:
@@ -268,15 +304,41 @@ class FaultRun:
             what=f"a judge request during the {mode!r} outage",
         )
 
-    def _restart_broker(self) -> None:
-        """Kill the broker (-9, as a crash would) and start it again on its files; the worker, the sink and this
-        run's own clients reconnect by themselves."""
-        assert self.broker is not None
-        crash_and_restart(self.broker)
+    def _broker_fault(self, action: str) -> list[int]:
+        """Kill (-9) the node the action names, or every node, and start it again on its files; returns the ids
+        of the nodes killed. The worker, the sink and this run's own clients find the new leaders by themselves."""
+        if action == "cluster restart":
+            self.cluster.crash_and_restart_all()
+            return [n.node_id for n in self.cluster]
+        if action == "controller kill":
+            node = self.cluster.active_controller()
+        else:
+            topic = self.pipeline.topic("events") if action == "events leader kill" else self._changelog
+            node = self.cluster.leader_of(topic, self.rng.randrange(self.pipeline.partitions))
+        self.cluster.crash_and_restart(node)
+        return [node.node_id]
+
+    @property
+    def _changelog(self) -> str:
+        return changelog_topic(KafkaSettings(app_id=self.pipeline.env["CONVOWATCH_KAFKA__APP_ID"]))
+
+    def in_sync_after(self, since: float, timeout: float = 300) -> float:
+        """Seconds from ``since`` until every partition of the pipeline's topics has all its replicas in sync."""
+        topics = [self.pipeline.topic(t) for t in ("events", "closed", "scores", "dead_letter")] + [self._changelog]
+
+        def in_sync() -> bool:
+            with self._kafka:
+                described = _unless_unreachable(self.admin.describe_topics, topics)
+            partitions = [p for t in described or [] for p in t["partitions"]]
+            return bool(partitions) and all(len(p["isr_nodes"]) == len(self.cluster.nodes) for p in partitions)
+
+        wait_for(in_sync, timeout=timeout, interval=0.5, what="every replica back in sync")
+        return round(time.monotonic() - since, 2)
 
     def _actions(self) -> list[str]:
         actions = ["worker kill"] * self.plan.worker_kills + ["sink kill"] * self.plan.sink_kills
-        actions += ["broker restart"] * self.plan.broker_restarts
+        actions += ["events leader kill", "changelog leader kill"] * self.plan.leader_kills
+        actions += ["controller kill"] * self.plan.controller_kills + ["cluster restart"] * self.plan.cluster_restarts
         actions += ["sink outage", "judge outage"]
         self.rng.shuffle(actions)
         return actions
@@ -301,11 +363,18 @@ class FaultRun:
                 self.report.recoveries.append(
                     {"fault": action, "caught_up_s": self.caught_up_after(self.sink_group, "scores", at)}
                 )
-            elif action == "broker restart":
-                self._restart_broker()
+            elif action in BROKER_FAULTS:
+                killed = self._broker_fault(action)
                 worker_back = self.caught_up_after(self.pipeline.worker_group("events"), "events", at)
                 sink_back = self.caught_up_after(self.sink_group, "scores", at)
-                self.report.recoveries.append({"fault": action, "caught_up_s": max(worker_back, sink_back)})
+                self.report.recoveries.append(
+                    {
+                        "fault": action,
+                        "nodes": killed,
+                        "caught_up_s": max(worker_back, sink_back),
+                        "in_sync_s": self.in_sync_after(at),
+                    }
+                )
             elif action == "sink outage":
                 self._stop(sink, kill=False)
                 time.sleep(self.plan.sink_outage_s)
@@ -386,11 +455,11 @@ def _unless_unreachable(call: Callable[..., T], *args: Any) -> T | None:
         return None
 
 
-def run_fault_suite(pipeline: Pipeline, rubric_set: Path, plan: FaultPlan, broker: StackConfig | None = None) -> FaultReport:
-    """Run ``plan`` on ``pipeline`` (no process started yet) with a recorded judge server in front of it;
-    ``broker`` is the pipeline's own broker, for the plan's broker restarts."""
+def run_fault_suite(pipeline: Pipeline, rubric_set: Path, plan: FaultPlan, cluster: KafkaCluster) -> FaultReport:
+    """Run ``plan`` on ``pipeline`` (no process started yet, its bootstrap ``cluster``'s) with a recorded judge
+    server in front of it; ``cluster`` was started with `CLUSTER_OVERRIDES`."""
     with judge_server(rubric_set) as judge:
-        run = FaultRun(pipeline, judge, plan, broker)
+        run = FaultRun(pipeline, judge, plan, cluster)
         try:
             return run.run()
         finally:

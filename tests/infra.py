@@ -13,7 +13,7 @@ Register the fixtures in a conftest with ``from tests.infra import kafka_broker,
   that delivers nowhere (alerts are still visible in ``/api/v2/alerts``).
 
 Helpers: ``free_port()``, ``free_ports(n)``, ``restartable_port()``, ``own_broker(state_dir)`` (a broker of a
-test's own) and ``crash_and_restart(cfg)``, ``kafka_cluster(state_dir, n)`` (a KRaft cluster of ``n`` nodes), ``wait_for(predicate, timeout, interval)``,
+test's own) and ``crash_and_restart(cfg)``, ``kafka_cluster(state_dir, n)`` (a `KafkaCluster` of ``n`` nodes: its leaders, its controller, its crashes), ``wait_for(predicate, timeout, interval)``,
 ``prometheus_query(url, promql)``, ``WebhookReceiver`` (records what Alertmanager delivers).
 """
 
@@ -33,11 +33,13 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from kafka import KafkaAdminClient
 
 from deploy.local.kafka import KafkaNode
 from deploy.local.processes import port_in_use, read_tracked
@@ -284,30 +286,85 @@ def own_broker(state_dir: Path, overrides: Mapping[str, str] | None = None) -> I
         stop(cfg, ["kafka"])
 
 
+@dataclass(frozen=True)
+class KafkaCluster:
+    """A KRaft cluster of combined broker+controller nodes started by `kafka_cluster`, and the faults that hit it.
+
+    Iterating it yields its nodes."""
+
+    state_dir: Path
+    nodes: tuple[KafkaNode, ...]
+    overrides: Mapping[str, str] = field(default_factory=dict)
+
+    def __iter__(self) -> Iterator[KafkaNode]:
+        return iter(self.nodes)
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(n.bootstrap for n in self.nodes)
+
+    def node(self, node_id: int) -> KafkaNode:
+        return next(n for n in self.nodes if n.node_id == node_id)
+
+    def leader_of(self, topic: str, partition: int) -> KafkaNode:
+        """The node that leads ``partition`` of ``topic`` now (the brokers' metadata)."""
+        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap)
+        try:
+            [described] = admin.describe_topics([topic])
+        finally:
+            admin.close()
+        [p] = [p for p in described["partitions"] if p["partition_index"] == partition]
+        return self.node(p["leader_id"])
+
+    def active_controller(self) -> KafkaNode:
+        """The leader of the controller quorum, as the voters last recorded it (``quorum-state``: the highest
+        epoch's leader). Clients cannot ask: since KIP-590 a broker names a random broker as "controller"."""
+        states = []
+        for n in self.nodes:
+            path = n.data_dir / "__cluster_metadata-0" / "quorum-state"
+            with contextlib.suppress(OSError, ValueError):
+                states.append(json.loads(path.read_text()))
+        _, leader = max((s["leaderEpoch"], s["leaderId"]) for s in states if s.get("leaderId", -1) >= 0)
+        return self.node(leader)
+
+    def crash_and_restart(self, node: KafkaNode, before_restart: Callable[[], object] = lambda: None) -> None:
+        """Kill one node (-9), call ``before_restart`` while it is down, start it again on its files."""
+        self._kill(node)
+        before_restart()
+        stop_kafka_cluster(self.state_dir, [node])  # reaps it and forgets its pid file
+        start_kafka_node(self.state_dir.resolve(), f"kafka-{node.node_id}", node, self.nodes, self.overrides)
+
+    def crash_and_restart_all(self) -> None:
+        """Kill every node (-9, as a power cut would) and start the cluster again on its files."""
+        for node in self.nodes:
+            self._kill(node)
+        stop_kafka_cluster(self.state_dir, self.nodes)
+        start_kafka_cluster(self.state_dir, self.nodes, self.overrides)
+
+    def _kill(self, node: KafkaNode) -> None:
+        name = f"kafka-{node.node_id}"
+        tracked = read_tracked(self.state_dir.resolve(), name, EXECUTABLES["kafka"])
+        assert tracked is not None, f"{name} does not run in {self.state_dir}"
+        os.kill(tracked.pid, signal.SIGKILL)
+        # A process being killed can look gone (its command line already empty) while it still holds its ports: the
+        # node starts again only once both are free.
+        ports = (node.port, node.controller_port)
+        wait_for(lambda: not any(map(port_in_use, ports)), timeout=30, interval=0.05, what=f"the killed {name}'s ports free")
+
+
 @contextlib.contextmanager
-def kafka_cluster(state_dir: Path, size: int = 3, overrides: Mapping[str, str] | None = None) -> Iterator[list[KafkaNode]]:
-    """A KRaft cluster of ``size`` combined broker+controller nodes on restartable ports; stopped afterwards."""
+def kafka_cluster(state_dir: Path, size: int = 3, overrides: Mapping[str, str] | None = None) -> Iterator[KafkaCluster]:
+    """A KRaft cluster of ``size`` combined broker+controller nodes on restartable ports; stopped afterwards.
+
+    ``overrides``: broker properties of every node (kept across its restarts)."""
     ports = restartable_ports(2 * size)
-    nodes = [KafkaNode(i + 1, ports[2 * i], ports[2 * i + 1], state_dir / f"kafka-{i + 1}") for i in range(size)]
-    start_kafka_cluster(state_dir, nodes, overrides)
+    nodes = tuple(KafkaNode(i + 1, ports[2 * i], ports[2 * i + 1], state_dir / f"kafka-{i + 1}") for i in range(size))
+    cluster = KafkaCluster(state_dir, nodes, dict(overrides or {}))
+    start_kafka_cluster(state_dir, nodes, cluster.overrides)
     try:
-        yield nodes
+        yield cluster
     finally:
         stop_kafka_cluster(state_dir, nodes)
-
-
-def crash_and_restart_node(
-    state_dir: Path, node: KafkaNode, cluster: Sequence[KafkaNode], before_restart: Callable[[], object] = lambda: None
-) -> None:
-    """Kill one node of a `kafka_cluster` (-9), call ``before_restart`` while it is down, start it again."""
-    name = f"kafka-{node.node_id}"
-    tracked = read_tracked(state_dir.resolve(), name, EXECUTABLES["kafka"])
-    assert tracked is not None, f"{name} does not run in {state_dir}"
-    os.kill(tracked.pid, signal.SIGKILL)
-    wait_for(lambda: not port_in_use(node.port), timeout=30, interval=0.05, what=f"the killed {name}'s port free")
-    before_restart()
-    stop_kafka_cluster(state_dir, [node])  # reaps it and forgets its pid file
-    start_kafka_node(state_dir.resolve(), name, node, cluster)
 
 
 def crash_and_restart(cfg: StackConfig) -> None:
@@ -315,8 +372,8 @@ def crash_and_restart(cfg: StackConfig) -> None:
     pid = status(cfg)["kafka"].pid
     assert pid is not None, f"no broker runs in {cfg.state_dir}"
     os.kill(pid, signal.SIGKILL)
-    # A process being killed can look gone (its command line already empty) while it still holds its port.
-    wait_for(lambda: not port_in_use(cfg.kafka_port), timeout=30, interval=0.05, what="the killed broker's port free")
+    ports = [p for p in (cfg.kafka_port, cfg.kafka_controller_port) if p is not None]
+    wait_for(lambda: not any(map(port_in_use, ports)), timeout=30, interval=0.05, what="the killed broker's ports free")
     stop(cfg, ["kafka"])  # reaps it and forgets its pid file
     start_kafka(cfg)
 

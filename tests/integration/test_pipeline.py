@@ -374,7 +374,8 @@ def _publish_in_steps(pipeline: Pipeline, items: list[ReplayItem], steps: int) -
         yield i
 
 
-@pytest.mark.parametrize("scoring_concurrency, consumer", [(1, "faust"), (4, "faust"), (1, "batch"), (4, "batch")])
+# faust (kept for compatibility, docs/architecture.md) in the harder case only: four agents finishing out of order.
+@pytest.mark.parametrize("scoring_concurrency, consumer", [(4, "faust"), (1, "batch"), (4, "batch")])
 def test_kill_9_of_worker_and_sink_loses_nothing_and_shows_no_duplicates(
     pipeline: Pipeline, scoring_concurrency: int, consumer: str
 ) -> None:
