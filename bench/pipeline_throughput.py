@@ -31,7 +31,9 @@ Measured, in one run:
    to run (``/proc/PID/task/*/schedstat``) says whether they held it back.
    Then the same on a fresh workload with the sink started only once every
    conversation is scored: what one worker does with the host's cores to itself
-   (the broker and this script still run beside it).
+   (the broker and this script still run beside it). And the same phase (sink
+   running) once more with the other consumer path (``kafka.consumer`` faust
+   when the run's is batch, and the reverse), on the same broker.
 2. **Latency ``end`` → row in ClickHouse.** Fresh topics, worker and sink;
    after a warm-up, the workload is published at a steady rate below capacity
    (default: half the measured all-events rate, at most 1,000 events/s), the
@@ -885,12 +887,13 @@ def run(args: argparse.Namespace, root: Path) -> dict:
     work1c = workload("m", n, turns, seed=1, real_ids=real_ids)
     work1d = workload("o", n, turns, seed=1, real_ids=real_ids)
     work1e = workload("a", n, turns, seed=1, real_ids=real_ids)
+    work1f = workload("f", n, turns, seed=1, real_ids=real_ids)
     warm = workload("w", WARMUP_CONVERSATIONS, turns, seed=3, real_ids=real_ids)
     answers = root / "judge-answers.tsv"
     # the latency phase's ids are added once its size is known; write all phases' ids now (a superset is harmless)
     n2_max = n
     work2_ids = {f"{real_ids[k % len(real_ids)]}#l-{k}": real_ids[k % len(real_ids)] for k in range(n2_max)}
-    all_ids = {**work1.ids, **work1c.ids, **work1d.ids, **work1e.ids, **warm.ids, **work2_ids}
+    all_ids = {**work1.ids, **work1c.ids, **work1d.ids, **work1e.ids, **work1f.ids, **warm.ids, **work2_ids}
     write_judge_answers(answers, header, rows, all_ids)
     print(
         f"workload: {n} conversations x {turns} turns + end = {len(work1.items)} events; judge answers for "
@@ -902,9 +905,9 @@ def run(args: argparse.Namespace, root: Path) -> dict:
     results: dict = {}
     pipelines: list[Pipeline] = []
 
-    def pipeline(tag: str) -> Pipeline:
+    def pipeline(tag: str, consumer: str = args.consumer) -> Pipeline:
         """A fresh set of topics and services, stopped at the end."""
-        env = base_env(rubric_set, calibrator, answers, consumer=args.consumer)
+        env = base_env(rubric_set, calibrator, answers, consumer=consumer)
         pipelines.append(Pipeline(root, tag, stack.bootstrap, env, stack.broker_pid))
         return pipelines[-1]
 
@@ -935,6 +938,17 @@ def run(args: argparse.Namespace, root: Path) -> dict:
         results["load_after_throughput_sink_after"] = load()
         print(
             f"worker, the sink started after it: {results['throughput_sink_after']['turn_events_per_s']:.0f} turn events/s",
+            flush=True,
+        )
+
+        # 1c: the other consumer path (kafka.consumer), the same phase on the same broker
+        other = other_consumer(args.consumer)
+        p1o = pipeline(f"tput-{other}", consumer=other)
+        preload(p1o, work1f)
+        results["throughput_other_consumer"] = {"consumer": other, **throughput(p1o, work1f, timeout)}
+        results["load_after_throughput_other_consumer"] = load()
+        print(
+            f"worker, kafka.consumer {other}: {results['throughput_other_consumer']['turn_events_per_s']:.0f} turn events/s",
             flush=True,
         )
 
@@ -977,6 +991,10 @@ def run(args: argparse.Namespace, root: Path) -> dict:
         stop(stack.cfg, ["kafka"])
     results["load_before"] = load_before
     return results
+
+
+def other_consumer(consumer: str) -> str:
+    return "faust" if consumer == "batch" else "batch"
 
 
 def scaling_key(workers: int, sink_after: bool, round_: int) -> str:
@@ -1044,6 +1062,9 @@ def report(args: argparse.Namespace, results: dict, wall_s: float) -> dict:
         "headline": {
             "turn_events_per_s_per_worker": tp["turn_events_per_s"],
             "turn_events_per_s_per_worker_sink_after": results["throughput_sink_after"]["turn_events_per_s"],
+            f"turn_events_per_s_per_worker_{other_consumer(args.consumer)}_consumer": results["throughput_other_consumer"][
+                "turn_events_per_s"
+            ],
             "all_events_per_s_per_worker": tp["all_events_per_s"],
             "raw_aiokafka_events_per_s": raw["events_per_s"],
             "worker_over_raw": round(tp["all_events_per_s"] / raw["events_per_s"], 4),
@@ -1081,6 +1102,8 @@ def report(args: argparse.Namespace, results: dict, wall_s: float) -> dict:
     )
     print(f"{'all events/s per worker (turns + ends)':<44} {h['all_events_per_s_per_worker']:>12.0f}")
     print(f"{'  turn events/s, the sink started after':<44} {h['turn_events_per_s_per_worker_sink_after']:>12.0f}")
+    other = other_consumer(args.consumer)
+    print(f"{'  turn events/s, kafka.consumer ' + other:<44} {h[f'turn_events_per_s_per_worker_{other}_consumer']:>12.0f}")
     if two_over_one is not None:
         print(
             f"{'two workers / one worker, median of rounds':<44} {two_over_one:>12.2f} "
