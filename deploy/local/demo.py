@@ -395,7 +395,7 @@ Running (stop with `make demo-stop`):
   Alertmanager    http://127.0.0.1:9093   (Prometheus evaluates dashboards/alerts/convowatch.rules.yml)
   report          {report / "index.html"}   (`convowatch report --since 1d --out DIR`, sink stopped)
   dashboards      dashboards/json/*.json  (import into Grafana: docs/dashboards.md)
-  Kafka (files)   127.0.0.1:{KAFKA_PORT}           topic convowatch.events (data under {STATE / "stack" / "kafka"})
+  Apache Kafka    127.0.0.1:{KAFKA_PORT}           topic convowatch.events (data under {STATE / "stack" / "kafka"})
   state and logs  {STATE}
 The judge replays recorded answers; docs/service.md "Use a live judge" shows how to point the worker at an OpenAI-compatible one.""")
 
