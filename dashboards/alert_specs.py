@@ -37,6 +37,7 @@ BEHAVIOUR_RISE = "ConvowatchBehaviourRise"
 USER_AGREEMENT_DROP = "ConvowatchUserAgreementDrop"
 BROKER_LOST_DATA = "ConvowatchBrokerLostData"
 WORKER_STUCK = "ConvowatchWorkerStuck"
+RECORDS_QUARANTINED = "ConvowatchRecordsQuarantined"
 ALERT_NAMES = (
     DSAT_SPIKE,
     DSAT_ABOVE_YESTERDAY,
@@ -46,6 +47,7 @@ ALERT_NAMES = (
     JUDGE_ERRORS,
     PIPELINE_STALLED,
     DEAD_LETTER_SURGE,
+    RECORDS_QUARANTINED,
     JUDGE_BUDGET_EXHAUSTED,
     BROKER_LOST_DATA,
     WORKER_STUCK,
@@ -144,6 +146,7 @@ def series(w: AlertWindows) -> dict[str, Series]:
         # Not recorded: each is read by one alert only.
         "closing_events": Series(q.increase(q.EVENTS, w.stall_for, 'outcome="closed"')),
         "lost_data": Series(q.increase(q.BROKER_LOST_DATA, w.lost_data_for, by="topic")),
+        "quarantined": Series(q.increase(q.QUARANTINED, w.quarantined_for, by="stage")),
         # A process with records waiting (a table's changelog left out: it is read at recovery, not consumed) and no
         # sign of work: no event consumed, no judge retry, no budget wait, no row or failed write in the sink.
         "waiting": Series(f"max by (instance) ({waiting})"),
@@ -394,6 +397,17 @@ def alert_specs(w: AlertWindows, s: Lookup) -> list[AlertSpec]:
             "Dead letters surging",
             f"Dead letters over the last {w.short}: {{P:{pct}}} of the {{N:{count}}} consumed events "
             f"(threshold {_percent(w.dead_letter_ratio)}, for {w.for_}). Producers may be sending events that break the contract.",
+        ),
+        AlertSpec(
+            RECORDS_QUARANTINED,
+            "ticket",
+            ("stage",),
+            {"Q": s("quarantined")},
+            (Clause("Q", ">", "0"),),
+            "The {{ $labels.stage }} stage quarantined records",
+            f"The {{{{ $labels.stage }}}} stage failed twice on {{Q:{count}}} record(s) over the last {w.quarantined_for} "
+            "and sent them to the dead-letter topic (reason quarantined) so its partitions go on: a bug, or a record no "
+            "bound of the event contract caught. Those records are not monitored; the dead letters say which error (runbook).",
         ),
         AlertSpec(
             JUDGE_BUDGET_EXHAUSTED,

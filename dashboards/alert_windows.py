@@ -57,6 +57,9 @@ class AlertWindows:
     lost_data_for: str = "1h"
     """Broker lost data: a worker or the sink found a partition's log shorter than its position during this window
     (it keeps firing this long after the last such finding, longer than ``for_``)."""
+    quarantined_for: str = "1h"
+    """Records quarantined: a worker stage dead-lettered a record it failed on twice during this window (it keeps
+    firing this long after the last one, as for lost data)."""
     grafana_interval: str = "1m"
     """How often Grafana evaluates its rule group (Grafana needs one per group). The Prometheus rules set
     none: they run at Prometheus' global ``evaluation_interval`` (15s in deploy/production/prometheus.yml)."""

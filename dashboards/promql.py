@@ -250,6 +250,7 @@ SINK_ERRORS = "convowatch_sink_errors_total"
 SINK_LATENCY = "convowatch_sink_latency_seconds"
 CLOSE_TO_STORE_LATENCY = "convowatch_close_to_store_latency_seconds"
 BROKER_LOST_DATA = "convowatch_broker_lost_data_total"
+QUARANTINED = "convowatch_quarantined_records_total"
 
 
 # --- scorer rollout (stream/rollout.py) ------------------------------------------------------------

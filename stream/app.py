@@ -223,7 +223,7 @@ def create_app(settings: Settings, rollout: ScorerRollout, metrics: ServiceMetri
     a = settings.assembly
 
     async def send_dead_letter(letter: DeadLetter) -> None:
-        await dead_letter_topic.send(key=letter.key, value=letter.record_value(k.max_record_bytes))
+        await dead_letter_topic.send(key=letter.record_key, value=letter.record_value(k.max_record_bytes))
 
     if k.consumer == "batch":
         assemble_stage = AssemblyStage(settings, metrics)

@@ -15,8 +15,13 @@ Rules (documented in the README's "Conversation assembly" section):
   letter ``duplicate_turn_index``).
 * A conversation closes on an ``end`` event, after ``idle_timeout_s`` without
   events (processing time, not event time: the worker publishes an ``end``
-  event with cause ``idle_timeout``), or when it reaches ``max_turns`` turns
-  (cause ``max_turns``).
+  event with cause ``idle_timeout``), when it reaches ``max_turns`` turns
+  (cause ``max_turns``), or when its turns' texts reach ``max_conversation_bytes``
+  (JSON-encoded; cause ``max_bytes``): what a conversation holds is bounded,
+  so its state and records fit in a Kafka record whatever producers send.
+* A turn whose index is above ``max_turn_index`` is dead-lettered
+  (``turn_index_too_large``): the indices below the highest that never came
+  are listed, so the highest bounds that list.
 * A worker keeps at most ``max_open_conversations`` open (each partition
   its share, stream/capacity.py): a turn that opens one more makes the agent
   close the partition's longest idle at once (an ``end`` with cause
@@ -50,6 +55,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, Literal, TypeGuard
 
+import msgspec
+
 from stream.contract import NEGATIVE_RATINGS, EndEvent, Event, FeedbackEvent, RatingEvent, TurnEvent
 from stream.records import ClosedConversation, TurnRecord
 from stream.settings import AssemblySettings
@@ -73,6 +80,21 @@ class Step:
 
 def _fingerprint(role: str, text: str) -> str:
     return hashlib.blake2b(f"{role}\x00{text}".encode(), digest_size=8).hexdigest()
+
+
+def _text_bytes(turns: dict[str, list[Any]]) -> int:
+    """What the texts of ``turns`` take in a JSON record (escapes included)."""
+    return sum(len(msgspec.json.encode(turn[1])) for turn in turns.values())
+
+
+def _missing(indices: list[int]) -> tuple[int, ...]:
+    """The indices below the highest of sorted ``indices`` that are not in it."""
+    gaps: list[int] = []
+    expected = 0
+    for i in indices:
+        gaps.extend(range(expected, i))
+        expected = i + 1
+    return tuple(gaps)
 
 
 def _merge(current: dict[str, str], incoming: dict[str, str], newer: bool) -> dict[str, str]:
@@ -115,6 +137,8 @@ class ConversationAssembler:
         if is_closed(state):
             if state["seen"].get(key) == fingerprint:
                 return Step(state, "duplicate")
+            if event.turn_index > self.settings.max_turn_index:
+                return self._index_too_large(state, event)
             return Step(
                 state,
                 "dead_letter",
@@ -123,6 +147,8 @@ class ConversationAssembler:
                     f"turn {event.turn_index} arrived after the conversation closed ({state['close_cause']})",
                 ),
             )
+        if event.turn_index > self.settings.max_turn_index:
+            return self._index_too_large(state, event)
         if state is None:
             state = {
                 "partition": partition,
@@ -142,9 +168,11 @@ class ConversationAssembler:
                 "dead_letter",
                 dead_letter=("duplicate_turn_index", f"turn {event.turn_index} already holds a different {existing[0]} message"),
             )
+        text_bytes = state["bytes"] if "bytes" in state else _text_bytes(state["turns"])  # states written before 2026-12
         state = {
             **state,
             "turns": {**state["turns"], key: [event.role, event.text, event.timestamp]},
+            "bytes": text_bytes + len(msgspec.json.encode(event.text)),
             "attributes": _merge(state["attributes"], event.attributes, newer=event.timestamp >= state["last_event_at"]),
             "first_event_at": min(state["first_event_at"], event.timestamp),
             "last_event_at": max(state["last_event_at"], event.timestamp),
@@ -152,7 +180,13 @@ class ConversationAssembler:
         }
         if len(state["turns"]) >= self.settings.max_turns:
             return self._close(event.conversation_id, state, "max_turns", now)
+        if state["bytes"] >= self.settings.max_conversation_bytes:
+            return self._close(event.conversation_id, state, "max_bytes", now)
         return Step(state, "accepted")
+
+    def _index_too_large(self, state: State | None, event: TurnEvent) -> Step:
+        detail = f"turn_index {event.turn_index} is above assembly.max_turn_index {self.settings.max_turn_index}"
+        return Step(state, "dead_letter", dead_letter=("turn_index_too_large", detail))
 
     # -- feedback -----------------------------------------------------------
 
@@ -200,7 +234,7 @@ class ConversationAssembler:
             )
             for i in indices
         )
-        missing = tuple(sorted(set(range(indices[-1] + 1)) - set(indices)))
+        missing = _missing(indices)
         ratings = state.get("feedback", {})  # turn index -> [latest rating, its time]
         closed = ClosedConversation(
             conversation_id=conversation_id,

@@ -52,6 +52,10 @@ RATINGS: tuple[str, ...] = ("up", "down")
 NEGATIVE_RATINGS: frozenset[str] = frozenset({"down"})  # ratings that make sampling judge the conversation
 DEAD_LETTER_VERSION = 1
 DEAD_LETTER_PREVIEW_BYTES = 1024
+# A dead letter's detail and key are cut to these (the detail can quote field names, the key is any bytes a producer
+# sent): what does not fit the producer's record limit is never the refusal itself.
+DEAD_LETTER_DETAIL_CHARS = 1000
+DEAD_LETTER_KEY_BYTES = 1024
 # Room left in a produced record beside its value (key, headers, batch framing) under kafka.max_record_bytes.
 RECORD_HEADROOM_BYTES = 4096
 
@@ -85,6 +89,8 @@ REASON_DESCRIPTIONS: dict[str, str] = {
     "duplicate_turn_index": "(assembler) a turn index seen before with a different role or text",
     "conversation_closed": "(assembler) an event for a conversation that is already closed",
     "empty_conversation": "(assembler) an end event for a conversation with no turns",
+    "turn_index_too_large": "(assembler) a turn's turn_index is above assembly.max_turn_index",
+    "quarantined": "(worker) a record the worker failed on twice, with the error (the record is kept, the partition goes on)",
     "bad_closed_record": "(worker) a closed-conversation record that cannot be decoded",
     "bad_score_record": "(sink) a score record that cannot be decoded or has a bad value",
 }
@@ -444,7 +450,9 @@ def parse_event(
     allowed, required = _FIELDS[kind]
     if not allowed.issuperset(obj):
         extra = sorted(k for k in obj if k not in allowed)
-        raise InvalidEvent("unknown_field", f"{kind} event: unknown field(s) {', '.join(repr(k[:64]) for k in extra)}")
+        more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""
+        names = ", ".join(repr(k[:24]) for k in extra[:5])  # at most ~500 characters: each repr'd char takes up to 10
+        raise InvalidEvent("unknown_field", f"{kind} event: {len(extra)} unknown field(s): {names}{more}")
     if not required.issubset(obj):
         missing = sorted(required.difference(obj))
         raise InvalidEvent("missing_field", f"{kind} event: missing field(s) {', '.join(repr(k) for k in missing)}")
@@ -602,19 +610,31 @@ class DeadLetter:
         r = record
         return cls.of_record(reason, detail, r.value, r.key, r.topic, r.partition, r.offset)
 
+    @property
+    def record_key(self) -> bytes | None:
+        """The dead letter's own Kafka key: the original key, or none if that is longer than DEAD_LETTER_KEY_BYTES."""
+        return self.key if self.key is None or len(self.key) <= DEAD_LETTER_KEY_BYTES else None
+
     def to_dict(self, original_bytes: int | None = None) -> dict[str, Any]:
         """The record; with ``original_bytes``, ``original_base64`` holds only that many first bytes of the value
-        (``original_truncated``); ``original_size`` and ``original_sha256`` always describe all of it."""
+        (``original_truncated``); ``original_size`` and ``original_sha256`` always describe all of it. The detail
+        and the key are cut to DEAD_LETTER_DETAIL_CHARS and DEAD_LETTER_KEY_BYTES (``key_truncated``, with the whole
+        key's ``key_size`` and ``key_sha256``)."""
         kept = self.original if original_bytes is None else self.original[:original_bytes]
+        detail = self.detail
+        if len(detail) > DEAD_LETTER_DETAIL_CHARS:
+            cut = f"... ({len(detail)} characters)"
+            detail = detail[: DEAD_LETTER_DETAIL_CHARS - len(cut)] + cut
+        key = self.key
         out = {
             "dead_letter_version": DEAD_LETTER_VERSION,
             "reason": self.reason,
-            "detail": self.detail,
+            "detail": detail,
             "original_base64": base64.b64encode(kept).decode("ascii"),
             "original_size": len(self.original),
             "original_sha256": hashlib.sha256(self.original).hexdigest(),
             "original_preview": _preview(self.original),
-            "key_base64": None if self.key is None else base64.b64encode(self.key).decode("ascii"),
+            "key_base64": None if key is None else base64.b64encode(key[:DEAD_LETTER_KEY_BYTES]).decode("ascii"),
             "topic": self.topic,
             "partition": self.partition,
             "offset": self.offset,
@@ -622,6 +642,8 @@ class DeadLetter:
         }
         if len(kept) < len(self.original):
             out["original_truncated"] = True
+        if key is not None and len(key) > DEAD_LETTER_KEY_BYTES:
+            out.update(key_truncated=True, key_size=len(key), key_sha256=hashlib.sha256(key).hexdigest())
         return out
 
     def to_json(self, max_bytes: int | None = None) -> bytes:
@@ -657,6 +679,11 @@ class DeadLetter:
             raise DeadLetterError(
                 f"dead letter of {d.get('topic')!r} offset {d.get('offset')!r} holds only the start of its original "
                 f"({d.get('original_size')!r} bytes, SHA-256 {d.get('original_sha256')!r}): it cannot give the original back"
+            )
+        if d.get("key_truncated"):
+            raise DeadLetterError(
+                f"dead letter of {d.get('topic')!r} offset {d.get('offset')!r} holds only the start of its key "
+                f"({d.get('key_size')!r} bytes, SHA-256 {d.get('key_sha256')!r}): it cannot give the original back"
             )
         fields: Mapping[str, type | tuple[type, ...]] = {
             "reason": str, "detail": str, "original_base64": str, "topic": str,

@@ -144,6 +144,13 @@ class ServiceMetrics:
         self.conversations_closed = Counter(
             "convowatch_conversations_closed", "Conversations closed, by cause.", ["cause"], registry=r
         )
+        self.quarantined_records = Counter(
+            "convowatch_quarantined_records",
+            "Records a worker stage failed on twice, sent to the dead-letter topic (reason quarantined) so the partition "
+            "goes on: a bug or a record no bound caught, by stage (stream/poll_stage.py; the error is in the dead letter).",
+            ["stage"],
+            registry=r,
+        )
         self.open_conversations = Gauge(
             "convowatch_open_conversations", "Conversations being assembled on this worker.", registry=r
         )

@@ -9,6 +9,14 @@ several times what the worker does with them (docs/benchmarks.md, "The assemble 
 2. seeks back to those offsets where records past them were left unfinished, so those come again;
 3. waits until the broker has acknowledged every send, then commits those offsets.
 
+No record can stop a partition: a record `send` is refused before it reaches the producer when it is larger than
+``kafka.max_record_bytes`` allows (`RecordTooLarge`), and a poll whose `process` raises anything but a broker error is
+processed again a record at a time; a record that fails again alone is *quarantined*: sent to the dead-letter topic
+(reason ``quarantined``, the error's class and message, the record kept as every dead letter keeps it), counted in
+``convowatch_quarantined_records_total`` and logged with its traceback, and the partition goes on. What the failed
+run had sent already is sent again (closed conversations and scores are deduplicated downstream). A broker error
+still stops the worker: it is not the record's fault, and the poll comes again after the restart.
+
 Step 3 runs while the next poll is fetched and processed (the broker's round trips no longer idle the stage), one
 poll's at a time and in poll order, so an offset is committed only once every record sent before it is acknowledged.
 A crash anywhere before 3 delivers the poll again; a send that fails stops the worker rather than commit past it.
@@ -27,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -35,8 +44,9 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import ConsumerRecord
 
+from scorers.errors import ConvowatchError
 from stream.broker_loss import BrokerLossWatch
-from stream.contract import DeadLetter
+from stream.contract import RECORD_HEADROOM_BYTES, DeadLetter
 from stream.metrics import ServiceMetrics
 from stream.settings import Settings
 
@@ -45,6 +55,11 @@ T = TypeVar("T")
 RETRY_BACKOFF_S = 0.5
 
 Polled = dict[int, list[ConsumerRecord]]  # partition -> its records of one poll, in offset order
+NOT_THE_RECORD = (KafkaError, asyncio.CancelledError)  # errors a poll raises that are no reason to quarantine a record
+
+
+class RecordTooLarge(ConvowatchError):
+    """A record a stage would send that is larger than ``kafka.max_record_bytes`` allows (with room for the batch)."""
 
 
 async def partition_lag(consumer: Any, tp: Any) -> int | None:
@@ -76,6 +91,7 @@ class PollStage:
         self.partitions: set[int] = set()  # partitions owned and ready (`assigned` has run for them)
         self.lock = asyncio.Lock()  # held while a poll or a rebalance runs (and whatever else reads the stage's state)
         self.loss_watch = BrokerLossWatch(metrics, "worker", (topic,))
+        metrics.quarantined_records.labels(self.name)  # at 0 from the start: Prometheus sees the first one as an increase
         self._committed: dict[int, int] = {}  # partition -> the offset this worker last committed there
         self._sends: list[asyncio.Future] = []
         self._last_commit: asyncio.Future | None = None  # step 3 of the last poll (see the module)
@@ -176,13 +192,48 @@ class PollStage:
         await self.producer.stop()
 
     async def send(self, topic: str, key: bytes | None, value: bytes | None, partition: int | None = None) -> None:
-        """Send a record; the poll commits only once the broker has acknowledged it."""
+        """Send a record; the poll commits only once the broker has acknowledged it. A record larger than
+        ``kafka.max_record_bytes`` less the batch's room raises `RecordTooLarge` (the producer would refuse it)."""
+        size = len(key or b"") + len(value or b"")
+        limit = self.settings.kafka.max_record_bytes - RECORD_HEADROOM_BYTES
+        if size > limit:
+            raise RecordTooLarge(f"a {topic} record of {size} bytes (key and value) is over the {limit} bytes a record may take")
         self._sends.append(await self.producer.send(topic, key=key, value=value, partition=partition))
 
     async def send_dead_letter(self, letter: DeadLetter) -> None:
         """`send` ``letter`` to the dead-letter topic, its original cut to what fits in one record."""
         k = self.settings.kafka
-        await self.send(k.dead_letter_topic, letter.key, letter.record_value(k.max_record_bytes))
+        await self.send(k.dead_letter_topic, letter.record_key, letter.record_value(k.max_record_bytes))
+
+    async def _process_alone(self, polled: Polled) -> dict[int, int]:
+        """`process` each record of ``polled`` by itself, quarantining those that fail; per partition, the offset up
+        to which it finished (as `process` returns it)."""
+        finished: dict[int, int] = {}
+        for p, records in polled.items():
+            for record in records:
+                try:
+                    done = (await self.process({p: [record]})).get(p, record.offset)
+                except NOT_THE_RECORD:
+                    raise
+                except Exception as e:
+                    await self._quarantine(record, e)
+                    done = record.offset + 1
+                finished[p] = done
+                if done <= record.offset:  # left unfinished (it comes again): so are the records after it
+                    break
+        return finished
+
+    async def _quarantine(self, record: ConsumerRecord, error: Exception) -> None:
+        """Send ``record``, which failed twice, to the dead-letter topic with ``error`` (see the module)."""
+        kind = type(error).__name__
+        frames = "".join(traceback.format_tb(error.__traceback__))  # frames only: the message may quote conversation text
+        log.error(
+            "%s: %s partition %d offset %d failed twice (%s): quarantined to the dead-letter topic\n%s",
+            self.name, record.topic, record.partition, record.offset, kind, frames,
+        )  # fmt: skip
+        self.metrics.quarantined_records.labels(self.name).inc()
+        self.metrics.dead_letters.labels("quarantined").inc()
+        await self.send_dead_letter(DeadLetter.of_message("quarantined", f"{self.name} stage: {kind}: {error}", record))
 
     async def _poll(self, polled: Polled) -> None:
         # Records of a partition revoked between the poll and now are left to its next owner (not committed here).
@@ -190,7 +241,13 @@ class PollStage:
         if not polled:
             return
         self._sends = []
-        finished = await self.process(polled)
+        try:
+            finished = await self.process(polled)
+        except NOT_THE_RECORD:
+            raise
+        except Exception as e:
+            log.warning("%s: a poll failed (%s); processing its records one at a time", self.name, type(e).__name__)
+            finished = await self._process_alone(polled)
         sends, self._sends = self._sends, []
         offsets = {p: finished[p] for p in polled if p in finished}
         for p, records in polled.items():

@@ -37,7 +37,7 @@ from stream.contract import RATINGS
 
 RECORD_VERSION = 1
 
-CloseCause = Literal["end", "idle_timeout", "max_turns", "capacity"]
+CloseCause = Literal["end", "idle_timeout", "max_turns", "max_bytes", "capacity"]
 ScoreStatus = Literal["scored", "unscored", "unsampled"]  # unsampled: counted (volume), not judged
 CLOSE_CAUSES: tuple[str, ...] = get_args(CloseCause)
 STATUSES: tuple[str, ...] = get_args(ScoreStatus)

@@ -173,6 +173,19 @@ class AssemblySettings(BaseModel):
         "(this / kafka.partitions); past it, a partition's longest idle is closed at once (cause capacity) and "
         "scored with the turns it has.",
     )
+    max_turn_index: int = Field(
+        default=9_999,
+        ge=0,
+        description="Turns with a higher turn_index are dead-lettered (turn_index_too_large): every index below a "
+        "conversation's highest that never came is listed in its missing_turn_indices, so the index bounds that list.",
+    )
+    max_conversation_bytes: int = Field(
+        default=262_144,
+        ge=1,
+        description="A conversation is closed (cause max_bytes) when its turns' texts reach this many bytes (JSON-encoded, "
+        "about 64k tokens: more than a judge reads at once), so its state, closed record and score record stay "
+        "below kafka.max_record_bytes.",
+    )
     max_text_bytes: int = Field(default=32_768, ge=1, description="Turn texts larger than this (UTF-8 bytes) are dead-lettered.")
     max_event_bytes: int = Field(default=262_144, ge=1, description="Whole events larger than this are dead-lettered.")
     closed_retention_s: float = Field(

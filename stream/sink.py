@@ -205,7 +205,7 @@ class ScoreSink:
     def dead_letter(self, letters: list[DeadLetter]) -> None:
         for letter in letters:
             value = letter.record_value(self.settings.kafka.max_record_bytes)
-            self.producer.send(self.settings.kafka.dead_letter_topic, key=letter.key, value=value)
+            self.producer.send(self.settings.kafka.dead_letter_topic, key=letter.record_key, value=value)
             self.metrics.dead_letters.labels(letter.reason).inc()
         self.producer.flush()
 

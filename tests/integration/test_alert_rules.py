@@ -318,6 +318,7 @@ def _fed_exporter() -> set[str]:
     m.behaviour_error.labels("ignore").set(1)
     m.user_feedback_conversations.labels("s1", "dsat", "negative", *attrs).inc()
     m.broker_lost_data.labels("convowatch.scores").inc()
+    m.quarantined_records.labels("assemble").inc()
     m.set_consumer_lag({("convowatch.events", 0): 3})
     m.scoring_attempts.labels("JudgeUnavailable").inc()
     m.sink_rows.labels("conversation_scores").inc()
@@ -350,11 +351,13 @@ def test_label_values_in_the_rules_are_ones_the_service_emits() -> None:
         "behaviour, product, model_version",
         "scorer_version, product, model_version",
         "topic",
+        "stage",
         "instance",  # the scrape target, which Prometheus adds to every series
     }
     m = ServiceMetrics()
     assert "topic" in m.consumer_lag._labelnames
     assert m.broker_lost_data._labelnames == ("topic",)
+    assert m.quarantined_records._labelnames == ("stage",)
     assert "judge" in m.judge_errors._labelnames and "judge" in m.judge_latency._labelnames
     assert {"product", "model_version"} <= set(m.calibrated_conversations._labelnames)
     assert {"behaviour", "product", "model_version"} <= set(m.behaviour_hits_squared_variance._labelnames)

@@ -163,6 +163,49 @@ def test_max_turns_closes_at_the_cap() -> None:
     assert step.dead_letter is not None and step.dead_letter[0] == "conversation_closed"
 
 
+def test_a_turn_index_above_the_bound_is_dead_lettered_without_building_its_gap() -> None:
+    """Issue 54: one turn with turn_index 2**31 - 1 (a 148-byte event the contract accepts) made the close build
+    set(range(2**31)), a MemoryError that crash-looped the worker."""
+    a = assembler()
+    bound = a.settings.max_turn_index
+    for state in (None, run(a, [turn(0)])[0], run(a, [turn(0), end()])[0]):
+        step = apply_checked(a, state, turn(2**31 - 1), NOW)
+        assert step.outcome == "dead_letter" and step.dead_letter is not None
+        assert step.dead_letter[0] == "turn_index_too_large" and step.state is state
+    _, steps = run(a, [turn(0), turn(bound), end()])
+    closed = closed_of(steps)
+    assert [t.index for t in closed.turns] == [0, bound]
+    assert closed.missing_turn_indices == tuple(range(1, bound))
+
+
+def test_missing_indices_are_the_gaps_below_the_highest() -> None:
+    _, steps = run(assembler(), [turn(5), turn(1), turn(2), turn(9), end()])
+    assert closed_of(steps).missing_turn_indices == (0, 3, 4, 6, 7, 8)
+
+
+def test_a_conversation_closes_when_its_texts_reach_max_conversation_bytes() -> None:
+    """Issue 54: forty valid 32 KB turns made a 1.2 MB state that the changelog refused (MessageSizeTooLargeError),
+    stopping the partition. Texts count as they are encoded: a control character takes six bytes."""
+    settings = AssemblySettings(idle_timeout_s=IDLE_S, closed_retention_s=RETENTION_S, max_conversation_bytes=30_000)
+    a = ConversationAssembler(settings)
+    heavy = "\x01" * 2_000  # 2,000 characters, 12,002 bytes in JSON
+    state, steps = run(a, [turn(0, heavy), turn(1, heavy), turn(2, heavy), turn(3, "after the close")])
+    assert [s.outcome for s in steps] == ["accepted", "accepted", "closed", "dead_letter"]
+    closed = closed_of(steps)
+    assert (closed.close_cause, [t.index for t in closed.turns]) == ("max_bytes", [0, 1, 2])
+    assert steps[-1].dead_letter is not None and steps[-1].dead_letter[0] == "conversation_closed"
+    assert len(closed.to_json()) < 30_000 + 13_000  # the bound plus the turn that crossed it, and the framing
+
+
+def test_a_state_from_before_the_byte_count_is_counted_when_it_next_changes() -> None:
+    a = ConversationAssembler(AssemblySettings(max_conversation_bytes=20_000))
+    state, _ = run(a, [turn(0, "x" * 12_000)])
+    assert state is not None
+    old = {k: v for k, v in state.items() if k != "bytes"}  # as the worker wrote it before the bound
+    step = apply_checked(a, old, turn(1, "y" * 12_000), NOW)
+    assert step.outcome == "closed" and step.closed is not None and step.closed.close_cause == "max_bytes"
+
+
 def test_after_close_redelivery_is_a_duplicate_and_a_new_turn_is_dead_lettered() -> None:
     a = assembler()
     state, _ = run(a, [turn(0), turn(1), end()])

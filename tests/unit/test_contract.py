@@ -18,6 +18,8 @@ from jsonschema import Draft202012Validator
 
 from scorers.conversation import ROLES
 from stream.contract import (
+    DEAD_LETTER_DETAIL_CHARS,
+    DEAD_LETTER_KEY_BYTES,
     END_CAUSES,
     EVENT_TYPES,
     MAX_RATING_SCALE,
@@ -145,7 +147,7 @@ def test_rating_event_parses_and_its_score_stays_on_its_scale() -> None:
         (with_(RATING, scale=101), "scale must be 2..100"),
         (with_(RATING, score=True), "score must be an integer"),
         (with_(RATING, scale=_DROP), "missing field(s) 'scale'"),
-        (with_(RATING, turn_index=0), "unknown field(s) 'turn_index'"),
+        (with_(RATING, turn_index=0), "1 unknown field(s): 'turn_index'"),
     ]:
         with pytest.raises(InvalidEvent) as info:
             parse_event(dump(bad))
@@ -212,8 +214,8 @@ REASON_EXAMPLES: dict[str, tuple[bytes | None, dict[str, Any]]] = {
     "key_mismatch": (dump(TURN), {"key": b"conv-2"}),
 }
 # Found after parsing: by the assembler (state) or by the worker/sink on internal topics.
-ASSEMBLER_REASONS = {"duplicate_turn_index", "conversation_closed", "empty_conversation"}
-INTERNAL_REASONS = {"bad_closed_record", "bad_score_record"}
+ASSEMBLER_REASONS = {"duplicate_turn_index", "conversation_closed", "empty_conversation", "turn_index_too_large"}
+INTERNAL_REASONS = {"bad_closed_record", "bad_score_record", "quarantined"}
 
 
 @pytest.mark.parametrize("reason", sorted(REASON_EXAMPLES))
@@ -616,6 +618,31 @@ def test_a_dead_letter_too_large_for_a_record_keeps_the_start_size_and_hash_of_i
     assert small.to_json(max_bytes=limit) == small.to_json() and "original_truncated" not in json.loads(small.to_json())
     with pytest.raises(ValueError, match="without its original"):
         dl.to_json(max_bytes=100)
+
+
+def test_a_dead_letters_detail_and_key_are_bounded() -> None:
+    """Issue 54: a 262 KB event with 3,797 unknown field names of DEL characters made a 1.17 MB detail, and building
+    its dead letter raised: the worker crash-looped. A record key can be as long as the broker allows, too."""
+    fields = {f"{i:04}" + "\x7f" * 56: 1 for i in range(3_797)}
+    raw = json.dumps(
+        {"schema_version": 1, "type": "end", "conversation_id": "c", "timestamp": "2024-02-09T00:00:00Z", **fields},
+        ensure_ascii=False,
+    )
+    with pytest.raises(InvalidEvent) as info:
+        parse_event(raw.encode())
+    assert info.value.reason == "unknown_field" and info.value.detail.endswith("and 3792 more") and len(info.value.detail) < DEAD_LETTER_DETAIL_CHARS
+    key = b"k" * 300_000
+    letter = DeadLetter.of_record("key_mismatch", "x" * 50_000, raw.encode(), key, "convowatch.events", 0, 5, 1.0)
+    d = json.loads(letter.record_value(1_000_000))
+    Draft202012Validator(SCHEMA["$defs"]["deadLetter"]).validate(d)
+    assert len(d["detail"]) == DEAD_LETTER_DETAIL_CHARS and d["detail"].endswith("x... (50000 characters)")
+    assert base64.b64decode(d["key_base64"]) == key[:DEAD_LETTER_KEY_BYTES] and d["key_truncated"] is True
+    assert (d["key_size"], d["key_sha256"]) == (len(key), hashlib.sha256(key).hexdigest())
+    assert letter.record_key is None  # the dead letter's own Kafka key: none rather than 300 KB
+    with pytest.raises(DeadLetterError, match="holds only the start of its key"):
+        DeadLetter.from_json(letter.to_json())
+    short = DeadLetter.of_record("not_json", "x", b"{", b"c-1", "t", 0, 0, 1.0)
+    assert short.record_key == b"c-1" and "key_truncated" not in json.loads(short.to_json())
 
 
 def test_dead_letter_of_a_null_value_and_a_surrogate_detail() -> None:

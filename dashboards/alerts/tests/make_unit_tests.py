@@ -971,6 +971,47 @@ def lost_data_tests() -> str:
     return "".join(out)
 
 
+# --- records quarantined ---------------------------------------------------------------------------
+
+
+def quarantine_tests() -> str:
+    """The assemble stage quarantines two records at minute 31 (a bug on one kind of event); score never does."""
+    quarantined = seg(M3, [(31, 31, 2)])
+    out = [
+        header(
+            "records quarantined: the assemble stage dead-letters 2 records it failed on at minute 31",
+            ["Each stage creates its counter at 0 when it starts, so the first quarantine is an increase Prometheus sees."],
+        ),
+        series("convowatch_quarantined_records_total", quarantined, stage="assemble", instance="worker-1:9464"),
+        series("convowatch_quarantined_records_total", seg(M3, []), stage="score", instance="worker-1:9464"),
+        "    alert_rule_test:\n",
+    ]
+    for t, firing, comment in [
+        (30, False, "nothing quarantined yet"),
+        (35, False, "quarantined at minute 31: pending"),
+        (45, True, "fires"),
+        (100, False, "resolved an hour later; the score stage never fired"),
+    ]:
+        assert (state_at(lambda u: window(quarantined, u, LOST) > 0, t, 0) == "firing") == firing, t
+        alerts = (
+            [
+                {
+                    "labels": {"severity": "ticket", "stage": "assemble"},
+                    "summary": "The assemble stage quarantined records",
+                    "description": f"The assemble stage failed twice on {count(window(quarantined, t, LOST))} record(s) "
+                    "over the last 1h and sent them to the dead-letter topic (reason quarantined) so its partitions go "
+                    "on: a bug, or a record no bound of the event contract caught. Those records are not monitored; the "
+                    "dead letters say which error (runbook).",
+                    "runbook_url": "docs/runbooks.md#convowatchrecordsquarantined",
+                }
+            ]
+            if firing
+            else []
+        )
+        out.append(alert_test(t, "ConvowatchRecordsQuarantined", alerts, comment))
+    return "".join(out)
+
+
 # --- a process that does nothing while records wait ------------------------------------------------
 
 STUCK_FROM, STUCK_UNTIL = 31, 79  # worker-1 consumes nothing in these minutes, while 500 records wait
@@ -1136,6 +1177,7 @@ def text() -> str:
         + dead_letter_tests()
         + budget_tests()
         + lost_data_tests()
+        + quarantine_tests()
         + stuck_tests()
     )
 
