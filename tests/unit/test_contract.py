@@ -630,7 +630,11 @@ def test_a_dead_letters_detail_and_key_are_bounded() -> None:
     )
     with pytest.raises(InvalidEvent) as info:
         parse_event(raw.encode())
-    assert info.value.reason == "unknown_field" and info.value.detail.endswith("and 3792 more") and len(info.value.detail) < DEAD_LETTER_DETAIL_CHARS
+    assert (
+        info.value.reason == "unknown_field"
+        and info.value.detail.endswith("and 3792 more")
+        and len(info.value.detail) < DEAD_LETTER_DETAIL_CHARS
+    )
     key = b"k" * 300_000
     letter = DeadLetter.of_record("key_mismatch", "x" * 50_000, raw.encode(), key, "convowatch.events", 0, 5, 1.0)
     d = json.loads(letter.record_value(1_000_000))
