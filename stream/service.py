@@ -13,6 +13,7 @@ from scorers.rubrics import RubricSet, starter_rubric_set
 from stream.judge_factory import judge_from_settings
 from stream.log_privacy import keep_conversation_text_out_of_logs
 from stream.metrics import ServiceMetrics
+from stream.owner_only import make_owner_only_dir
 from stream.registry import ScorerRegistry, ScorerVersion
 from stream.rollout import ScorerRollout
 from stream.scoring import ConversationScorer
@@ -105,9 +106,10 @@ def serve_metrics(settings: Settings, metrics: ServiceMetrics) -> int | None:
 
 def prepare_data_dir(path: Path) -> None:
     """Create the worker's local directory and its parents, owner-only (Faust creates only the last level, so a fresh
-    checkout without ``.convowatch/`` could not start); a `SettingsError` naming the setting if it cannot be made."""
+    checkout without ``.convowatch/`` could not start), and tighten an existing one (stream/owner_only.py); a
+    `SettingsError` naming the setting if it cannot be made."""
     try:
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        make_owner_only_dir(path)
     except OSError as e:
         raise SettingsError(f"kafka.data_dir: cannot create the worker's directory {str(path)!r}: {e.strerror}") from e
 

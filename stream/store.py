@@ -32,6 +32,7 @@ import clickhouse_connect
 from clickhouse_connect.driver.exceptions import Error as ClickHouseDriverError
 
 from scorers.errors import ServiceError
+from stream.owner_only import make_owner_only_dir
 from stream.records import FeedbackRow, RatingRow, ScoreRecord
 from stream.tables import CONVERSATION_RATINGS, FEEDBACK, MIGRATIONS, MIGRATIONS_TABLE, score_rows
 
@@ -248,7 +249,7 @@ def _chdb_dir(dsn: str) -> Path:
     if not path.is_absolute():
         path = Path.cwd() / path
     try:
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)  # it holds every conversation's text: owner only
+        make_owner_only_dir(path)  # it holds every conversation's text: owner only, even if it existed before
     except OSError as e:
         raise StoreError(f"cannot create the embedded store directory {path}: {e}") from e
     return Path(os.path.realpath(path))
