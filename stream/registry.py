@@ -113,11 +113,15 @@ class ScorerRegistry:
         """Copy a rubric set file (and a calibrator directory) into the registry as version ``name``.
 
         Both are loaded first, so a file that cannot score is refused here rather than by the workers; an existing
-        name is refused (versions are immutable: register a new name instead)."""
+        name is refused (versions are immutable: register a new name instead). A symlink (the file, the calibrator
+        directory or anything in it) is refused: the copy would hold whatever it points to, not what was reviewed."""
         check_name(name)
         target = self.root / VERSIONS_DIR / name
         if target.exists():
             raise RegistryError(f"version {name!r} is already registered in {self.root}; versions cannot be replaced")
+        _refuse_symlinks(rubric_set, "the rubric set")
+        if calibrator is not None:
+            _refuse_symlinks(calibrator, "the calibrator")
         loaded_set = RubricSet.load(rubric_set)
         loaded_calibrator = load_calibrator(calibrator) if calibrator is not None else None
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -150,6 +154,7 @@ class ScorerRegistry:
         if not (directory / VERSION_FILE).is_file():
             known = ", ".join(self.names()) or "none"
             raise RegistryError(f"no version {name!r} in {self.root} (registered: {known})")
+        _refuse_symlinks(directory, f"version {name!r}")
         try:
             meta = json.loads((directory / VERSION_FILE).read_text(encoding="utf-8"))
             rubric_set = RubricSet.load(directory / RUBRIC_SET_FILE)
@@ -217,3 +222,19 @@ class ScorerRegistry:
             Path(tmp).unlink(missing_ok=True)
             raise RegistryError(f"cannot write {self.root / ROLLOUT_FILE}: {e}") from e
         return rollout
+
+
+def _refuse_symlinks(path: Path, what: str) -> None:
+    """`RegistryError` if ``path`` or anything below it is a symlink: a registered version is a copy of real files,
+    never of what a link points to (a calibrator file linked to /etc/passwd, or a link changed after review)."""
+    if path.is_symlink():
+        raise RegistryError(f"{what}: {path} is a symlink; register the file itself, not a link to it")
+    if not path.is_dir():
+        return
+    for root, dirs, files in os.walk(path):
+        for entry in (*dirs, *files):
+            if (Path(root) / entry).is_symlink():
+                raise RegistryError(
+                    f"{what}: {Path(root) / entry} is a symlink; a registered version holds only regular files "
+                    "(copy what it points to into the directory)"
+                )
