@@ -11,8 +11,10 @@ does not run its v3 migration on load. `Query` is a cog ``Dataquery`` and
 
 The SQL may use the plugin's macros (``$__timeFilter(col)``,
 ``$__timeInterval(col)``, ``$__conditionalAll(cond, $var)``, ...) and
-template variables (``${product:singlequote}``); tests/grafana_macros.py
-expands them the way the plugin documents, to run the SQL on chDB.
+template variables, always as ``decodeURLComponent('${name:percentencode}')``
+(`dashboards.rubrics_dashboard.variable_text`: no value can leave that literal, which
+``singlequote`` does not guarantee); tests/grafana_macros.py expands them the way
+Grafana and the plugin document, to run the SQL on chDB.
 """
 
 from __future__ import annotations

@@ -36,15 +36,43 @@ TITLE = "convowatch / Rubrics and conversations"
 WORST_LIMIT = 50
 NETSAT_BUCKET = 5
 NETSAT_ROWS = 100_000  # the histogram panel buckets raw values; cap what one panel pulls
-CONVERSATION = "${conversation_id:singlequote}"
+
+
+def variable_text(variable: str) -> str:
+    """A ClickHouse string expression holding ``variable``'s value, whatever characters the value has.
+
+    Grafana's ``percentencode`` format leaves only ``A-Z a-z 0-9 - _ . ~ %`` (encodeURIComponent, then
+    ``!'()*`` too), none of which can end or escape a ClickHouse literal; ``decodeURLComponent`` gives the
+    value back. ``singlequote`` was not safe: it leaves ``\\`` alone, which ClickHouse reads as an escape, so
+    a stored id such as ``a\\' OR 1=1 --`` left its literal. A multi-value variable comes as ``{v1,v2}``.
+    """
+    return f"decodeURLComponent('${{{variable}:percentencode}}')"
+
+
+def selected(column: str, variable: str) -> str:
+    """True for rows whose ``column`` is one of the values of the multi-value ``variable`` (see `variable_text`).
+
+    Grafana percent-encodes a multi-value selection as one text, ``{v1,v2}``: a row matches when its value is
+    one of the comma-separated items. Values holding a comma cannot be told apart from two values, so
+    selecting ``a,b`` also shows rows of ``a`` and of ``b``: never fewer rows than selected, never SQL.
+    """
+    text = variable_text(variable)
+    items = f"substring({text}, 2, length({text}) - 2)"
+    return (
+        f"({column} = {text} OR (startsWith({text}, '{{') AND endsWith({text}, '}}')"
+        f" AND position(concat(',', {items}, ','), concat(',', {column}, ',')) > 0))"
+    )
+
+
+CONVERSATION = variable_text("conversation_id")
 
 
 def attribute_filter(alias: str = "") -> str:
     """Rows of the selected products and model versions (no condition at all when "All" is selected)."""
     col = f"{alias}." if alias else ""
     return (
-        f"$__conditionalAll({col}product IN (${{product:singlequote}}), $product)"
-        f" AND $__conditionalAll({col}model_version IN (${{model_version:singlequote}}), $model_version)"
+        f"$__conditionalAll({selected(col + 'product', 'product')}, $product)"
+        f" AND $__conditionalAll({selected(col + 'model_version', 'model_version')}, $model_version)"
     )
 
 
@@ -181,9 +209,7 @@ ORDER BY time, scorer_version"""
 PRODUCTS_SQL = "SELECT DISTINCT product FROM conversation_scores ORDER BY product"
 MODEL_VERSIONS_SQL = "SELECT DISTINCT model_version FROM conversation_scores ORDER BY model_version"
 
-DRILL_DOWN_URL = (
-    f"/d/{UID}?var-conversation_id=${{__value.raw}}&${{product:queryparam}}&${{model_version:queryparam}}&${{__url_time_range}}"
-)
+DRILL_DOWN_URL = f"/d/{UID}?var-conversation_id=${{__value.raw:percentencode}}&${{product:queryparam}}&${{model_version:queryparam}}&${{__url_time_range}}"
 
 
 def dashboard() -> dict[str, Any]:

@@ -21,9 +21,15 @@ SQL (`expand_sql`), in the plugin's order:
 
 1. ``$__conditionalAll(condition, $var)`` -> ``1=1`` when ``var`` is "All"
    (`ALL`) or empty, else ``condition`` (the plugin's frontend);
-2. template variables: ``${name:singlequote}`` -> ``'v1','v2'`` (``'`` escaped
-   as ``\\'``), ``$name`` / ``${name}`` -> the value, or ``'v1','v2'`` for a
-   list (the plugin's default format);
+2. template variables, each format as Grafana's format registry defines it (scenes'
+   ``formatRegistry``; a list is a multi-value selection):
+   ``singlequote`` -> ``'v1','v2'`` with ``'`` written ``\\'`` and ``\\`` left alone (so a
+   value ending in ``\\`` escapes the closing quote in ClickHouse: never use it for SQL);
+   ``doublequote`` the same with ``"``; ``sqlstring`` -> ``'v1','v2'`` with ``'`` doubled and
+   ``"`` written ``\\"``; ``percentencode`` -> encodeURIComponent then ``!'()*`` encoded too
+   (only ``A-Za-z0-9-_.~%`` remain), a list as the one text ``{v1,v2}``; ``csv`` / ``raw``
+   -> the values joined by ``,``; ``$name`` / ``${name}`` -> the value, or ``'v1','v2'``
+   for a list (the plugin's default format);
 3. the plugin's backend macros, as in its ``pkg/macros``: ``$__timeFilter(c)``
    -> ``c >= toDateTime(from) AND c <= toDateTime(to)`` (whole seconds),
    ``$__timeFilter_ms``, ``$__fromTime``, ``$__toTime``, ``$__fromTime_ms``,
@@ -36,6 +42,7 @@ from __future__ import annotations
 
 import math
 import re
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
@@ -147,6 +154,32 @@ def singlequote(value: str) -> str:
     return "'" + value.replace("'", "\\'") + "'"
 
 
+def doublequote(value: str) -> str:
+    """Grafana's ``doublequote`` format of one value: ``"`` written ``\\"``, nothing else escaped."""
+    return '"' + value.replace('"', '\\"') + '"'
+
+
+def sqlstring(value: str) -> str:
+    """Grafana's ``sqlstring`` format of one value: ``'`` doubled, ``"`` written ``\\"``, ``\\`` left alone."""
+    return "'" + value.replace("'", "''").replace('"', '\\"') + "'"
+
+
+def percentencode(value: str | Sequence[str]) -> str:
+    """Grafana's ``percentencode`` format: encodeURIComponent with ``!'()*`` encoded too; a list as ``{v1,v2}``.
+
+    What stays unencoded is exactly ``A-Z a-z 0-9 - _ . ~`` (Python's ``quote`` with nothing safe); a lone
+    surrogate, which JavaScript's encodeURIComponent refuses with a URIError, is refused here too.
+    """
+    text = value if isinstance(value, str) else "{" + ",".join(value) + "}"
+    try:
+        return urllib.parse.quote(text, safe="", encoding="utf-8", errors="strict")
+    except UnicodeEncodeError as exc:
+        raise MacroError(f"percentencode cannot encode {text!r} (Grafana's encodeURIComponent raises URIError)") from exc
+
+
+_LIST_FORMATS = {"singlequote": singlequote, "doublequote": doublequote, "sqlstring": sqlstring}
+
+
 def _template_variables(sql: str, variables: Mapping[str, str | Sequence[str]]) -> str:
     def substitute(m: re.Match[str]) -> str:
         name, fmt = m.group("braced") or m.group("bare"), m.group("fmt")
@@ -158,8 +191,12 @@ def _template_variables(sql: str, variables: Mapping[str, str | Sequence[str]]) 
         values = [value] if isinstance(value, str) else list(value)
         if ALL in values:
             raise MacroError(f"${name} is 'All' outside $__conditionalAll; give the test concrete values")
-        if fmt == "singlequote":
-            return ",".join(singlequote(v) for v in values)
+        if fmt in _LIST_FORMATS:
+            return ",".join(_LIST_FORMATS[fmt](v) for v in values)
+        if fmt == "percentencode":
+            return percentencode(value)
+        if fmt in ("csv", "raw"):
+            return ",".join(values)
         if fmt is not None:
             raise MacroError(f"variable format {fmt!r} of ${name} is not supported here")
         return value if isinstance(value, str) else "'" + "','".join(values) + "'"

@@ -116,7 +116,8 @@ def test_drill_down_link_targets_this_dashboard_with_the_conversation_variable()
     table = next(p for p in all_panels(rubrics) if p["title"] == "Worst recent conversations")
     (override,) = [o for o in table["fieldConfig"]["overrides"] if o["matcher"]["options"] == "conversation_id"]
     (link,) = override["properties"][0]["value"]
-    assert link["url"].startswith("/d/convowatch-rubrics?var-conversation_id=${__value.raw}")
+    # any id is one URL parameter: percent-encoded, not raw
+    assert link["url"].startswith("/d/convowatch-rubrics?var-conversation_id=${__value.raw:percentencode}&")
     names = {v["name"]: v for v in rubrics["templating"]["list"]}
     assert names["conversation_id"]["type"] == "textbox"
     assert names["product"]["includeAll"] and names["product"]["multi"]
@@ -445,7 +446,7 @@ def test_drill_down_shows_the_selected_conversation(scored_store) -> None:
     dims = run(store, "Calibrated dimensions", {"conversation_id": c0})
     assert [(r["dimension"], r["expected_answer"]) for r in dims] == [("Q1", 3.0), ("Q2", 2.0)]
     assert run(store, "Turns", {"conversation_id": "no-such-conversation"}) == []
-    # a quote in the textbox is escaped by the singlequote format, not executed
+    # a quote in the textbox stays in its literal (percentencode; hostile ids: test_dashboard_injection.py)
     assert run(store, "Turns", {"conversation_id": "x' OR '1'='1"}) == []
 
 
