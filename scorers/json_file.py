@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+DUPLICATE_KEYS_SHOWN = 10  # an error names this many duplicated keys, then how many more
 
 
 def write_json(path: str | Path, doc: Any) -> None:
@@ -26,11 +29,15 @@ def loads_strict(text: str) -> Any:
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [k for k, _ in pairs]
-    duplicated = sorted({k for k in keys if keys.count(k) > 1})
-    if duplicated:
-        raise ValueError(f"duplicate JSON key(s) {duplicated}")
-    return dict(pairs)
+    """The object's dict, or ValueError naming its duplicated keys. One pass (a dict is shorter than the pairs exactly
+    when a key repeats): 60,000 keys took 56 s with a count per key, quadratic."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        duplicated = sorted(key for key, n in Counter(k for k, _ in pairs).items() if n > 1)
+        shown = duplicated[:DUPLICATE_KEYS_SHOWN]
+        more = f" and {len(duplicated) - len(shown)} more" if len(duplicated) > len(shown) else ""
+        raise ValueError(f"duplicate JSON key(s) {shown}{more}")
+    return out
 
 
 def _no_constant(name: str) -> float:

@@ -52,6 +52,9 @@ SCORE_MIN, SCORE_MAX = 0.0, 10.0
 DEFAULT_PRECISION = 0.9
 STARTER_SET = "starter_rubric_set.json"  # in scorers/data: `starter_rubric_set()`, made by bench/starter_rubric_set.py
 VERSION_HEX_CHARS = 16
+# Rubrics a rubric-set file may hold: each is one judge question per conversation scored (LLM-Rubric asks 9; learned
+# sets keep 10-20), so a file of 10,000 would make 10,000 judge calls per conversation once promoted.
+MAX_RUBRICS_PER_SET = 100
 RUBRIC_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$"  # ids end up in metric labels and table rows
 
 Label = Literal["sat", "dsat", "uncertain"]
@@ -587,6 +590,12 @@ def _from_dict(doc: Any) -> RubricSet:
     if isinstance(doc, dict) and doc.get("schema_version") not in (None, SCHEMA_VERSION):
         raise RubricSetError(
             "schema_version", f"this convowatch reads version {SCHEMA_VERSION}, the file has {doc['schema_version']!r}"
+        )
+    if isinstance(doc, dict) and isinstance(doc.get("rubrics"), list) and len(doc["rubrics"]) > MAX_RUBRICS_PER_SET:
+        raise RubricSetError(
+            "rubrics",
+            f"{len(doc['rubrics'])} rubrics; a set holds at most {MAX_RUBRICS_PER_SET} (each is a judge question "
+            "asked of every conversation scored): keep the rubrics that tell conversations apart (convowatch learn selects them)",
         )
     error = jsonschema.exceptions.best_match(_validator().iter_errors(doc))
     if error is not None:
