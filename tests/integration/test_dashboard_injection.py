@@ -7,17 +7,22 @@ engine against rows written by the real store, whose ids and attributes are host
 backslashes, comments, UNION, newlines, unicode, 256 characters. Each drill-down panel must return
 exactly the selected conversation's rows, each filtered panel exactly the selected products' rows.
 On the dashboards that used ``${conversation_id:singlequote}`` the stored id ``a-sqli\\' OR 1=1 --``
-returned every conversation's turns.
+returned every conversation's turns. Last, the provisioned Grafana datasource is the read-only user whose
+DDL deploy/production/README.md documents, and ClickHouse's parser accepts that DDL.
 """
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from dashboards import catalog
+from dashboards.datasources import CLICKHOUSE_UID
 from stream.contract import MAX_CONVERSATION_ID_CHARS
 from stream.records import ClosedConversation, DimensionPrediction, RubricHit, ScoreRecord, TurnRecord
 from tests.chdb_fixture import chdb_dsn, chdb_store, store_factory  # noqa: F401
@@ -150,3 +155,32 @@ def test_every_clickhouse_query_runs_with_hostile_values_and_filters_exactly(hos
     worst = run(hostile_store, "Worst recent conversations", {"product": two})
     assert sorted(r["conversation_id"] for r in worst) == sorted(c for c, p in stored if p in two)
     assert run(hostile_store, "Worst recent conversations", {"product": ["no-such-product' OR 1=1 --"]}) == []
+
+
+# --- the read-only user Grafana connects as -----------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+DATASOURCES = ROOT / "deploy" / "grafana" / "provisioning" / "datasources" / "convowatch.yml"
+PRODUCTION_README = ROOT / "deploy" / "production" / "README.md"
+
+
+def documented_grafana_user_ddl() -> list[str]:
+    """The statements of the ```sql block under "Grafana's ClickHouse user" in deploy/production/README.md."""
+    text = PRODUCTION_README.read_text(encoding="utf-8")
+    section = text.split("## Grafana's ClickHouse user", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```sql\n(.*?)```", section, re.S)
+    assert block, "no ```sql block in the Grafana user section"
+    return [" ".join(s.split()) for s in block.group(1).split(";") if s.strip()]
+
+
+def test_the_provisioned_datasource_is_the_documented_read_only_user(hostile_store) -> None:
+    (clickhouse,) = [s for s in yaml.safe_load(DATASOURCES.read_text())["datasources"] if s["uid"] == CLICKHOUSE_UID]
+    user = clickhouse["jsonData"]["username"]
+    assert user not in ("", "default")
+    assert clickhouse["secureJsonData"]["password"] == "$CONVOWATCH_GRAFANA_CLICKHOUSE_PASSWORD"  # Grafana's env
+    create, grant = documented_grafana_user_ddl()
+    assert create.startswith(f"CREATE USER IF NOT EXISTS {user} ")
+    assert "SETTINGS readonly = 1," in create and f"DEFAULT DATABASE {clickhouse['jsonData']['defaultDatabase']}" in create
+    assert grant == f"GRANT SELECT ON {clickhouse['jsonData']['defaultDatabase']}.* TO {user}"
+    for statement in (create, grant):  # ClickHouse's own parser accepts them (chDB cannot run them: it has no users)
+        assert hostile_store.query(f"EXPLAIN AST {statement}")
