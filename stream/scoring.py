@@ -40,7 +40,7 @@ from scorers.calibrators import CalibrationError, Calibrator, Prediction
 from scorers.conversation import Conversation
 from scorers.early_stopping import EarlyStoppedScore, EarlyStoppingScorer, ScoreMoments
 from scorers.injection import InjectionDetector
-from scorers.judges.base import Judge, JudgeError, Provenance, answers_in_memory
+from scorers.judges.base import Judge, JudgeError, JudgeReplyError, Provenance, answers_in_memory, error_excerpt
 from scorers.questions import Question, load_questions
 from scorers.rubrics import RubricSet, RubricSetError
 from stream.budget import BudgetGate, Cost, transcript_chars
@@ -63,6 +63,14 @@ NOT_CALIBRATED: dict[str, Any] = {  # a record's calibrated fields without a cal
     "dissatisfaction_probability": None,
     "dimensions": (),
 }
+MAX_UNSCORED_REASON_CHARS = 1000  # of an unscored record's reason (stored in ClickHouse, on the scores topic, logged)
+DEADLINE_PASSED = "DeadlinePassed"  # the reason (and judge-error type) of a conversation past scoring.deadline_s
+
+
+def unscored_reason(reason: str) -> str:
+    """An unscored record's reason: control characters dropped, at most `MAX_UNSCORED_REASON_CHARS` characters."""
+    reason = "".join(ch if ch.isprintable() else " " for ch in reason)
+    return reason if len(reason) <= MAX_UNSCORED_REASON_CHARS else reason[: MAX_UNSCORED_REASON_CHARS - 1] + "…"
 
 
 def judge_identity(judge: Judge) -> str:
@@ -265,6 +273,11 @@ class ConversationScorer:
         except JudgeError as e:
             self.metrics.judge_errors.labels(asking, type(e).__name__).inc()
             raise
+        except Exception as e:  # the last line: a judge (or what reads its answers) that raised something else
+            self.metrics.judge_errors.labels(asking, JudgeReplyError.__name__).inc()
+            raise JudgeReplyError(
+                f"judge {asking!r}'s answers could not be read ({type(e).__name__}: {error_excerpt(str(e))})"
+            ) from None  # not chained: the exception's text may hold a reply, and a logged traceback prints it
         p = rubric_score.judgement.provenance
         behaviours: tuple[BehaviourHit, ...] = ()
         if judged is not None:
@@ -349,7 +362,9 @@ class ConversationScorer:
         )
 
     def unscored(self, closed: ClosedConversation, reason: str, attempts: int) -> ScoreRecord:
-        return self._record(closed, "unscored", attempts, unscored_reason=reason[:1000])
+        """The record of a conversation that could not be scored: ``reason`` without control characters, cut to
+        `MAX_UNSCORED_REASON_CHARS` (it is stored and logged)."""
+        return self._record(closed, "unscored", attempts, unscored_reason=unscored_reason(reason))
 
     def unsampled(self, closed: ClosedConversation, decision: SamplingDecision) -> ScoreRecord:
         """The record of a conversation sampling left out: counted and stored, never judged."""
@@ -509,16 +524,25 @@ class ConversationScorer:
 
     async def _judge_with_retries(self, closed: ClosedConversation, with_behaviours: bool) -> Judged | ScoreRecord:
         """The judge's answers about ``closed``, retrying transient judge errors with backoff; or, when the judge cannot
-        answer, its unscored record with the reason."""
+        answer or ``scoring.deadline_s`` passes (across every attempt and backoff), its unscored record with the reason.
+        A judge call the deadline gives up on is not waited for; its thread ends when the judge's own timeout does."""
         loop = asyncio.get_running_loop()
+        deadline_s = self.settings.deadline_s
+        deadline = time.monotonic() + deadline_s
         attempt = 0
         while True:
             attempt += 1
             try:
-                return await self._attempt(loop, closed, attempt, with_behaviours)
+                return await asyncio.wait_for(
+                    self._attempt(loop, closed, attempt, with_behaviours), max(0.0, deadline - time.monotonic())
+                )
+            except TimeoutError:
+                self.metrics.judge_errors.labels(self.judge_name, DEADLINE_PASSED).inc()
+                log.warning("scoring %s: deadline of %gs passed (attempt %d)", closed.conversation_id, deadline_s, attempt)
+                return self.unscored(closed, f"{DEADLINE_PASSED}: not scored within scoring.deadline_s={deadline_s:g}s", attempt)
             except JudgeError as e:
                 if e.transient and attempt < self.settings.max_attempts:
-                    delay = self._backoff(attempt)
+                    delay = min(self._backoff(attempt), max(0.0, deadline - time.monotonic()))
                     self.metrics.scoring_attempts.labels(type(e).__name__).inc()
                     log.warning(
                         "scoring %s failed (attempt %d/%d, retry in %.1fs): %s",

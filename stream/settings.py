@@ -267,7 +267,18 @@ class ScoringSettings(BaseModel):
     max_attempts: int = Field(default=5, ge=1, description="Judge attempts per conversation before it is stored as unscored.")
     retry_initial_s: float = Field(default=1.0, gt=0)
     retry_max_s: float = Field(default=60.0, gt=0)
-    concurrency: int = Field(default=1, ge=1, description="Conversations scored at once per worker.")
+    concurrency: int = Field(
+        default=4,
+        ge=1,
+        description="Conversations scored at once per worker: a slow judge answer holds one slot, not the "
+        "conversations behind it (bench/slow_judge.py).",
+    )
+    deadline_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="Time one conversation may take across all its judge attempts and backoffs; when it passes the "
+        "conversation is stored unscored with reason DeadlinePassed.",
+    )
     trusted_judges: list[str] = Field(
         default_factory=list, description="Human judges the calibrator aggregates over; empty = shared weights."
     )
@@ -384,8 +395,14 @@ class MetricsSettings(BaseModel):
     max_label_combinations: int = Field(
         default=200,
         ge=1,
-        description="Distinct combinations of the attribute labels; a later combination keeps its first "
+        description="Distinct combinations of the attribute labels; a combination without a slot keeps its first "
         "attribute and reports the others as 'other'.",
+    )
+    label_slot_window_s: float = Field(
+        default=900.0,
+        gt=0,
+        description="Label slots (values per attribute, combinations) go to the values with the most conversations "
+        "in each window of this length, re-evaluated at its end; a free slot goes to the first value until then.",
     )
 
 

@@ -9,7 +9,8 @@ information, LLM-Rubric §3), the covered mass, and provenance.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Protocol, runtime_checkable
 
@@ -40,6 +41,32 @@ class JudgeReplyError(JudgeError, ModelReplyError):
 
 class UnknownConversation(JudgeError):
     """A recorded judge has no answers for this conversation or question."""
+
+
+MAX_REPLY_ERROR_DETAIL_CHARS = 300  # of an exception's text kept in the `JudgeReplyError` it becomes
+
+
+def error_excerpt(text: str) -> str:
+    """``text`` fit for a message that is logged and stored: control characters dropped, at most
+    `MAX_REPLY_ERROR_DETAIL_CHARS` characters."""
+    text = "".join(ch if ch.isprintable() else " " for ch in text)
+    return text if len(text) <= MAX_REPLY_ERROR_DETAIL_CHARS else text[: MAX_REPLY_ERROR_DETAIL_CHARS - 1] + "…"
+
+
+@contextmanager
+def reply_errors_as_judge_errors(who: str, scrub: Callable[[str], str] = error_excerpt) -> Iterator[None]:
+    """The boundary where a judge asks and reads its reply: any `Exception` raised inside that is not a `JudgeError`
+    (a KeyError, TypeError, AttributeError, IndexError, ValueError, ... from a reply of the wrong shape) leaves as a
+    `JudgeReplyError` naming ``who`` and the exception (its text through ``scrub``: bounded, no secrets), so the scorer
+    retries it or stores the conversation unscored instead of crashing. BaseExceptions that are not `Exception`
+    (CancelledError, KeyboardInterrupt, SystemExit) pass through untouched."""
+    try:
+        yield
+    except JudgeError:
+        raise
+    except Exception as e:
+        # Not chained (``from None``): the exception's text may hold the whole reply, and a logged traceback prints it.
+        raise JudgeReplyError(f"{who} sent an unusable reply ({type(e).__name__}: {scrub(str(e))})") from None
 
 
 @dataclass(frozen=True)

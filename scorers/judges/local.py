@@ -72,7 +72,14 @@ import numpy as np
 
 from scorers.conversation import Conversation, render_transcript
 from scorers.errors import ModelPromptTooLong
-from scorers.judges.base import Answer, JudgeError, Judgement, JudgeModelNotFound, Provenance
+from scorers.judges.base import (
+    Answer,
+    JudgeError,
+    Judgement,
+    JudgeModelNotFound,
+    Provenance,
+    reply_errors_as_judge_errors,
+)
 from scorers.judges.prompt import PROMPT_VERSION, prefix, question_suffix
 from scorers.questions import Question
 
@@ -351,7 +358,7 @@ class LocalJudge:
 
     def judge(self, conversation: Conversation, questions: Sequence[Question]) -> Judgement:
         """Answer every question about ``conversation`` from the model's next-token distribution."""
-        with self._lock:
+        with self._lock, reply_errors_as_judge_errors(f"local judge {self.model!r}"):
             return self._judge(conversation, questions)
 
     def _judge(self, conversation: Conversation, questions: Sequence[Question]) -> Judgement:

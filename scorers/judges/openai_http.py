@@ -111,6 +111,7 @@ from scorers.judges.base import (
     JudgeReplyError,
     JudgeUnavailable,
     Provenance,
+    reply_errors_as_judge_errors,
 )
 from scorers.judges.prompt import (
     MULTI_PROMPT_VERSION,
@@ -120,7 +121,7 @@ from scorers.judges.prompt import (
     numbered_order,
     single_question_prompt,
 )
-from scorers.openai_chat import ChatEndpoint, ChatErrors, require
+from scorers.openai_chat import ChatEndpoint, ChatErrors, require, server_detail
 from scorers.questions import Question
 
 log = logging.getLogger(__name__)
@@ -170,6 +171,13 @@ def option_probabilities(top: Sequence[TopLogprob], option_keys: Sequence[str], 
     return tuple(mass)
 
 
+def _token_count(value: object) -> int:
+    """A token count from a reply's usage: a non-negative int (a bool, float, string or negative number: ValueError)."""
+    if type(value) is not int or value < 0:
+        raise ValueError(f"usage token count must be a non-negative integer, got {value!r}")
+    return value
+
+
 class OpenAIJudge:
     """Answers questions through an OpenAI-compatible ``/chat/completions`` endpoint with logprobs."""
 
@@ -209,6 +217,7 @@ class OpenAIJudge:
             backoff_max_s=backoff_max_s,
             rng=rng,
         )
+        self._api_key = api_key or ""  # removed from what a reply's error message quotes (`_scrub`)
         require(questions_per_call >= 1, "questions_per_call", questions_per_call, ">= 1")
         require(answer_format in ANSWER_FORMATS, "answer_format", answer_format, f"one of {ANSWER_FORMATS}")
         require(1 <= top_logprobs <= MAX_TOP_LOGPROBS, "top_logprobs", top_logprobs, f"in 1..{MAX_TOP_LOGPROBS}")
@@ -313,21 +322,23 @@ class OpenAIJudge:
             prompt = multi_question_prompt(transcript, batch, reply)
             max_tokens = TOKENS_PER_ANSWER * len(batch) + MULTI_EXTRA_TOKENS
             extra_body = {**constraint_fields(self.answer_format, batch), **self.extra_body}
-        resets = self._reset() if self.prompt_reuse == "none" else 0
-        completion, attempts = self._complete(prompt, max_tokens, extra_body)
-        content = self._token_logprobs(completion)
-        answers, unread = self._single_answer(content, batch[0]) if single else self._multi_answers(content, batch)
-        usage = completion.usage
-        details = getattr(usage, "prompt_tokens_details", None) if usage else None
-        return _BatchResult(
-            answers=answers,
-            prompt_tokens=usage.prompt_tokens if usage else 0,
-            completion_tokens=usage.completion_tokens if usage else 0,
-            cached_prompt_tokens=int(getattr(details, "cached_tokens", None) or 0),
-            attempts=attempts,
-            unread=unread,
-            resets=resets,
-        )
+        # The boundary of issue 54: whatever shape the reply has, only a JudgeError leaves (`reply_errors_as_judge_errors`).
+        with reply_errors_as_judge_errors(f"judge {self.model!r} at {self.base_url}", self._scrub):
+            resets = self._reset() if self.prompt_reuse == "none" else 0
+            completion, attempts = self._complete(prompt, max_tokens, extra_body)
+            content = self._token_logprobs(completion)
+            answers, unread = self._single_answer(content, batch[0]) if single else self._multi_answers(content, batch)
+            usage = completion.usage
+            details = getattr(usage, "prompt_tokens_details", None) if usage else None
+            return _BatchResult(
+                answers=answers,
+                prompt_tokens=_token_count(usage.prompt_tokens if usage else 0),
+                completion_tokens=_token_count(usage.completion_tokens if usage else 0),
+                cached_prompt_tokens=_token_count(getattr(details, "cached_tokens", None) or 0),
+                attempts=attempts,
+                unread=unread,
+                resets=resets,
+            )
 
     def _single_answer(self, content: Sequence[ChatCompletionTokenLogprob], question: Question) -> _Reading:
         """The first token's distribution; without top_logprobs there is nothing to fall back to: an error."""
@@ -367,9 +378,14 @@ class OpenAIJudge:
             )
         return list(content)
 
+    def _scrub(self, text: str) -> str:
+        """``text`` (from a reply) fit for an error message: `server_detail` with this judge's API key."""
+        return server_detail(text, self._api_key)
+
     def _reset(self) -> int:
         """The reset request of limited prompt reuse (module docstring): one token of a fixed prompt. Returns 1."""
-        self.endpoint.complete({"messages": [{"role": "user", "content": RESET_PROMPT}], "temperature": 0, "max_tokens": 1})
+        with reply_errors_as_judge_errors(f"judge {self.model!r} at {self.base_url}", self._scrub):
+            self.endpoint.complete({"messages": [{"role": "user", "content": RESET_PROMPT}], "temperature": 0, "max_tokens": 1})
         return 1
 
     def _complete(self, prompt: str, max_tokens: int, extra_body: Mapping[str, Any]) -> tuple[ChatCompletion, int]:

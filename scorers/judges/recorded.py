@@ -15,7 +15,14 @@ from pathlib import Path
 
 from scorers.conversation import Conversation
 from scorers.errors import UserError
-from scorers.judges.base import Answer, Judgement, JudgeReplyError, Provenance, UnknownConversation
+from scorers.judges.base import (
+    Answer,
+    Judgement,
+    JudgeReplyError,
+    Provenance,
+    UnknownConversation,
+    reply_errors_as_judge_errors,
+)
 from scorers.questions import Question
 
 AnswerTable = Mapping[tuple[str, str], tuple[float, ...]]
@@ -76,6 +83,12 @@ class RecordedJudge:
         return cls(load_answer_table(path), name="recorded", model=model or path.stem)
 
     def judge(self, conversation: Conversation, questions: Sequence[Question]) -> Judgement:
+        """The recorded answers to ``questions`` about ``conversation``; only a `JudgeError` leaves it (a table of the
+        wrong shape: `JudgeReplyError`)."""
+        with reply_errors_as_judge_errors(f"recorded judge {self.model!r}"):
+            return self._judge(conversation, questions)
+
+    def _judge(self, conversation: Conversation, questions: Sequence[Question]) -> Judgement:
         answers: dict[str, Answer] = {}
         for q in questions:
             probs = self.table.get((conversation.id, q.id))

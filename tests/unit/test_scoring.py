@@ -30,7 +30,14 @@ from scorers.datasets.llm_rubric import (
     satisfaction_labels,
 )
 from scorers.early_stopping import MOMENTS_KEY, ScoreMoments
-from scorers.judges.base import Answer, Judgement, JudgeUnavailable, Provenance, answers_in_memory
+from scorers.judges.base import (
+    Answer,
+    Judgement,
+    JudgeUnavailable,
+    Provenance,
+    answers_in_memory,
+    reply_errors_as_judge_errors,
+)
 from scorers.judges.recorded import RecordedJudge
 from scorers.ordinal_calibration import OrdinalCalibrator
 from scorers.questions import Question
@@ -40,7 +47,14 @@ from stream.budget import BudgetedJudge, JudgeBudget
 from stream.metrics import ServiceMetrics
 from stream.records import ClosedConversation, ScoreRecord
 from stream.replay.sources import llm_rubric_events
-from stream.scoring import NO_CALIBRATOR, ConversationScorer, judge_identity, scoring_questions
+from stream.scoring import (
+    MAX_UNSCORED_REASON_CHARS,
+    NO_CALIBRATOR,
+    ConversationScorer,
+    judge_identity,
+    scoring_questions,
+    unscored_reason,
+)
 from stream.settings import AssemblySettings, BudgetSettings, ScoringSettings, SettingsError
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "llm-rubric"
@@ -772,3 +786,89 @@ def test_behaviour_counts_are_weighted_by_the_inclusion_probability(judge, rubri
     # Which behaviours a rise alerts on: the set's errors.
     assert sample(metrics, "convowatch_behaviour_error", behaviour="ignore") == 1
     assert sample(metrics, "convowatch_behaviour_error", behaviour="follow_up") == 0
+
+
+# --- whatever the judge does (issue 54, item 2) -------------------------------------
+
+
+class HostileJudge:
+    """Raises what a judge reading a reply of the wrong shape used to let out (not a `JudgeError`), with a long,
+    control-character-laden message. A stand-in for a fault: the real judges now turn these into `JudgeReplyError`
+    themselves (tests/integration/test_judge_hostile_replies.py); this is the scorer's last line for any other judge."""
+
+    def __init__(self, judge: RecordedJudge, error: type[Exception]) -> None:
+        self.inner, self.name, self.model, self.error = judge, judge.name, judge.model, error
+
+    def judge(self, conversation: Conversation, questions: Sequence[Question]) -> Judgement:
+        raise self.error("\x1b[2J'choices'" + "x" * 5000)
+
+
+@pytest.mark.parametrize("error", [KeyError, TypeError, AttributeError, IndexError, ValueError, ZeroDivisionError])
+def test_any_exception_from_the_judge_is_unscored_with_a_bounded_reason(
+    judge, rubric_set, calibrator, conversation, error
+) -> None:
+    metrics = ServiceMetrics()
+    scorer = ConversationScorer(HostileJudge(judge, error), rubric_set, calibrator, fast_retries(), metrics)
+    record = score(scorer, conversation)
+    assert record.status == "unscored" and record.attempts == 1
+    assert record.unscored_reason.startswith(f"JudgeReplyError: judge {scorer.judge_name!r}'s answers could not be read ")
+    assert error.__name__ in record.unscored_reason
+    assert len(record.unscored_reason) <= MAX_UNSCORED_REASON_CHARS and record.unscored_reason.isprintable()
+    assert sample(metrics, "convowatch_judge_errors_total", judge=scorer.judge_name, error="JudgeReplyError") == 1
+
+
+def test_an_unscored_reason_is_cut_to_the_one_bound_and_printable() -> None:
+    reason = unscored_reason("E: " + "\x00\x1b" + "y" * 10_000)
+    assert len(reason) == MAX_UNSCORED_REASON_CHARS and reason.isprintable() and reason.endswith("…")
+    assert unscored_reason("short") == "short"
+
+
+@pytest.mark.parametrize("passing", [KeyboardInterrupt, asyncio.CancelledError, SystemExit])
+def test_the_judge_boundary_lets_cancellation_and_interrupts_through(passing: type[BaseException]) -> None:
+    with pytest.raises(passing), reply_errors_as_judge_errors("judge 'm'"):
+        raise passing()
+
+
+class SlowJudge:
+    """Answers with the real judge after ``delay_s``: a stand-in for a judge that hangs (no real one hangs on demand)."""
+
+    def __init__(self, judge: RecordedJudge, delay_s: float) -> None:
+        self.inner, self.name, self.model, self.delay_s = judge, judge.name, judge.model, delay_s
+
+    def judge(self, conversation: Conversation, questions: Sequence[Question]) -> Judgement:
+        time.sleep(self.delay_s)
+        return self.inner.judge(conversation, questions)
+
+
+def test_a_conversation_past_its_deadline_is_unscored_without_waiting_for_the_judge(
+    judge, rubric_set, calibrator, conversation
+) -> None:
+    metrics = ServiceMetrics()
+    scorer = ConversationScorer(SlowJudge(judge, 0.8), rubric_set, calibrator, fast_retries(deadline_s=0.2), metrics)
+
+    async def timed() -> tuple[ScoreRecord, float]:  # timed inside the loop: asyncio.run waits for the judge's thread
+        started = time.monotonic()
+        return await scorer.score(conversation), time.monotonic() - started
+
+    record, took_s = asyncio.run(timed())
+    assert took_s < 0.6
+    assert record.status == "unscored" and record.unscored_reason.startswith("DeadlinePassed: ")
+    assert "scoring.deadline_s=0.2s" in record.unscored_reason
+    attrs = {"product": "llm-rubric-demo", "model_version": conversation.attributes["model_version"]}
+    assert sample(metrics, "convowatch_conversations_unscored_total", reason="DeadlinePassed", **attrs) == 1
+
+
+def test_the_deadline_spans_every_retry_and_backoff(judge, rubric_set, calibrator, conversation) -> None:
+    """A judge down for good with long backoffs: the deadline, not max_attempts x backoff, bounds the wait."""
+    flaky = FlakyJudge(judge, failures=1_000)
+    settings = fast_retries(max_attempts=50, retry_initial_s=5.0, retry_max_s=5.0, deadline_s=0.3)
+    started = time.monotonic()
+    record = score(ConversationScorer(flaky, rubric_set, calibrator, settings, ServiceMetrics()), conversation)
+    assert time.monotonic() - started < 1.0
+    assert record.status == "unscored" and record.unscored_reason.startswith("DeadlinePassed: ")
+    assert flaky.calls >= 1
+
+
+def test_the_default_scores_several_conversations_at_once_with_a_deadline() -> None:
+    defaults = ScoringSettings()
+    assert defaults.concurrency > 1 and 0 < defaults.deadline_s <= 3600
