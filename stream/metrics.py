@@ -3,9 +3,10 @@
 Dashboards and alert rules name these metrics as strings; tests hold them to
 what this module exports. Attribute labels (product, model version, ...) come
 from an allow-list; each keeps at most ``max_label_values`` distinct values
-(later ones are reported as ``other``) and together at most
-``max_label_combinations`` combinations (`AttributeLabels`), so cardinality
-stays bounded whatever producers send.
+(the others are reported as ``other``) and together at most
+``max_label_combinations`` combinations (`AttributeLabels`), given by volume
+over a window and re-evaluated, so cardinality stays bounded whatever
+producers send and the busiest values hold the slots.
 
 Unbiased dissatisfaction rate in PromQL (calibrated probabilities, not labels),
 weighted by 1/π so that sampling (stream/sampling.py) does not bias it::
@@ -23,7 +24,8 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, start_http_server
 
@@ -38,43 +40,112 @@ NETSAT_BUCKETS = tuple(float(b) for b in range(-100, 101, 10))
 DIMENSION_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.25, 3.5, 3.75, 4.0, 4.5, 5.0)
 
 
+# Metrics built without settings (tests, tools) re-evaluate label slots as often as metrics.label_slot_window_s's default.
+DEFAULT_LABEL_SLOT_WINDOW_S = 900.0
+# Values a slot table counts per slot it has (space-saving: any value above 1/(this × slots) of a window's traffic is
+# counted, however many distinct junk values arrive; memory stays this × slots entries).
+TRACKED_VALUES_PER_SLOT = 4
+
+
+class LabelSlots:
+    """At most ``capacity`` values hold a slot; the others are reported merged. Slots go by volume, not arrival:
+
+    every value's volume in the current window is counted (space-saving, `TRACKED_VALUES_PER_SLOT` × capacity
+    counters), and `reevaluate` gives the slots to the values with the most volume in the window that ended (a
+    value with none loses its slot). Between re-evaluations a free slot goes to the first value that asks, as
+    before; a full table reports new values merged until the next re-evaluation. So a junk burst that took every
+    slot holds them for at most one window once real traffic outweighs it.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.slots: set[object] = set()
+        self._volume: dict[object, int] = {}
+        self._max_tracked = capacity * TRACKED_VALUES_PER_SLOT
+
+    def admit(self, value: object) -> bool:
+        """Count one use of ``value``; True if it holds a slot (now or newly given a free one)."""
+        self._count(value)
+        if value in self.slots:
+            return True
+        if len(self.slots) < self.capacity:
+            self.slots.add(value)
+            return True
+        return False
+
+    def reevaluate(self) -> None:
+        """Give the slots to the values with the most volume in the window that ended, and start a new window."""
+        ranked = sorted(self._volume.items(), key=lambda kv: kv[1], reverse=True)
+        self.slots = {value for value, _ in ranked[: self.capacity]}
+        self._volume = {}
+
+    def _count(self, value: object) -> None:
+        if value in self._volume:
+            self._volume[value] += 1
+        elif len(self._volume) < self._max_tracked:
+            self._volume[value] = 1
+        else:  # space-saving: the least-counted value makes room, its count carried over (an overestimate)
+            least = min(self._volume, key=self._volume.__getitem__)
+            self._volume[value] = self._volume.pop(least) + 1
+
+
 class AttributeLabels:
     """Maps conversation attributes to bounded label values for the allow-listed keys.
 
-    Each key keeps at most ``max_values`` distinct values (later ones: ``other``), and the keys together at
-    most ``max_combinations`` distinct combinations: a new combination past that keeps its first key's value
+    Each key keeps at most ``max_values`` distinct values (the others: ``other``), and the keys together at
+    most ``max_combinations`` distinct combinations: a combination without a slot keeps its first key's value
     and reports the other keys as ``other`` (so products stay apart, their model versions merge). 50 products
-    × 50 model versions made 242,659 series under the per-key cap alone; now at most ``max_combinations``
-    + ``max_values`` + 1 combinations exist, whatever producers send.
+    × 50 model versions made 242,659 series under the per-key cap alone; the caps bound the combinations in use.
+
+    Slots go by volume over a window of ``slot_window_s`` (`LabelSlots`), re-evaluated at the end of each window:
+    values that came first (a junk burst took every slot, 45 of 50 real model versions reported as ``other`` until
+    a restart) lose their slots to the values with the most traffic. A displaced value's series stays exported
+    (counters are never removed) but stops growing; each re-evaluation can add at most ``max_values`` values per
+    key and ``max_combinations`` combinations to what was exported before.
     """
 
-    def __init__(self, keys: Sequence[str], max_values: int, max_combinations: int | None = None) -> None:
+    def __init__(
+        self,
+        keys: Sequence[str],
+        max_values: int,
+        max_combinations: int | None = None,
+        slot_window_s: float = DEFAULT_LABEL_SLOT_WINDOW_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.keys = tuple(keys)
         self.max_values = max_values
         self.max_combinations = max_combinations
-        self._seen: dict[str, set[str]] = {k: set() for k in self.keys}
-        self._combinations: set[tuple[str, ...]] = set()
+        self.slot_window_s = slot_window_s
+        self._clock = clock
+        self._window_started = clock()
+        self._value_slots = {k: LabelSlots(max_values) for k in self.keys}
+        self._combination_slots = LabelSlots(max_combinations) if max_combinations is not None else None
         self._lock = threading.Lock()
 
     def values(self, attributes: Mapping[str, str]) -> tuple[str, ...]:
+        """The label values for ``attributes``: each key's value if it holds a slot, else ``other``."""
         out = []
         with self._lock:
+            self._reevaluate_if_due()
             for key in self.keys:
                 value = str(attributes.get(key, MISSING)) or MISSING
-                seen = self._seen[key]
-                if value != MISSING and value not in seen:
-                    if len(seen) >= self.max_values:
-                        value = OTHER
-                    else:
-                        seen.add(value)
+                if value != MISSING and not self._value_slots[key].admit(value):
+                    value = OTHER
                 out.append(value)
             combination = tuple(out)
-            if combination in self._combinations or self.max_combinations is None:
-                return combination
-            if len(self._combinations) < self.max_combinations:
-                self._combinations.add(combination)
+            if self._combination_slots is None or self._combination_slots.admit(combination):
                 return combination
             return combination[:1] + tuple(OTHER if v != MISSING else v for v in combination[1:])
+
+    def _reevaluate_if_due(self) -> None:
+        now = self._clock()
+        if now - self._window_started < self.slot_window_s:
+            return
+        self._window_started = now
+        for slots in self._value_slots.values():
+            slots.reevaluate()
+        if self._combination_slots is not None:
+            self._combination_slots.reevaluate()
 
 
 # Values of convowatch_conversations_sampled_total's decision label.
@@ -126,13 +197,14 @@ class ServiceMetrics:
         max_label_values: int = 50,
         registry: CollectorRegistry | None = None,
         max_label_combinations: int | None = None,
+        label_slot_window_s: float = DEFAULT_LABEL_SLOT_WINDOW_S,
     ) -> None:
         check_attribute_keys(attribute_keys)
         # No ``*_created`` sample per child (a process-wide switch of prometheus_client): in the text format each one is
         # a gauge series of its own in Prometheus, doubling every labelled counter's series. Nothing here reads them.
         disable_created_metrics()
         self.registry = registry or CollectorRegistry()
-        self.attributes = AttributeLabels(attribute_keys, max_label_values, max_label_combinations)
+        self.attributes = AttributeLabels(attribute_keys, max_label_values, max_label_combinations, label_slot_window_s)
         attrs = list(self.attributes.keys)
         r = self.registry
 

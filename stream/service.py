@@ -88,7 +88,12 @@ def build_rollout(settings: Settings, metrics: ServiceMetrics) -> ScorerRollout:
 def new_metrics(settings: Settings) -> ServiceMetrics:
     try:
         m = settings.metrics
-        return ServiceMetrics(m.label_attributes, m.max_label_values, max_label_combinations=m.max_label_combinations)
+        return ServiceMetrics(
+            m.label_attributes,
+            m.max_label_values,
+            max_label_combinations=m.max_label_combinations,
+            label_slot_window_s=m.label_slot_window_s,
+        )
     except ValueError as e:
         raise SettingsError(str(e)) from e
 
