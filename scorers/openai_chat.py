@@ -13,9 +13,11 @@ reach the endpoint or survive failures, so both hold a `ChatEndpoint`:
   anything else, including a reply that is not a chat completion
   (``errors.reply``).
 
-What a server says in an error goes into messages, logs and (as ``unscored_reason``) ClickHouse only through
-`server_detail`: the API key replaced if echoed, control characters dropped, cut to `MAX_DETAIL_CHARS`; a
-401/403 reply is not kept at all.
+What a server says in an error goes into messages, logs and (as ``unscored_reason``) ClickHouse only as
+`scorers.secret_scrub` describes it: an HTTP error as its status, error type, length and SHA-256 prefix plus a short
+excerpt, the API key removed in every form the scrubber knows (encoded, cut), control characters dropped; a 401/403
+reply is not kept at all. The errors raised do not chain the client's exception (``from None``): its message holds
+the whole body, and a logged traceback would print it.
 
 Each caller names its own exception classes and its role word ("judge",
 "generator") in a `ChatErrors`, so messages read ``judge 'm' at <url> ...``.
@@ -37,13 +39,13 @@ import openai
 from openai.types.chat import ChatCompletion
 
 from scorers.errors import ModelAuthError, ModelError, ModelNotFound, ModelReplyError, ModelUnavailable
+from scorers.secret_scrub import describe_error_body, safe_excerpt
 
 # Sent when the endpoint needs no key: the openai client refuses to run without one,
 # and falling back to OPENAI_API_KEY from the environment would bypass our settings.
 NO_API_KEY = "no-key"
 RETRYABLE_STATUS = frozenset({408, 429})  # plus every 5xx
 MAX_DETAIL_CHARS = 300  # of a server's error text kept in an error message
-MIN_SECRET_CHARS = 4  # shorter keys are not searched for (they would blank out ordinary words)
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,6 @@ class ChatEndpoint:
                 reason = _transient_reason(
                     e, base_url=self.base_url, model=self.model, timeout_s=self.timeout_s, errors=errors, secret=self._api_key
                 )
-                last_error = e
             else:
                 if not isinstance(completion, ChatCompletion):
                     raise errors.reply(f"{errors.role} {self.model!r} sent a reply that is not a chat completion")
@@ -131,7 +132,7 @@ class ChatEndpoint:
             if attempt + 1 == attempts:
                 raise errors.unavailable(
                     f"{errors.role} {self.model!r} at {self.base_url} still failing after {attempts} attempt(s): {reason}"
-                ) from last_error
+                ) from None  # the client's exception holds the whole error body (module docstring)
             delay = self._rng.uniform(0.0, min(self.backoff_max_s, self.backoff_initial_s * 2**attempt))
             self._log.warning(
                 "%s %r at %s: attempt %d/%d failed (%s); retrying in %.2fs",
@@ -148,13 +149,19 @@ class ChatEndpoint:
 
 
 def server_detail(message: str, secret: str = "") -> str:
-    """A server's error text fit to log and store: the API key (if the server echoed it) replaced, control
-    characters dropped, at most `MAX_DETAIL_CHARS` characters. Error bodies end up in logs, on the scores topic
-    and in ClickHouse (``unscored_reason``), so nothing a server says goes there unfiltered."""
-    if secret and len(secret) >= MIN_SECRET_CHARS:
-        message = message.replace(secret, "[api key]")
-    message = "".join(ch if ch.isprintable() else " " for ch in message)
-    return message if len(message) <= MAX_DETAIL_CHARS else message[: MAX_DETAIL_CHARS - 1] + "…"
+    """A server's text fit to log and store: the API key removed in any form `scorers.secret_scrub.scrub` knows,
+    control characters dropped, at most `MAX_DETAIL_CHARS` characters. Error text ends up in logs, on the scores
+    topic and in ClickHouse (``unscored_reason``), so nothing a server says goes there unfiltered."""
+    return safe_excerpt(message, secret, MAX_DETAIL_CHARS)
+
+
+def _status_error_detail(e: openai.APIStatusError, secret: str) -> str:
+    """An HTTP error reply as `describe_error_body` keeps it (status, type, length, digest, short excerpt)."""
+    try:
+        body: str | bytes = e.response.content
+    except Exception:  # the body was not read (streamed): the client's message is all there is
+        body = e.message
+    return describe_error_body(e.status_code, body, secret)
 
 
 def _transient_reason(
@@ -168,16 +175,16 @@ def _transient_reason(
         return f"connection error: {server_detail(str(e.__cause__ or e), secret)}"
     if isinstance(e, openai.APIStatusError):
         status = e.status_code
-        detail = server_detail(e.message, secret)  # "Error code: <status> - <server's message>"
+        detail = _status_error_detail(e, secret)
         if status in RETRYABLE_STATUS or status >= 500:
             return detail
         if status in (401, 403):
             # Not even filtered: a server may echo the key in a form the filter does not know (encoded, cut).
-            raise errors.auth(f"{role} at {base_url} refused the API key (HTTP {status}; its reply is not kept)") from e
+            raise errors.auth(f"{role} at {base_url} refused the API key (HTTP {status}; its reply is not kept)") from None
         if status == 404 or e.code == "model_not_found":
             raise errors.model_not_found(
                 f"{role} at {base_url} does not serve model {model!r} ({detail}); "
                 "check the model name and that base_url is the API root (e.g. ending in /v1)"
-            ) from e
-        raise errors.rejected(f"{role} at {base_url} rejected the request ({detail})") from e
-    raise errors.reply(f"{role} {model!r} at {base_url} sent an unusable reply: {server_detail(str(e), secret)}") from e
+            ) from None
+        raise errors.rejected(f"{role} at {base_url} rejected the request ({detail})") from None
+    raise errors.reply(f"{role} {model!r} at {base_url} sent an unusable reply: {server_detail(str(e), secret)}") from None
