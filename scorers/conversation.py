@@ -6,8 +6,11 @@ the text a judge reads: each turn between an opening and a closing line
 (``<<<user turn 0>>>`` … ``<<<end user turn 0>>>``), its text escaped
 (`escape_text`: ``\\`` → ``\\``, ``<`` → ``\\<``) so that it cannot contain
 ``<<<`` and hence cannot close its own turn, open a turn of another role or
-end the transcript early. `parse_transcript` reads a transcript back into
-exactly its turns, for any text (a property test holds it).
+end the transcript early, and its control tokens neutralised
+(`neutralise_control_tokens`: a word joiner after every ``<`` and ``[``) so that
+no chat-template token (``<|im_end|>``, ``<end_of_turn>``, ``</s>``, ``[INST]``)
+survives into the judge's prompt. `parse_transcript` reads a transcript back
+into exactly its turns, for any text (a property test holds it).
 
 Truncation policy (for conversations longer than a judge's context):
 the first turn (it usually states the user's need) and the *last* turns are
@@ -37,6 +40,8 @@ _TURN_CLOSE = "<<<end {role} turn {index}>>>"
 _OMITTED = "<<<{n} turn(s) omitted here to fit the judge's context>>>"
 _CUT = " [... {n} characters omitted ...] "
 _ESCAPED = re.compile(r"\\(.)", re.DOTALL)
+TOKEN_BREAK = "\u2060"  # WORD JOINER: invisible (Unicode category Cf), in no special token of any vocabulary
+TOKEN_OPENERS = "<["  # the characters every control token of the judges' vocabularies starts with
 _BLOCK = re.compile(r"<<<(?P<role>[a-z]+) turn (?P<index>\d+)>>>\n(?P<body>.*?)\n<<<end (?P=role) turn (?P=index)>>>", re.DOTALL)
 
 
@@ -102,16 +107,39 @@ def content_hash(turns: Iterable[tuple[str, str]]) -> str:
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
 
 
+def neutralise_control_tokens(text: str) -> str:
+    """``text`` with a `TOKEN_BREAK` (an invisible word joiner) after every ``<`` and ``[`` (`TOKEN_OPENERS`).
+
+    Why: llama.cpp's server (``judge serve``) and OpenAI-compatible servers tokenize the rendered chat template
+    with special tokens on, so ``<|im_end|>``, ``<end_of_turn>``, ``</s>`` or ``[INST]`` written in a turn would
+    become the template's own control tokens and end the judge's message early or open an assistant turn. Every
+    control token of Qwen's, Gemma's and Llama's vocabularies starts with ``<`` or ``[``, and none holds a word
+    joiner, so after this no substring of the text is one, whatever its case or spacing; the judge still reads
+    the same characters. This is the one rule for every text that enters a judge's or generator's prompt
+    (`restore_control_tokens` undoes it)."""
+    for opener in TOKEN_OPENERS:
+        text = text.replace(opener, opener + TOKEN_BREAK)
+    return text
+
+
+def restore_control_tokens(text: str) -> str:
+    """The text `neutralise_control_tokens` neutralised (each opener is followed by exactly the break it added)."""
+    for opener in TOKEN_OPENERS:
+        text = text.replace(opener + TOKEN_BREAK, opener)
+    return text
+
+
 def escape_text(text: str) -> str:
-    """A turn's text as the transcript shows it: ``\\`` and ``<`` escaped as ``\\\\`` and ``\\<``. Every ``<`` of
-    the result follows an escaping backslash, so it never contains ``<<``, let alone a ``<<<`` delimiter: whatever
-    a turn says, only the renderer opens and closes turns (`parse_transcript` undoes it)."""
-    return text.replace("\\", "\\\\").replace("<", "\\<")
+    """A turn's text as the transcript shows it: ``\\`` and ``<`` escaped as ``\\\\`` and ``\\<``, then its control
+    tokens neutralised (`neutralise_control_tokens`). Every ``<`` of the result follows an escaping backslash, so
+    it never contains ``<<``, let alone a ``<<<`` delimiter: whatever a turn says, only the renderer opens and
+    closes turns, and no chat-template token reaches the judge (`parse_transcript` undoes both)."""
+    return neutralise_control_tokens(text.replace("\\", "\\\\").replace("<", "\\<"))
 
 
 def unescape_text(body: str) -> str:
     """The text `escape_text` escaped."""
-    return _ESCAPED.sub(r"\1", body)
+    return _ESCAPED.sub(r"\1", restore_control_tokens(body))
 
 
 def _render_turn(index: int, turn: Turn, body: str | None = None) -> str:
@@ -124,7 +152,7 @@ def _escaped_prefix(text: str, budget: int) -> str:
     """The longest start of ``text`` whose escaped form is at most ``budget`` characters."""
     used = 0
     for i, ch in enumerate(text):
-        used += 2 if ch in "\\<" else 1
+        used += len(escape_text(ch))
         if used > budget:
             return text[:i]
     return text

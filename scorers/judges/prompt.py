@@ -29,10 +29,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
+from scorers.conversation import neutralise_control_tokens
 from scorers.questions import Question
 
-PROMPT_VERSION = "judge-v2"  # v2: turn texts escaped (`scorers.conversation.escape_text`)
-MULTI_PROMPT_VERSION = "multi-v2"
+# v2: turn texts escaped (`scorers.conversation.escape_text`); v3: control tokens neutralised in turn and question
+# texts (`scorers.conversation.neutralise_control_tokens`)
+PROMPT_VERSION = "judge-v3"
+MULTI_PROMPT_VERSION = "multi-v3"
 ReplyForm = Literal["lines", "json", "sequence"]
 
 INSTRUCTIONS = (
@@ -54,7 +57,8 @@ def _choices(question: Question) -> str:
 
 def question_suffix(question: Question) -> str:
     """One question, ending where the judge's answer token must come next."""
-    return f"Question: {question.prompt_block()}\n\nOnly print {_choices(question)}.\nAnswer: "
+    block, choices = neutralise_control_tokens(question.prompt_block()), neutralise_control_tokens(_choices(question))
+    return f"Question: {block}\n\nOnly print {choices}.\nAnswer: "
 
 
 def single_question_prompt(transcript: str, question: Question) -> str:
@@ -86,7 +90,8 @@ def multi_question_prompt(transcript: str, questions: Sequence[Question], reply:
         else:
             blocks.append(f"{q.stem} Options: {_options(q)}.\n{number}. {q.item}")
     intro = "Answer every numbered question below with one of its options.\n\n"
-    return prefix(transcript) + intro + "\n\n".join(blocks) + _reply_instructions(questions, reply)
+    asked = neutralise_control_tokens("\n\n".join(blocks))  # question texts may be learned from conversations
+    return prefix(transcript) + intro + asked + _reply_instructions(questions, reply)
 
 
 def _group_key(q: Question) -> tuple[str, ...]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from scorers.conversation import neutralise_control_tokens
 from scorers.rubrics import Polarity
 
 PROMPT_VERSIONS: dict[str, str] = {"extraction": "extract-v1", "summarisation": "summarise-v2"}
@@ -118,7 +119,7 @@ def _polarity(polarity: Polarity | str) -> Polarity:
 
 
 def _retry(problem: str | None) -> str:
-    return RETRY_NOTE.format(problem=problem) if problem else ""
+    return RETRY_NOTE.format(problem=neutralise_control_tokens(problem)) if problem else ""  # it quotes a reply
 
 
 def _subjects() -> str:
@@ -166,8 +167,8 @@ def summarisation_prompt(
     return SUMMARISATION_PROMPT.format(
         domain=domain.strip(),
         feeling=_FEELING[polarity],
-        reasons="\n".join(f"- {r}" for r in reasons),
-        existing="\n".join(f"- {r}" for r in existing) if existing else "(none yet)",
+        reasons="\n".join(f"- {neutralise_control_tokens(r)}" for r in reasons),  # read from conversations
+        existing="\n".join(f"- {neutralise_control_tokens(r)}" for r in existing) if existing else "(none yet)",
         max_new=max_new,
         max_words=MAX_ASSERTION_WORDS,
         subjects=_subjects(),

@@ -157,8 +157,8 @@ def test_a_grammar_constrained_multi_question_judge_has_its_own_identity() -> No
         return judge_identity(OpenAIJudge(base_url="http://127.0.0.1:1/v1", model="m", **kw))
 
     assert identity(questions_per_call=5, answer_format="grammar") != identity(questions_per_call=5)
-    assert identity(questions_per_call=5, answer_format="grammar").endswith("|qpc=5|multi-v2|fmt=grammar")
-    assert identity(questions_per_call=5).endswith("|qpc=5|multi-v2")  # the multi-question prompt's version keys it
+    assert identity(questions_per_call=5, answer_format="grammar").endswith("|qpc=5|multi-v3|fmt=grammar")
+    assert identity(questions_per_call=5).endswith("|qpc=5|multi-v3")  # the multi-question prompt's version keys it
     assert identity(answer_format="grammar") == identity()  # one question per call: the format is not used
 
 
