@@ -19,7 +19,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -130,7 +130,8 @@ class Pipeline:
         stage = {"events": "assemble", "closed": "score"}[topic]
         return f"{app_id}-{stage}"
 
-    def _start(self, name: str, command: str, env: Mapping[str, str] | None = None) -> Process:
+    def _start(self, name: str, command: str, env: Mapping[str, str] | None = None, cli_options: Sequence[str] = ()) -> Process:
+        """Start ``convowatch [cli_options] command`` (e.g. ``("-v",)`` for DEBUG logs) as process ``name``."""
         port = free_port()
         log = self.root / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -145,7 +146,7 @@ class Pipeline:
         }
         with log.open("ab") as out:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "stream.commands.cli", command],
+                [sys.executable, "-m", "stream.commands.cli", *cli_options, command],
                 cwd=REPO,
                 env=full_env,
                 stdout=out,
@@ -167,11 +168,13 @@ class Pipeline:
         wait_for(up, timeout=60, what=f"{name} metrics endpoint")
         return proc
 
-    def start_worker(self, name: str = "worker", env: Mapping[str, str] | None = None) -> Process:
-        return self._start(name, "run", env)
+    def start_worker(
+        self, name: str = "worker", env: Mapping[str, str] | None = None, cli_options: Sequence[str] = ()
+    ) -> Process:
+        return self._start(name, "run", env, cli_options)
 
-    def start_sink(self, name: str = "sink", env: Mapping[str, str] | None = None) -> Process:
-        return self._start(name, "sink", env)
+    def start_sink(self, name: str = "sink", env: Mapping[str, str] | None = None, cli_options: Sequence[str] = ()) -> Process:
+        return self._start(name, "sink", env, cli_options)
 
     def wait_assigned(self, workers: Iterable[Process], timeout: float = 90, each_at_least: int = 1) -> None:
         """Until the workers together own every partition, each at least ``each_at_least``."""

@@ -72,6 +72,7 @@ from stream.commands.learn import (
 from stream.commands.scorers import scorers
 from stream.commands.terminal import shown
 from stream.judge_factory import judge_from_settings
+from stream.log_privacy import keep_conversation_text_out_of_logs
 from stream.settings import Settings, load_settings
 from stream.topics import ensure_topics
 
@@ -90,6 +91,7 @@ class _Context:
     def settings(self) -> Settings:
         if self._settings is None:
             self._settings = load_settings()
+            keep_conversation_text_out_of_logs(self._settings.log_conversation_text)
         return self._settings
 
     def judge(self) -> Judge:
@@ -120,6 +122,8 @@ def cli(ctx: click.Context, verbose: bool) -> None:
     e.g. CONVOWATCH_JUDGE__BACKEND=openai) and an optional YAML/TOML file named
     by CONVOWATCH_CONFIG. See `convowatch config` for the values in effect.
     """
+    # Before anything logs: client libraries print payloads at DEBUG (-v); the settings may turn it off once loaded.
+    keep_conversation_text_out_of_logs(False)
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if not verbose:
         # kafka-python narrates every connection attempt; failures reach the user as one convowatch error instead.
