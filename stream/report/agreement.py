@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from html import escape
 from typing import Any
 
 import numpy as np
 
 from scorers.statistics import ConfidenceInterval, auroc, bootstrap_ci, wilson_interval
 from stream.feedback_labels import FeedbackLabelRules, ratings_sql
+from stream.report.text import html_text
 from stream.store import ClickHouseStore
 
 # Below this many conversations in either class, no AUROC (its interval would say nothing).
@@ -114,7 +114,7 @@ def agreement_table(rows: tuple[UserAgreement, ...]) -> str:
             _auroc(a.auroc_calibrated),
             str(a.conflicts),
         ]
-        out.append(f"<tr><td>{escape(a.scorer_version)}</td>" + "".join(f'<td class="num">{c}</td>' for c in cells) + "</tr>")
+        out.append(f"<tr><td>{html_text(a.scorer_version)}</td>" + "".join(f'<td class="num">{c}</td>' for c in cells) + "</tr>")
     note = (
         '<p class="note">Shares with 95 % Wilson intervals, AUROC (users\' rated-up against rated-down) with 95 % '
         f"bootstrap intervals, shown from {MIN_PER_CLASS} conversations per class (stream/report/agreement.py).</p>"

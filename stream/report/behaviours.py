@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from html import escape
 from typing import Any
 
 from scorers.behaviours import WEIGHTED_RATE_SQL, behaviour_rows_sql
 from scorers.statistics import ConfidenceInterval, wilson_interval
+from stream.report.text import html_text
 from stream.store import ClickHouseStore
 
 
@@ -59,6 +59,6 @@ def behaviour_table(rates: tuple[BehaviourRate, ...]) -> str:
     for r in rates:
         ci = r.interval()
         cells = [f"{r.rate:.1%}", f"{ci.low:.1%} – {ci.high:.1%}", str(r.hits), str(r.turns)]
-        rows.append(f"<tr><td>{escape(r.behaviour)}</td>" + "".join(f'<td class="num">{c}</td>' for c in cells) + "</tr>")
+        rows.append(f"<tr><td>{html_text(r.behaviour)}</td>" + "".join(f'<td class="num">{c}</td>' for c in cells) + "</tr>")
     note = '<p class="note">Rates weighted by 1/π; the interval is that of the judged turns (docs/behaviours.md).</p>'
     return f'<table id="behaviours">{head}{"".join(rows)}</table>{note}'

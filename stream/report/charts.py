@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, PercentFormatter
 
 from stream.report.data import Counts, ReportData, describe_seconds
+from stream.report.text import printable
 
 DPI = 100
 MAX_SERIES = 6  # model versions drawn as lines (the busiest)
@@ -394,8 +395,9 @@ def _window_text(data: ReportData) -> str:
 
 
 def _text(s: str) -> str:
-    """Data text shown literally (``$`` would start mathtext)."""
-    return s.replace("$", r"\$")
+    """Data text shown literally: control characters dropped (matplotlib warns of each missing glyph on stderr, the
+    raw character in the warning), ``$`` escaped (it would start mathtext)."""
+    return printable(s).replace("$", r"\$")
 
 
 def _nan(x: float | None) -> float:

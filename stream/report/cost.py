@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from html import escape
 from typing import Any
 
 from stream.cost import judge_cost
+from stream.report.text import html_text
 from stream.settings import PriceSettings
 from stream.store import ClickHouseStore
 
@@ -69,7 +69,7 @@ def load_judge_costs(store: ClickHouseStore, scoped_scores_sql: str, scope: Mapp
 def cost_table(costs: tuple[JudgeCost, ...], price: PriceSettings | None) -> str:
     """The page's table: per judge, calls and tokens per conversation, and (with a price) cost per 1,000 and in total."""
     priced = price is not None
-    money = f" ({escape(price.currency)})" if price is not None else ""
+    money = f" ({html_text(price.currency)})" if price is not None else ""
     head = (
         "<tr><th>judge</th><th>conversations</th><th>calls / conv.</th><th>prompt tokens / conv.</th>"
         "<th>of which cached</th><th>completion tokens / conv.</th>"
@@ -78,7 +78,7 @@ def cost_table(costs: tuple[JudgeCost, ...], price: PriceSettings | None) -> str
     )
     rows = []
     for c in costs:
-        cells = [escape(c.judge), str(c.conversations)] + [
+        cells = [html_text(c.judge), str(c.conversations)] + [
             f"{c.per_conversation(n):,.1f}" for n in (c.calls, c.prompt_tokens, c.cached_prompt_tokens, c.completion_tokens)
         ]
         if price is not None:

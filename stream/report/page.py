@@ -1,7 +1,8 @@
 """The report's one HTML page: window, totals, the images, breakdown and dimension tables, the worst conversations.
 
 Self-contained (inline CSS, no scripts; the images sit beside it). Every value
-from the store goes through `html.escape`, ids and rubric names included.
+from the store goes through `stream.report.text.html_text` (control characters dropped, then
+`html.escape`), ids and rubric names included.
 Totals carry ``data-total="..."`` attributes so that tools (and tests) can
 read the numbers without scraping text.
 """
@@ -9,7 +10,6 @@ read the numbers without scraping text.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from html import escape
 
 from scorers.rubrics import LABELS
 from stream.records import RubricHit
@@ -17,6 +17,7 @@ from stream.report.agreement import agreement_table
 from stream.report.behaviours import behaviour_table
 from stream.report.cost import cost_table
 from stream.report.data import Counts, ReportData, WorstRow, describe_seconds
+from stream.report.text import html_text
 
 MAX_VERSION_COLUMNS = 6
 
@@ -43,14 +44,14 @@ def render(data: ReportData, images: Mapping[str, str]) -> str:
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>",
+        f"<title>{html_text(title)}</title><style>{_CSS}</style></head><body>",
         "<h1>convowatch quality report</h1>",
         f'<p class="meta">{_meta(data)}</p>',
     ]
     if data.empty:
         parts.append(
             '<p class="nodata" id="no-data">No data: no conversation closed in this window'
-            f"{escape(_filters(data))}. Widen the window (--since/--until) or check the filters.</p>"
+            f"{html_text(_filters(data))}. Widen the window (--since/--until) or check the filters.</p>"
         )
     else:
         parts += [
@@ -83,13 +84,13 @@ _DEFINITIONS = (
 
 
 def _meta(data: ReportData) -> str:
-    lines = [f"Window <b>{escape(_window(data))}</b>{escape(_filters(data))}"]
+    lines = [f"Window <b>{html_text(_window(data))}</b>{html_text(_filters(data))}"]
     if data.first_closed is not None and data.last_closed is not None:
         lines.append(
             f"Conversations closed from {data.first_closed:%Y-%m-%d %H:%M:%S} to {data.last_closed:%Y-%m-%d %H:%M:%S} UTC; "
-            f"charts cover that span in buckets of {escape(describe_seconds(data.bucket_s))}"
+            f"charts cover that span in buckets of {html_text(describe_seconds(data.bucket_s))}"
         )
-    lines.append(f"Generated {data.generated_at:%Y-%m-%d %H:%M:%S} UTC from {escape(data.source)}")
+    lines.append(f"Generated {data.generated_at:%Y-%m-%d %H:%M:%S} UTC from {html_text(data.source)}")
     return "<br>".join(lines)
 
 
@@ -118,7 +119,7 @@ def _totals(t: Counts) -> str:
         ("uncertain", "uncertain (abstained)", t.uncertain, _pct(t.share("uncertain")) + " of scored (weighted by 1/π)"),
     ]  # fmt: skip
     body = [
-        f'<tr><th>{escape(label)}</th><td class="num" data-total="{key}">{n}</td><td>{escape(note)}</td></tr>'
+        f'<tr><th>{html_text(label)}</th><td class="num" data-total="{key}">{n}</td><td>{html_text(note)}</td></tr>'
         for key, label, n, note in rows
     ]
     body.append(
@@ -135,18 +136,18 @@ def _totals(t: Counts) -> str:
 
 def _image(images: Mapping[str, str], key: str, alt: str) -> str:
     name = images.get(key)
-    return f'<p><img src="{escape(name)}" alt="{escape(alt)}"></p>' if name else ""
+    return f'<p><img src="{html_text(name)}" alt="{html_text(alt)}"></p>' if name else ""
 
 
 def _breakdown(groups: Sequence[tuple[str, Counts]], name: str, table_id: str) -> str:
     head = (
-        f"<tr><th>{escape(name)}</th><th>conversations</th><th>scored</th><th>sat</th><th>dsat</th><th>uncertain</th>"
+        f"<tr><th>{html_text(name)}</th><th>conversations</th><th>scored</th><th>sat</th><th>dsat</th><th>uncertain</th>"
         "<th>unscored</th><th>yield</th><th>calibrated dissatisfaction rate (95% interval)</th></tr>"
     )
     rows = []
     for value, c in groups:
         rows.append(
-            f'<tr><td>{escape(value) or "<i>(none)</i>"}</td><td class="num">{c.conversations}</td><td class="num">{c.scored}</td>'
+            f'<tr><td>{html_text(value) or "<i>(none)</i>"}</td><td class="num">{c.conversations}</td><td class="num">{c.scored}</td>'
             f'<td class="num">{_pct(c.share("sat"))}</td><td class="num">{_pct(c.share("dsat"))}</td>'
             f'<td class="num">{_pct(c.share("uncertain"))}</td><td class="num">{c.unscored}</td>'
             f'<td class="num">{_pct(c.yield_rate)}</td><td class="num">{_pct(c.calibrated_dsat_rate)} ({_interval(c)})</td></tr>'
@@ -164,7 +165,7 @@ def _quality(data: ReportData, images: Mapping[str, str]) -> str:
         means[(p.question_id, p.model_version)] = (s + p.mean * p.n, n + p.n)
     head = (
         "<tr><th>dimension</th><th>answers</th><th>n</th><th>mean</th><th>p10</th><th>p90</th>"
-        + "".join(f"<th>mean · {escape(mv) or '(none)'}</th>" for mv in versions)
+        + "".join(f"<th>mean · {html_text(mv) or '(none)'}</th>" for mv in versions)
         + "</tr>"
     )
     rows = []
@@ -176,7 +177,7 @@ def _quality(data: ReportData, images: Mapping[str, str]) -> str:
             for mv in versions
         )
         rows.append(
-            f'<tr><td>{escape(data.dimension_label(d.question_id))}</td><td>1–{d.n_options}</td><td class="num">{d.n}</td>'
+            f'<tr><td>{html_text(data.dimension_label(d.question_id))}</td><td>1–{d.n_options}</td><td class="num">{d.n}</td>'
             f'<td class="num">{_num(d.mean)}</td><td class="num">{_num(d.p10)}</td><td class="num">{_num(d.p90)}</td>{cells}</tr>'
         )
     return "\n".join([
@@ -206,9 +207,9 @@ def _worst(data: ReportData) -> str:
 def _worst_row(data: ReportData, w: WorstRow) -> str:
     label_class = w.label if w.label in LABELS else ""
     return (
-        f'<tr data-conversation-id="{escape(w.conversation_id)}"><td class="id">{escape(w.conversation_id)}</td>'
-        f"<td>{w.closed_at:%Y-%m-%d %H:%M:%S}</td><td>{escape(w.product)}</td><td>{escape(w.model_version)}</td>"
-        f'<td class="{label_class}">{escape(w.label)}</td><td class="num">{_num(w.netsat)}</td>'
+        f'<tr data-conversation-id="{html_text(w.conversation_id)}"><td class="id">{html_text(w.conversation_id)}</td>'
+        f"<td>{w.closed_at:%Y-%m-%d %H:%M:%S}</td><td>{html_text(w.product)}</td><td>{html_text(w.model_version)}</td>"
+        f'<td class="{label_class}">{html_text(w.label)}</td><td class="num">{_num(w.netsat)}</td>'
         f'<td class="num">{_pct(w.dissatisfaction_probability)}</td><td class="num">{_num(w.main_expected_value)}</td>'
         f'<td class="num">{w.n_turns}</td><td>{_hits(data, w.dsat_hits)}</td><td>{_hits(data, w.weakest_sat)}</td></tr>'
     )
@@ -217,14 +218,14 @@ def _worst_row(data: ReportData, w: WorstRow) -> str:
 def _hits(data: ReportData, hits: Sequence[RubricHit]) -> str:
     if not hits:
         return "–"
-    return "<br>".join(f"{escape(data.dimension_label(h.rubric_id))} {h.score:+.1f}" for h in hits)
+    return "<br>".join(f"{html_text(data.dimension_label(h.rubric_id))} {h.score:+.1f}" for h in hits)
 
 
 def _scorers(data: ReportData) -> str:
     head = "<tr><th>scorer version</th><th>judge</th><th>rubric set</th><th>calibrator</th><th>conversations</th></tr>"
     rows = [
-        f'<tr><td class="id">{escape(s.scorer_version)}</td><td>{escape(s.judge)}</td><td class="id">{escape(s.rubric_set_version)}'
-        f'</td><td class="id">{escape(s.calibrator_version)}</td><td class="num">{s.conversations}</td></tr>'
+        f'<tr><td class="id">{html_text(s.scorer_version)}</td><td>{html_text(s.judge)}</td><td class="id">{html_text(s.rubric_set_version)}'
+        f'</td><td class="id">{html_text(s.calibrator_version)}</td><td class="num">{s.conversations}</td></tr>'
         for s in data.scorers
     ]
     return f'<table id="scorers">{head}{"".join(rows)}</table>'
