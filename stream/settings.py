@@ -424,8 +424,9 @@ class Settings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_conversation_text: bool = Field(
         default=False,
-        description="Let DEBUG logs show the records the worker and the sink send (they hold conversation text); "
-        "false = each record's value is logged as its size (stream/log_privacy.py).",
+        description="Let DEBUG logs show the payloads the client libraries (Kafka, HTTP, openai) log: records sent "
+        "and fetched, requests and responses (they hold conversation text); false = bytes are logged as their size, "
+        "Kafka protocol objects as their class name (stream/log_privacy.py).",
     )
 
     @field_validator("cache_dir")
