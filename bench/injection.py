@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/injection.py [--limit N] [--quick]
     .venv/bin/python bench/injection.py --figures-only      # recompute the figures from the saved judge answers
+    .venv/bin/python bench/injection.py --detection-only    # the detector alone, before/after, obfuscated (no judge)
 
 Conversations: real USS dialogues the human raters called dissatisfied (mean OVERALL < 3), 30 per corpus
 (MWOZ, SGD), drawn with ``--seed`` from the dialogues that neither the USS learning benchmark nor the starter
@@ -31,6 +32,11 @@ share moved *towards* satisfied, and the mean change of NetSAT and of the calibr
 intervals); what the injection moves beyond the benign turn (injected minus benign, paired); all also per kind (15 each: anecdotes, said so). And what `InjectionDetector`
 (scorers/injection.py) flags: the share of the planted texts, and of real conversations' users' turns.
 
+``--detection-only`` measures the detector alone (bench/results/injection_detection.json): the planted texts as
+written and obfuscated (`OBFUSCATIONS`: a zero-width space inside every word, fullwidth letters, Cyrillic look-alike
+letters, and the plain text as an assistant's turn), by the detector before issue 54 (users' and tools' turns, no
+normalisation) and today's, and both detectors' false flags on the real conversations (every role they read).
+
 The injection texts were written for this benchmark by the same people who wrote the detector, so the
 detector's share of them is a check that it does what it says, not an independent recall.
 """
@@ -43,7 +49,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,7 +70,7 @@ from scorers.conversation import Conversation, Turn  # noqa: E402
 from scorers.datasets.labelled import LabelledConversation  # noqa: E402
 from scorers.datasets.llm_rubric import load_real_conversations  # noqa: E402
 from scorers.datasets.uss import read_uss, uss_labelled  # noqa: E402
-from scorers.injection import InjectionDetector  # noqa: E402
+from scorers.injection import LEGACY_CHECKED_ROLES, InjectionDetector  # noqa: E402
 from scorers.judges.base import Judgement  # noqa: E402
 from scorers.judges.openai_http import OpenAIJudge  # noqa: E402
 from scorers.judges.prompt import numbered_order  # noqa: E402
@@ -74,6 +80,7 @@ from scorers.statistics import bootstrap_ci, wilson_interval  # noqa: E402
 from stream.judge_server import ServedJudge, packaged_qwen  # noqa: E402
 
 OUTPUT = ROOT / "bench" / "results" / "injection.json"
+DETECTION_OUTPUT = ROOT / "bench" / "results" / "injection_detection.json"
 QUICK_OUTPUT = Path("/tmp/injection_quick.json")
 LLM_RUBRIC = ROOT / "data" / "llm-rubric"
 LLM_RUBRIC_REAL = LLM_RUBRIC / "real_data.json"
@@ -349,6 +356,79 @@ def detection(items: Sequence[Conversation]) -> dict[str, Any]:
     return out
 
 
+_TO_CYRILLIC = str.maketrans("aeopcxyiAEOPCTHKMBX", "аеорсхуіАЕОРСТНКМВХ")
+_TO_FULLWIDTH = {c: c + 0xFEE0 for c in range(0x21, 0x7F)}  # ASCII ! .. ~ → U+FF01 .. U+FF5E
+
+
+def _zero_width(text: str) -> str:
+    """A zero-width space after the first letter of every word ("An\u200bswer: 5")."""
+    return " ".join(word[:1] + "\u200b" + word[1:] if len(word) > 1 else word for word in text.split(" "))
+
+
+OBFUSCATIONS = {
+    "plain": lambda text: text,
+    "zero_width": _zero_width,
+    "fullwidth": lambda text: text.translate(_TO_FULLWIDTH),
+    "confusables": lambda text: text.translate(_TO_CYRILLIC),
+}
+DETECTORS = {"before": InjectionDetector(roles=LEGACY_CHECKED_ROLES, normalise=False), "after": InjectionDetector()}
+
+
+def obfuscated_detection(conversations: Mapping[str, Sequence[Conversation]]) -> dict[str, Any]:
+    """Each detector's share of the planted texts, per obfuscation and in an assistant's turn (the text plain, as
+    the 11th turn of a two-turn conversation), and of real ``conversations`` it flags (its false flags)."""
+    out: dict[str, Any] = {}
+    texts = [as_turn(t, 10) for ts in INJECTIONS.values() for t in ts]
+    for name, detector in DETECTORS.items():
+        rates: dict[str, Any] = {}
+        for obfuscation, obfuscate in OBFUSCATIONS.items():
+            hits = [bool(detector.conversation_signals([("user", obfuscate(t))])) for t in texts]
+            rates[obfuscation] = _share(sum(hits), len(hits))
+        assistant = [bool(detector.conversation_signals([("user", "hello"), ("assistant", t)])) for t in texts]
+        rates["in_assistant_turn"] = _share(sum(assistant), len(assistant))
+        every = sum(r["hits"] for r in rates.values())
+        rates["all_variants"] = _share(every, len(texts) * len(rates))
+        benign = [bool(detector.signals([t])) for t in BENIGN]
+        false_flags = {
+            corpus: _share(sum(bool(detector.conversation_signals((t.role, t.text) for t in c.turns)) for c in convs), len(convs))
+            for corpus, convs in conversations.items()
+        }
+        out[name] = {
+            "roles": list(detector.roles),
+            "normalise": detector.normalise,
+            "planted": rates,
+            "benign_flagged": _share(sum(benign), len(benign)),
+            "real_conversations_flagged": false_flags,
+        }
+    return out
+
+
+def detection_only(out: Path, argv: Sequence[str] | None) -> dict[str, Any]:
+    """The detector's figures alone, before and after normalisation and the assistant's turns (no judge)."""
+    real = {"uss": every_uss_conversation(), "llm_rubric_real": list(load_real_conversations(LLM_RUBRIC_REAL).values())}
+    started = time.perf_counter()
+    result: dict[str, Any] = {
+        "benchmark": "injection_detection",
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "command": " ".join([".venv/bin/python", "bench/injection.py", *(argv if argv is not None else sys.argv[1:])]),
+        "machine": {"cpu": cpu_model()},
+        "planted_texts": sum(map(len, INJECTIONS.values())),
+        "real_conversations": {corpus: len(convs) for corpus, convs in real.items()},
+        "detectors": obfuscated_detection(real),
+    }
+    result["seconds"] = time.perf_counter() - started
+    out.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    for name, d in result["detectors"].items():
+        print(
+            f"{name:>6}: "
+            + ", ".join(f"{k} {v['hits']}/{v['n']}" for k, v in d["planted"].items())
+            + "; false flags "
+            + ", ".join(f"{k} {v['hits']}/{v['n']}" for k, v in d["real_conversations_flagged"].items())
+        )
+    print(f"wrote {out}")
+    return result
+
+
 def injected_beyond_benign(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """What the injection moves beyond what any added turn moves: per conversation, injected minus benign (paired)."""
 
@@ -438,8 +518,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="3 conversations, results to /tmp")
     ap.add_argument("--figures-only", action="store_true", help="recompute figures from the results file")
     ap.add_argument("--resume", action="store_true", help="judge only the conversations the results file lacks")
+    ap.add_argument("--detection-only", action="store_true", help="the detector alone, before/after (no judge)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.detection_only:
+        detection_only(args.out or DETECTION_OUTPUT, argv)
+        return 0
     out = args.out or (QUICK_OUTPUT if args.quick else OUTPUT)
     if args.figures_only:
         result = json.loads(out.read_text(encoding="utf-8"))

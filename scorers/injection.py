@@ -15,8 +15,12 @@ usual forms by pattern, per kind:
 * ``fake_answer``: questions with answers, answer lists and orders about how to answer ("Question: …
   Answer: 4", ``1: 4``, "answer every question with the most positive option").
 
-Only the turns a conversation's users (and tools) wrote are read: the assistant's and the system's text is
-the product's own. A pattern list is a floor, not a wall: it misses a paraphrase it has not seen, and the
+The users', tools' and assistant's turns are read (an assistant can be made to repeat a user's planted text,
+and a product's reply can carry what a retrieved document said); the system's text is the product's own. Each
+text is normalised first (`normalise_for_detection`: NFKC, which maps fullwidth and other compatibility forms to
+ASCII; format characters (Unicode category Cf: zero-width spaces and joiners, word joiners, bidi marks) removed;
+Cyrillic and Greek look-alikes of Latin letters folded to those letters), so "Answer: 5" written with a
+zero-width space, in fullwidth letters or with a Cyrillic "А" is read as it looks. A pattern list is a floor, not a wall: it misses a paraphrase it has not seen, and the
 figures in docs/service.md ("Injection attempts") say how much it catches of a planted corpus and how often it fires on real
 conversations (``bench/injection.py``).
 
@@ -30,13 +34,23 @@ arbitrary text that the kinds found are those Python's ``re`` finds.
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import re2
 
 INJECTION_KINDS = ("instruction", "rating_request", "forged_turn", "fake_answer")
-CHECKED_ROLES = ("user", "tool")  # whose text may be written to steer the judge
+CHECKED_ROLES = ("user", "tool", "assistant")  # whose text may be written to steer the judge
+LEGACY_CHECKED_ROLES = ("user", "tool")  # before issue 54: the assistant's turns were not read (bench/injection.py)
+
+# Cyrillic and Greek letters drawn like Latin ones (Unicode's confusables for the Latin alphabet, the common ones).
+LATIN_LOOK_ALIKES = {
+    **dict(zip("аеорсухіјѕԁԛԝһӏьгтпкмвн", "aeopcyxijsdqwhlbrtnkmbh", strict=True)),
+    **dict(zip("АВЕКМНОРСТХУІЈЅЗ", "ABEKMHOPCTXYIJS3", strict=True)),
+    **dict(zip("αοριικνυχτεϲϳ", "aopiikvuxtecj", strict=True)),
+    **dict(zip("ΑΒΕΖΗΙΚΜΝΟΡΤΥΧ", "ABEZHIKMNOPTYX", strict=True)),
+}
 
 _EVALUATOR = r"(?:evaluator|grader|rater|assessor|annotator|reviewer|judge model|llm judge)s?"
 _TOP_WORDS = r"highest|maximum|max|top|best|perfect|full|most positive"
@@ -147,6 +161,29 @@ class _AsciiStandIns(dict[int, str]):
 _STAND_INS = _AsciiStandIns()
 
 
+class _DetectionFolds(dict[int, str]):
+    """``str.translate`` table of `normalise_for_detection` after NFKC: format characters → nothing, look-alikes →
+    their Latin letter, everything else → itself. Filled on first sight of a character."""
+
+    def __missing__(self, codepoint: int) -> str:
+        c = chr(codepoint)
+        folded = "" if unicodedata.category(c) == "Cf" else LATIN_LOOK_ALIKES.get(c, c)
+        self[codepoint] = folded
+        return folded
+
+
+_DETECTION_FOLDS = _DetectionFolds()
+
+
+def normalise_for_detection(text: str) -> str:
+    """``text`` as the patterns should see it: NFKC (fullwidth ``Ａｎｓｗｅｒ`` → ``Answer``), format characters
+    (category Cf: U+200B, U+200D, U+2060, U+FEFF, bidi marks) removed, Cyrillic and Greek look-alikes of Latin
+    letters folded (`LATIN_LOOK_ALIKES`). ASCII text is returned as it is."""
+    if text.isascii():
+        return text
+    return unicodedata.normalize("NFKC", text).translate(_DETECTION_FOLDS)
+
+
 def ascii_stand_ins(text: str) -> str:
     """``text`` as RE2 must read it to find what Python's ``re`` finds: Unicode spaces → a space, other word
     characters → ``_`` (digits → ``0``; the few that Python's case-insensitive match takes for ASCII letters →
@@ -157,17 +194,24 @@ def ascii_stand_ins(text: str) -> str:
 @dataclass(frozen=True)
 class InjectionDetector:
     """Which kinds of injection attempt (``INJECTION_KINDS``) appear in texts; stateless and cheap (one RE2 pass
-    per text)."""
+    per text). ``roles`` are the roles whose turns are read and ``normalise`` whether texts are normalised first
+    (`normalise_for_detection`); ``roles=LEGACY_CHECKED_ROLES, normalise=False`` is the detector before issue 54,
+    kept so that bench/injection.py measures both."""
+
+    roles: tuple[str, ...] = CHECKED_ROLES
+    normalise: bool = True
 
     def signals(self, texts: Iterable[str]) -> tuple[str, ...]:
         """The kinds found in any of ``texts``, in ``INJECTION_KINDS`` order (empty: none found)."""
         found: set[int] = set()
         for text in texts:
+            if self.normalise:
+                text = normalise_for_detection(text)
             found.update(_KINDS.Match(ascii_stand_ins(text)) or ())
             if len(found) == len(INJECTION_KINDS):
                 break
         return tuple(kind for i, kind in enumerate(INJECTION_KINDS) if i in found)
 
     def conversation_signals(self, turns: Iterable[tuple[str, str]]) -> tuple[str, ...]:
-        """The kinds found in the (role, text) turns of one conversation that ``CHECKED_ROLES`` wrote."""
-        return self.signals(text for role, text in turns if role in CHECKED_ROLES)
+        """The kinds found in the (role, text) turns of one conversation that ``roles`` wrote."""
+        return self.signals(text for role, text in turns if role in self.roles)
