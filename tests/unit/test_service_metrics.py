@@ -48,6 +48,7 @@ def every_series(metrics: ServiceMetrics) -> None:
     m.shadow_conversations.labels("v2", "s2", "dsat").inc()
     m.rollout_changes.labels("applied").inc()
     m.broker_lost_data.labels("convowatch.events").inc()
+    m.quarantined_records.labels("assemble").inc()
     m.redactions.labels("email").inc()
     m.injection_suspected.labels("instruction", *attrs).inc()
     m.netsat.labels(*attrs).observe(12.5)
