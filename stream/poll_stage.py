@@ -44,7 +44,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import ConsumerRecord
 
-from scorers.errors import ConvowatchError
+from scorers.errors import ServiceError
 from stream.broker_loss import BrokerLossWatch
 from stream.contract import RECORD_HEADROOM_BYTES, DeadLetter
 from stream.metrics import ServiceMetrics
@@ -58,7 +58,7 @@ Polled = dict[int, list[ConsumerRecord]]  # partition -> its records of one poll
 NOT_THE_RECORD = (KafkaError, asyncio.CancelledError)  # errors a poll raises that are no reason to quarantine a record
 
 
-class RecordTooLarge(ConvowatchError):
+class RecordTooLarge(ServiceError):
     """A record a stage would send that is larger than ``kafka.max_record_bytes`` allows (with room for the batch)."""
 
 
