@@ -31,6 +31,7 @@ def judge_from_settings(settings: JudgeSettings, cache_dir) -> Judge:
             answer_format=settings.answer_format,
             top_logprobs=settings.top_logprobs,
             max_concurrency=settings.max_concurrency,
+            max_calls_per_conversation=settings.max_calls_per_conversation,
             max_retries=settings.max_retries,
             backoff_initial_s=settings.backoff_initial_s,
             backoff_max_s=settings.backoff_max_s,

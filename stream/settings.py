@@ -62,6 +62,12 @@ class JudgeSettings(BaseModel):
     )
     top_logprobs: int = Field(default=20, ge=1, le=20)
     max_concurrency: int = Field(default=4, ge=1)
+    max_calls_per_conversation: int = Field(
+        default=2,
+        ge=1,
+        description="Of the max_concurrency calls in flight, how many one conversation's questions may take, so a "
+        "conversation the judge answers slowly leaves slots to the others scored beside it (scoring.concurrency).",
+    )
     max_retries: int = Field(default=5, ge=0)
     backoff_initial_s: float = Field(default=0.5, gt=0)
     backoff_max_s: float = Field(default=30.0, gt=0)

@@ -190,6 +190,7 @@ class OpenAIJudge:
         questions_per_call: int = 1,
         top_logprobs: int = 20,
         max_concurrency: int = 4,
+        max_calls_per_conversation: int | None = None,
         max_retries: int = 5,
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
@@ -222,6 +223,11 @@ class OpenAIJudge:
         require(answer_format in ANSWER_FORMATS, "answer_format", answer_format, f"one of {ANSWER_FORMATS}")
         require(1 <= top_logprobs <= MAX_TOP_LOGPROBS, "top_logprobs", top_logprobs, f"in 1..{MAX_TOP_LOGPROBS}")
         require(max_concurrency >= 1, "max_concurrency", max_concurrency, ">= 1")
+        per_conversation = max_concurrency if max_calls_per_conversation is None else max_calls_per_conversation
+        require(per_conversation >= 1, "max_calls_per_conversation", max_calls_per_conversation, ">= 1")
+        # Of the max_concurrency calls in flight, one conversation's take at most this many: a conversation whose
+        # answers are slow cannot hold every slot and stop the conversations scored beside it (issue 54).
+        self.max_calls_per_conversation = min(per_conversation, max_concurrency)
         require(prompt_reuse in PROMPT_REUSE, "prompt_reuse", prompt_reuse, f"one of {PROMPT_REUSE}")
         self.prompt_reuse = prompt_reuse
         self._in_order = threading.Lock()  # held around a conversation's or a question's requests when reuse is limited
@@ -299,7 +305,7 @@ class OpenAIJudge:
     def _run_batches(self, transcript: str, batches: Sequence[tuple[Question, ...]], single: bool = False) -> list[_BatchResult]:
         if len(batches) <= 1 or self.prompt_reuse != "any":  # limited reuse: in order, one at a time
             return [self._ask(transcript, b, single) for b in batches]
-        workers = min(self.max_concurrency, len(batches))
+        workers = min(self.max_calls_per_conversation, len(batches))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="openai-judge") as pool:
             futures = [pool.submit(self._ask, transcript, b, single) for b in batches]
             try:
