@@ -32,10 +32,14 @@ class SettingsError(UserError, ValueError):
     """Configuration that cannot be used; the message names the setting."""
 
 
-class PriceSettings(BaseModel):
-    """What the judge's tokens cost, per million (docs/budget.md): cached prompt tokens at their own rate."""
+class Section(BaseModel):
+    """A section of the settings: an unknown key is an error (a misspelt or leftover setting is never ignored)."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+class PriceSettings(Section):
+    """What the judge's tokens cost, per million (docs/budget.md): cached prompt tokens at their own rate."""
 
     prompt_per_million: float = Field(ge=0, description="Price of 1M prompt tokens not served from the server's prompt cache.")
     cached_prompt_per_million: float | None = Field(
@@ -45,7 +49,7 @@ class PriceSettings(BaseModel):
     currency: str = Field(default="USD", min_length=1, description="Label of the cost metric and the report, e.g. USD, EUR.")
 
 
-class JudgeSettings(BaseModel):
+class JudgeSettings(Section):
     """Which judge scores conversations, and how to reach it."""
 
     backend: Literal["openai", "local", "recorded"] = "local"
@@ -89,7 +93,7 @@ class JudgeSettings(BaseModel):
     )
 
 
-class KafkaSettings(BaseModel):
+class KafkaSettings(Section):
     """The broker, topic names and client tuning. Defaults suit a real Apache Kafka."""
 
     bootstrap_servers: str = "127.0.0.1:9092"
@@ -164,7 +168,7 @@ class KafkaSettings(BaseModel):
     )
 
 
-class AssemblySettings(BaseModel):
+class AssemblySettings(Section):
     """How events become conversations."""
 
     idle_timeout_s: float = Field(default=1800.0, gt=0, description="Close a conversation this long after its last event.")
@@ -216,10 +220,8 @@ class AssemblySettings(BaseModel):
     )
 
 
-class SamplingRuleSettings(BaseModel):
+class SamplingRuleSettings(Section):
     """Conversations whose attributes hold every ``match`` pair are judged with probability ``rate``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     match: dict[str, str] = Field(
         min_length=1, description="Attribute values a conversation must all have, e.g. {product: search}."
@@ -227,13 +229,11 @@ class SamplingRuleSettings(BaseModel):
     rate: float = Field(gt=0, le=1, description="Inclusion probability π of the matching conversations, in (0, 1].")
 
 
-class SamplingSettings(BaseModel):
+class SamplingSettings(Section):
     """Which closed conversations the judge scores (stream/sampling.py; docs/sampling.md).
 
     The default (rate 1, no rules) judges every conversation: behaviour as without sampling.
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     default_rate: float = Field(default=1.0, gt=0, le=1, description="π of conversations no rule matches, in (0, 1].")
     rules: list[SamplingRuleSettings] = Field(default_factory=list, description="First matching rule wins.")
@@ -253,10 +253,8 @@ class SamplingSettings(BaseModel):
     salt: str = Field(default="", description="Mixed into the hash of the conversation id: a new salt draws a new sample.")
 
 
-class BudgetSettings(BaseModel):
+class BudgetSettings(Section):
     """Judge budget per worker (stream/budget.py, docs/budget.md); None = no limit. While spent, scoring waits."""
-
-    model_config = ConfigDict(extra="forbid")
 
     calls_per_minute: int | None = Field(default=None, gt=0, description="Judge requests per sliding minute.")
     tokens_per_minute: int | None = Field(
@@ -267,7 +265,7 @@ class BudgetSettings(BaseModel):
     day_s: float = Field(default=86_400.0, gt=0, description="Length of the per-day window in seconds (shorter only in tests).")
 
 
-class ScoringSettings(BaseModel):
+class ScoringSettings(Section):
     """Retries and aggregation when scoring closed conversations."""
 
     max_attempts: int = Field(default=5, ge=1, description="Judge attempts per conversation before it is stored as unscored.")
@@ -346,10 +344,8 @@ class ScoringSettings(BaseModel):
     )
 
 
-class RedactionSettings(BaseModel):
+class RedactionSettings(Section):
     """Personal data replaced before a conversation's text leaves for the judge (scorers/redaction.py); off by default."""
-
-    model_config = ConfigDict(extra="forbid")
 
     kinds: list[Literal["email", "phone", "card", "key"]] = Field(
         default_factory=list,
@@ -371,7 +367,7 @@ class RedactionSettings(BaseModel):
         return Redactor(tuple(self.kinds), self.phone_region) if self.kinds else None
 
 
-class StoreSettings(BaseModel):
+class StoreSettings(Section):
     """Where scores are written (ClickHouse)."""
 
     dsn: str = Field(
@@ -389,7 +385,7 @@ class StoreSettings(BaseModel):
     )
 
 
-class MetricsSettings(BaseModel):
+class MetricsSettings(Section):
     """The Prometheus endpoint and its label policy."""
 
     host: str = "127.0.0.1"

@@ -65,6 +65,14 @@ def test_invalid_values_name_the_setting(monkeypatch):
     assert isinstance(load_settings(), Settings)  # unknown env vars are ignored by design
 
 
+@pytest.mark.parametrize("section", ["KAFKA", "JUDGE", "ASSEMBLY", "SCORING", "STORE", "METRICS"])
+def test_an_unknown_key_in_a_section_is_refused(monkeypatch, section):
+    # a leftover of a removed setting (kafka.producer_max_batch_size was silently ignored)
+    monkeypatch.setenv(f"CONVOWATCH_{section}__PRODUCER_MAX_BATCH_SIZE", "5")
+    with pytest.raises(SettingsError, match=f"{section.lower()}.producer_max_batch_size"):
+        load_settings()
+
+
 def test_unreadable_config_file_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("CONVOWATCH_CONFIG", str(tmp_path / "missing.yaml"))
     with pytest.raises(SettingsError, match="cannot read"):
