@@ -929,87 +929,88 @@ def dead_letter_tests() -> str:
 # --- broker lost data ------------------------------------------------------------------------------
 
 
-def lost_data_tests() -> str:
-    """The sink finds the scores topic's log shorter than its position at minute 31 (a broker restart)."""
-    found = seg(M3, [(31, 31, 1)])
+def _one_finding_tests(
+    name: str,
+    comments: list[str],
+    metric: str,
+    found: Increments,
+    labels: dict[str, str],
+    quiet: dict[str, str],
+    alertname: str,
+    alert: Callable[[float], Alert],
+    checks: list[tuple[int, bool, str]],
+) -> str:
+    """A counter that grows at one moment (``found``) under ``labels`` and never under ``quiet``; ``alertname`` fires
+    from ``for`` after it until the increase has left its 1h window, ``alert`` gives its payload from the increase."""
     out = [
-        header(
-            "broker lost data: the sink finds the scores topic shorter than its position at minute 31",
-            [
-                "The counter exists at 0 from the start (the sink creates it for every topic it reads), so the",
-                "first finding is an increase Prometheus can see.",
-            ],
-        ),
-        series("convowatch_broker_lost_data_total", found, topic="convowatch.scores", instance="sink-1:9465"),
-        series("convowatch_broker_lost_data_total", seg(M3, []), topic="convowatch.events"),
+        header(name, comments),
+        series(metric, found, **labels),
+        series(metric, seg(M3, []), **quiet),
         "    alert_rule_test:\n",
     ]
-    for t, firing, comment in [
-        (30, False, "nothing lost yet"),
-        (35, False, "found at minute 31: pending"),
-        (45, True, "fires"),
-        (80, True, "keeps firing within the hour after the finding"),
-        (100, False, "resolved an hour later; the events topic never fired"),
-    ]:
-        assert (state_at(lambda u: window(found, u, LOST) > 0, t, 0) == "firing") == firing, t
-        alerts = (
-            [
-                {
-                    "labels": {"severity": "page", "topic": "convowatch.scores"},
-                    "summary": "The Kafka broker lost records of convowatch.scores",
-                    "description": "A worker or the sink found the log of convowatch.scores shorter than what it had "
-                    "consumed (1 time(s) over the last 1h): the broker lost records (a restart without durable storage, "
-                    "or a lost disk). Conversations and scores from before the loss that were not yet processed are gone; "
-                    "reconcile and replay from the source (runbook).",
-                    "runbook_url": "docs/runbooks.md#convowatchbrokerlostdata",
-                }
-            ]
-            if firing
-            else []
-        )
-        out.append(alert_test(t, "ConvowatchBrokerLostData", alerts, comment))
+    for t, firing, note in checks:
+        assert (state_at(lambda u: window(found, u, LOST) > 0, t, 0) == "firing") == firing, (name, t)
+        out.append(alert_test(t, alertname, [alert(window(found, t, LOST))] if firing else [], note))
     return "".join(out)
 
 
-# --- records quarantined ---------------------------------------------------------------------------
+def lost_data_tests() -> str:
+    """The sink finds the scores topic's log shorter than its position at minute 31 (a broker restart)."""
+    return _one_finding_tests(
+        "broker lost data: the sink finds the scores topic shorter than its position at minute 31",
+        [
+            "The counter exists at 0 from the start (the sink creates it for every topic it reads), so the",
+            "first finding is an increase Prometheus can see.",
+        ],
+        "convowatch_broker_lost_data_total",
+        seg(M3, [(31, 31, 1)]),
+        {"topic": "convowatch.scores", "instance": "sink-1:9465"},
+        {"topic": "convowatch.events"},
+        "ConvowatchBrokerLostData",
+        lambda n: {
+            "labels": {"severity": "page", "topic": "convowatch.scores"},
+            "summary": "The Kafka broker lost records of convowatch.scores",
+            "description": "A worker or the sink found the log of convowatch.scores shorter than what it had "
+            f"consumed ({count(n)} time(s) over the last 1h): the broker lost records (a restart without durable storage, "
+            "or a lost disk). Conversations and scores from before the loss that were not yet processed are gone; "
+            "reconcile and replay from the source (runbook).",
+            "runbook_url": "docs/runbooks.md#convowatchbrokerlostdata",
+        },
+        [
+            (30, False, "nothing lost yet"),
+            (35, False, "found at minute 31: pending"),
+            (45, True, "fires"),
+            (80, True, "keeps firing within the hour after the finding"),
+            (100, False, "resolved an hour later; the events topic never fired"),
+        ],
+    )
 
 
 def quarantine_tests() -> str:
     """The assemble stage quarantines two records at minute 31 (a bug on one kind of event); score never does."""
-    quarantined = seg(M3, [(31, 31, 2)])
-    out = [
-        header(
-            "records quarantined: the assemble stage dead-letters 2 records it failed on at minute 31",
-            ["Each stage creates its counter at 0 when it starts, so the first quarantine is an increase Prometheus sees."],
-        ),
-        series("convowatch_quarantined_records_total", quarantined, stage="assemble", instance="worker-1:9464"),
-        series("convowatch_quarantined_records_total", seg(M3, []), stage="score", instance="worker-1:9464"),
-        "    alert_rule_test:\n",
-    ]
-    for t, firing, comment in [
-        (30, False, "nothing quarantined yet"),
-        (35, False, "quarantined at minute 31: pending"),
-        (45, True, "fires"),
-        (100, False, "resolved an hour later; the score stage never fired"),
-    ]:
-        assert (state_at(lambda u: window(quarantined, u, LOST) > 0, t, 0) == "firing") == firing, t
-        alerts = (
-            [
-                {
-                    "labels": {"severity": "ticket", "stage": "assemble"},
-                    "summary": "The assemble stage quarantined records",
-                    "description": f"The assemble stage failed twice on {count(window(quarantined, t, LOST))} record(s) "
-                    "over the last 1h and sent them to the dead-letter topic (reason quarantined) so its partitions go "
-                    "on: a bug, or a record no bound of the event contract caught. Those records are not monitored; the "
-                    "dead letters say which error (runbook).",
-                    "runbook_url": "docs/runbooks.md#convowatchrecordsquarantined",
-                }
-            ]
-            if firing
-            else []
-        )
-        out.append(alert_test(t, "ConvowatchRecordsQuarantined", alerts, comment))
-    return "".join(out)
+    return _one_finding_tests(
+        "records quarantined: the assemble stage dead-letters 2 records it failed on at minute 31",
+        ["Each stage creates its counter at 0 when it starts, so the first quarantine is an increase Prometheus sees."],
+        "convowatch_quarantined_records_total",
+        seg(M3, [(31, 31, 2)]),
+        {"stage": "assemble", "instance": "worker-1:9464"},
+        {"stage": "score", "instance": "worker-1:9464"},
+        "ConvowatchRecordsQuarantined",
+        lambda n: {
+            "labels": {"severity": "ticket", "stage": "assemble"},
+            "summary": "The assemble stage quarantined records",
+            "description": f"The assemble stage failed twice on {count(n)} record(s) over the last 1h and sent them to "
+            "the dead-letter topic (reason quarantined) so its partitions go on: a bug, or a record no bound of the "
+            "event contract caught. Those records are not monitored; the dead letters say which error (runbook).",
+            "runbook_url": "docs/runbooks.md#convowatchrecordsquarantined",
+        },
+        [
+            (30, False, "nothing quarantined yet"),
+            (35, False, "quarantined at minute 31: pending"),
+            (45, True, "fires"),
+            (100, False, "resolved an hour later; the score stage never fired"),
+        ],
+    )
 
 
 # --- a process that does nothing while records wait ------------------------------------------------
