@@ -46,7 +46,7 @@ from aiokafka.structs import ConsumerRecord
 
 from scorers.errors import ServiceError
 from stream.broker_loss import BrokerLossWatch
-from stream.contract import RECORD_HEADROOM_BYTES, DeadLetter
+from stream.contract import DEAD_LETTER_KEY_BYTES, RECORD_HEADROOM_BYTES, DeadLetter
 from stream.metrics import ServiceMetrics
 from stream.settings import Settings
 
@@ -192,12 +192,16 @@ class PollStage:
         await self.producer.stop()
 
     async def send(self, topic: str, key: bytes | None, value: bytes | None, partition: int | None = None) -> None:
-        """Send a record; the poll commits only once the broker has acknowledged it. A record larger than
-        ``kafka.max_record_bytes`` less the batch's room raises `RecordTooLarge` (the producer would refuse it)."""
-        size = len(key or b"") + len(value or b"")
+        """Send a record; the poll commits only once the broker has acknowledged it. A value over
+        ``kafka.max_record_bytes`` less RECORD_HEADROOM_BYTES, or a key over DEAD_LETTER_KEY_BYTES, raises `RecordTooLarge`
+        (the producer would refuse the record)."""
+        # The headroom beside a value holds the key (a conversation id, or a dead letter's cut key) and the framing.
         limit = self.settings.kafka.max_record_bytes - RECORD_HEADROOM_BYTES
-        if size > limit:
-            raise RecordTooLarge(f"a {topic} record of {size} bytes (key and value) is over the {limit} bytes a record may take")
+        if len(value or b"") > limit or len(key or b"") > DEAD_LETTER_KEY_BYTES:
+            raise RecordTooLarge(
+                f"a {topic} record of {len(value or b'')} bytes under a {len(key or b'')}-byte key: a value may take "
+                f"{limit} bytes, a key {DEAD_LETTER_KEY_BYTES}"
+            )
         self._sends.append(await self.producer.send(topic, key=key, value=value, partition=partition))
 
     async def send_dead_letter(self, letter: DeadLetter) -> None:
