@@ -290,6 +290,10 @@ def test_a_worker_blocked_past_max_poll_interval_joins_its_group_again(pipeline:
             "CONVOWATCH_SCORING__BUDGET__MINUTE_S": str(MINUTE_S),
             "CONVOWATCH_KAFKA__STREAM_BUFFER_MAXSIZE": "1",
             "CONVOWATCH_KAFKA__CONSUMER": "faust",  # Faust's stream buffer; the batch stages keep polling while they wait
+            # One score agent, blocked on the budget with a full buffer, is the scenario. With the default 4, a
+            # conversation in flight at the rebalance can be scored twice (at least once; the sink stores it once),
+            # which the exactly-once check below would not tell from a fetch bug.
+            "CONVOWATCH_SCORING__CONCURRENCY": "1",
         }
     )
     # Four windows: with three the last wait ended before the blocked consumer's revoke came (seen here).
