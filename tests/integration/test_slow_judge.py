@@ -15,7 +15,6 @@ is solved: one conversation cannot take every judge call in flight.
 from __future__ import annotations
 
 import json
-import math
 import os
 import statistics
 import threading
@@ -32,6 +31,7 @@ from stream.contract import TurnEvent
 from stream.records import ScoreRecord
 from stream.replay.sources import llm_rubric_events
 from tests.infra import wait_for
+from tests.integration.test_pipeline import _completion
 from tests.pipeline import Pipeline
 from tests.servers import Received, Reply, ScriptedServer
 
@@ -39,28 +39,6 @@ FAST_DELAY_S = 4.0  # the test's slow answer
 BENCH_DELAY_S = 60.0  # bench/slow_judge.py's
 BENCH_OUT_ENV = "CONVOWATCH_BENCH_SLOW_JUDGE_OUT"  # where test_slow_judge_bench writes its figures
 N_CONVERSATIONS = 8
-
-
-def _completion() -> bytes:
-    """A valid chat completion with logprobs over the options 1..4."""
-    top = [{"token": str(i), "logprob": math.log(p), "bytes": None} for i, p in zip(range(1, 5), (0.1, 0.2, 0.3, 0.35))]
-    return json.dumps(
-        {
-            "id": "x",
-            "object": "chat.completion",
-            "created": 0,
-            "model": "stand-in",
-            "choices": [
-                {
-                    "index": 0,
-                    "finish_reason": "length",
-                    "message": {"role": "assistant", "content": "4"},
-                    "logprobs": {"content": [{"token": "4", "logprob": top[3]["logprob"], "bytes": None, "top_logprobs": top}]},
-                }
-            ],
-            "usage": {"prompt_tokens": 100, "completion_tokens": 1, "total_tokens": 101},
-        }
-    ).encode()
 
 
 def measure_slow_judge(
@@ -81,7 +59,7 @@ def measure_slow_judge(
         for piece in [t.text.strip()[:60]]
         if piece and piece not in other_text
     )
-    reply = _completion()
+    reply = json.dumps(_completion()).encode()
     slow_calls = 0
     lock = threading.Lock()
 
@@ -143,7 +121,7 @@ def test_a_slow_conversation_does_not_take_every_judge_call_in_flight() -> None:
     about one of them waits FAST_DELAY_S. Its calls take judge.max_calls_per_conversation (2) of the 4, so the three
     others are answered while it waits; with every slot open to one conversation (the code before), they waited for
     its calls (measured 4.5 s, against 0.2-0.65 s with the cap)."""
-    reply = _completion()
+    reply = json.dumps(_completion()).encode()
 
     def respond(_: int, request: Received) -> Reply:
         slow = "SLOW-CONVERSATION" in json.loads(request.body)["messages"][0]["content"]
