@@ -69,8 +69,7 @@ DEADLINE_PASSED = "DeadlinePassed"  # the reason (and judge-error type) of a con
 
 def unscored_reason(reason: str) -> str:
     """An unscored record's reason: control characters dropped, at most `MAX_UNSCORED_REASON_CHARS` characters."""
-    reason = "".join(ch if ch.isprintable() else " " for ch in reason)
-    return reason if len(reason) <= MAX_UNSCORED_REASON_CHARS else reason[: MAX_UNSCORED_REASON_CHARS - 1] + "…"
+    return error_excerpt(reason, MAX_UNSCORED_REASON_CHARS)
 
 
 def judge_identity(judge: Judge) -> str:

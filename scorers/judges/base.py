@@ -46,11 +46,11 @@ class UnknownConversation(JudgeError):
 MAX_REPLY_ERROR_DETAIL_CHARS = 300  # of an exception's text kept in the `JudgeReplyError` it becomes
 
 
-def error_excerpt(text: str) -> str:
-    """``text`` fit for a message that is logged and stored: control characters dropped, at most
-    `MAX_REPLY_ERROR_DETAIL_CHARS` characters."""
+def error_excerpt(text: str, limit: int = MAX_REPLY_ERROR_DETAIL_CHARS) -> str:
+    """``text`` fit for a message that is logged and stored: control characters dropped, at most ``limit``
+    characters."""
     text = "".join(ch if ch.isprintable() else " " for ch in text)
-    return text if len(text) <= MAX_REPLY_ERROR_DETAIL_CHARS else text[: MAX_REPLY_ERROR_DETAIL_CHARS - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 @contextmanager
