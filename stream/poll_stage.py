@@ -7,7 +7,9 @@ several times what the worker does with them (docs/benchmarks.md, "The assemble 
 1. hands the records of the partitions it owns to `process` (the subclass), which sends what they produce with
    `send` and returns, per partition, the offset up to which it finished them;
 2. seeks back to those offsets where records past them were left unfinished, so those come again;
-3. waits until the broker has acknowledged every send, then commits those offsets.
+3. waits until the broker has acknowledged every send, then commits those offsets (`committable`: a subclass whose
+   work outlives the poll, as `ScoreStage`'s does, commits each partition up to its first record still in work, and
+   commits between polls too when that work finishes, `pending`).
 
 No record can stop a partition: a record `send` is refused before it reaches the producer when it is larger than
 ``kafka.max_record_bytes`` allows (`RecordTooLarge`), and a poll whose `process` raises anything but a broker error is
@@ -20,8 +22,8 @@ still stops the worker: it is not the record's fault, and the poll comes again a
 Step 3 runs while the next poll is fetched and processed (the broker's round trips no longer idle the stage), one
 poll's at a time and in poll order, so an offset is committed only once every record sent before it is acknowledged.
 A crash anywhere before 3 delivers the poll again; a send that fails stops the worker rather than commit past it.
-`process` runs under `lock`, which a rebalance takes too: the poll in flight finishes and commits before partitions
-are revoked (`revoked`) or assigned (`assigned`). `interrupt` runs first, before the lock is taken (and when the stage
+`process` runs under `lock`, which a rebalance takes too: the poll in flight finishes, the work beyond it finishes or
+is called off (`drain`), and what finished commits before partitions are revoked (`revoked`) or assigned (`assigned`). `interrupt` runs first, before the lock is taken (and when the stage
 stops), so a subclass can call off what could hold the poll (a judge budget wait), and `resume` once the new
 assignment is in place. A poll processed for longer than half of ``kafka.max_poll_interval_s`` has the consumer keep
 polling meanwhile with its partitions paused: Kafka takes a consumer that stops polling that long for stalled.
@@ -142,11 +144,15 @@ class PollStage:
                 polled = await self.consumer.getmany(timeout_ms=int(self.poll_wait_s * 1000))
                 if self._last_commit is not None and self._last_commit.done():
                     await self._finish_last_commit()  # raises what failed (a send) without waiting for the next poll
-                if polled and not self._stopping:
+                if (polled or self.pending()) and not self._stopping:
                     async with self.lock:
                         await self._while_polling(self._poll({tp.partition: records for tp, records in polled.items()}))
+            async with self.lock:  # stopping: what still runs finishes or is called off, what finished is committed
+                await self.drain(set(self.partitions))
+                await self._commit({})
         finally:
             try:
+                self.abandon()
                 await self._finish_last_commit()
             finally:
                 self._ran_out.set()
@@ -242,21 +248,28 @@ class PollStage:
     async def _poll(self, polled: Polled) -> None:
         # Records of a partition revoked between the poll and now are left to its next owner (not committed here).
         polled = {p: records for p, records in polled.items() if p in self.partitions and records}
-        if not polled:
+        finished: dict[int, int] = {}
+        if polled:
+            try:
+                finished = await self.process(polled)
+            except NOT_THE_RECORD:
+                raise
+            except Exception as e:
+                log.warning("%s: a poll failed (%s); processing its records one at a time", self.name, type(e).__name__)
+                finished = await self._process_alone(polled)
+            finished = {p: finished[p] for p in polled if p in finished}
+            for p, records in polled.items():
+                if finished.get(p, records[0].offset) <= records[-1].offset:  # left some unfinished: read them again
+                    self.consumer.seek(TopicPartition(self.topic, p), finished.get(p, records[0].offset))
+        await self._commit(finished)
+
+    async def _commit(self, finished: dict[int, int]) -> None:
+        """Commit `committable` ``finished`` once every record sent so far is acknowledged (in the background, after
+        the last such commit). Sends made while nothing new can be committed wait for the next commit."""
+        offsets = self.committable(finished)
+        if not offsets:
             return
-        self._sends = []
-        try:
-            finished = await self.process(polled)
-        except NOT_THE_RECORD:
-            raise
-        except Exception as e:
-            log.warning("%s: a poll failed (%s); processing its records one at a time", self.name, type(e).__name__)
-            finished = await self._process_alone(polled)
-        sends, self._sends = self._sends, []
-        offsets = {p: finished[p] for p in polled if p in finished}
-        for p, records in polled.items():
-            if offsets.get(p, records[0].offset) <= records[-1].offset:  # left some unfinished: read them again
-                self.consumer.seek(TopicPartition(self.topic, p), offsets.get(p, records[0].offset))
+        sends, self._sends = self._sends, []  # with no await since `committable`: each send it counted is among them
         await self._finish_last_commit()  # commits in poll order
         self._last_commit = asyncio.ensure_future(self._commit_once_sent(sends, offsets))
 
@@ -284,6 +297,22 @@ class PollStage:
         """Process one poll: send what it produces (`send`); per partition, the offset after the last record of the
         unbroken run it finished from the start (the next one to read)."""
         raise NotImplementedError
+
+    def committable(self, finished: dict[int, int]) -> dict[int, int]:
+        """The offsets to commit after a poll whose `process` returned ``finished`` (empty: no poll, see `pending`). A
+        stage whose work outlasts its poll commits less: each partition up to its first record still in work."""
+        return finished
+
+    def pending(self) -> bool:
+        """Whether work done beyond the polls waits to be committed though no poll brings records."""
+        return False
+
+    async def drain(self, partitions: set[int]) -> None:
+        """Before ``partitions`` are given up (the caller holds the lock): let their work still running beyond the
+        polls finish, or call it off (its records are read again by their next owner)."""
+
+    def abandon(self) -> None:
+        """The stage stops on an error: call off all work still running beyond the polls, at once."""
 
     # -- rebalances -------------------------------------------------------------
 
@@ -367,9 +396,12 @@ class _Rebalance(ConsumerRebalanceListener):
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         self.stage.interrupt()
-        async with self.stage.lock:  # the poll in flight finishes and commits first
+        partitions = {tp.partition for tp in revoked} & self.stage.partitions
+        async with self.stage.lock:  # the poll in flight finishes and commits first, then what runs beyond it
+            await self.stage.drain(partitions)
+            await self.stage._commit({})
             await self.stage.wait_for_last_commit()
-            await self.stage.revoked({tp.partition for tp in revoked} & self.stage.partitions)
+            await self.stage.revoked(partitions)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         partitions = {tp.partition for tp in assigned}

@@ -277,6 +277,12 @@ class ScoringSettings(Section):
         description="Conversations scored at once per worker: a slow judge answer holds one slot, not the "
         "conversations behind it (bench/slow_judge.py).",
     )
+    drain_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="How long a rebalance or a stop waits for the conversations being scored before it calls them off "
+        "(the partition's next owner scores them again).",
+    )
     deadline_s: float = Field(
         default=600.0,
         gt=0,

@@ -6,10 +6,9 @@ format: every call about one chosen conversation waits ``delay_s`` first, every 
 stand-in for a fault that cannot be produced for real on demand (a judge that hangs on one conversation). Measured:
 the end -> scored latency (the record's ``scored_at`` minus the time all events were produced) of the others.
 
-``measure_slow_judge`` is what `bench/slow_judge.py` runs, with a 60 s delay at the default settings; it is not a
-test here: conversations of a later poll wait for the slow one (`ScoreStage` finishes a poll before the next), so
-the others are held or not by how the polls fall (bench/results/slow_judge.json: held, 300 s). The test checks what
-is solved: one conversation cannot take every judge call in flight.
+``measure_slow_judge`` is what `bench/slow_judge.py` runs, with a 60 s delay at the default settings; the test runs
+it with a shorter one. Before a conversation's scoring could outlive its poll, the others of later polls waited for
+the slow one (bench/slow_judge.py: 300 s behind a 60 s judge).
 """
 
 from __future__ import annotations
@@ -35,7 +34,8 @@ from tests.integration.test_pipeline import _completion
 from tests.pipeline import Pipeline
 from tests.servers import Received, Reply, ScriptedServer
 
-FAST_DELAY_S = 4.0  # the test's slow answer
+FAST_DELAY_S = 4.0  # the slow answer of the judge client's test
+SLOW_DELAY_S = 15.0  # the worker test's: far above the others' end -> scored latency (2-5 s here)
 BENCH_DELAY_S = 60.0  # bench/slow_judge.py's
 BENCH_OUT_ENV = "CONVOWATCH_BENCH_SLOW_JUDGE_OUT"  # where test_slow_judge_bench writes its figures
 N_CONVERSATIONS = 8
@@ -109,6 +109,17 @@ def measure_slow_judge(
         "others_end_to_scored_median_s": round(statistics.median(others), 3),
         "statuses": sorted({records[cid].status for cid in ids}),
     }
+
+
+def test_the_conversations_behind_a_slow_judge_answer_are_scored_before_it_answers(pipeline: Pipeline) -> None:
+    """Eight conversations, one of them answered after SLOW_DELAY_S per judge call, at the default settings: the
+    others are scored within the first slow answer. Before (a poll finished before the next), those of later polls
+    were scored only after the slow one (measured here: about 5 x SLOW_DELAY_S)."""
+    result = measure_slow_judge(pipeline, SLOW_DELAY_S)
+    print(result)
+    assert result["statuses"] == ["scored"], result
+    assert result["slow_end_to_scored_s"] >= SLOW_DELAY_S, result  # it was slow
+    assert result["others_end_to_scored_max_s"] < SLOW_DELAY_S, result
 
 
 def worker_setting(pipeline: Pipeline, name: str) -> str:
