@@ -13,15 +13,15 @@ Run: ``.venv/bin/python bench/slow_judge.py`` (about 6 min on 2 cores); writes b
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+
+from results_file import write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "slow_judge.json"
@@ -39,10 +39,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = [sys.executable, "-m", "pytest", "-q", TEST, f"--basetemp={tmp}/pt", "-p", "no:cacheprovider"]
         subprocess.run(command, cwd=ROOT, env={**os.environ, OUT_ENV: str(figures)}, check=True)
         result = json.loads(figures.read_text())
-    result |= {"date": dt.date.today().isoformat(), "machine": platform.machine(), "cpus": os.cpu_count()}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
+    write_results(args.out, result)
     return 0
 
 
