@@ -298,6 +298,9 @@ class ScriptedServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # Headers and body go out in two writes: with Nagle on, the second waits for the client's delayed ACK
+            # (about 40 ms a reply on Linux), which no real server (uvicorn, llama.cpp) makes its clients wait.
+            disable_nagle_algorithm = True
 
             def do_GET(self) -> None:
                 server._serve(self)
