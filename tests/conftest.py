@@ -115,3 +115,14 @@ def pipeline(tmp_path: Path, kafka_broker: str, scoring_artifacts: tuple[Path, P
         yield p
     finally:
         p.stop_all()
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``redteam`` the tests tests/integration/test_redteam.py's map names (issue 54's red-team suite)."""
+    from tests.integration.test_redteam import in_suite, suite
+
+    entries = suite()
+    for item in items:
+        if in_suite(item.nodeid, entries):
+            item.add_marker(pytest.mark.redteam)
