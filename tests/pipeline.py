@@ -262,14 +262,23 @@ class Pipeline:
 
     def query_store(self, sql: str) -> list[dict]:
         """Run a read-only query on this pipeline's embedded store in a fresh process (the sink must be stopped)."""
+        return self.query_store_many([sql])[0]
+
+    def query_store_many(self, sqls: Sequence[str]) -> list[list[dict]]:
+        """`query_store` of each of ``sqls``, all in one fresh process (each process opens the engine anew)."""
         code = (
             "import json, sys\n"
             "from stream.store import ClickHouseStore\n"
             "with ClickHouseStore(sys.argv[1]) as s:\n"
-            "    print(json.dumps(s.query(sys.argv[2]), default=str))\n"
+            "    print(json.dumps([s.query(q) for q in json.loads(sys.stdin.read())], default=str))\n"
         )
         done = subprocess.run(
-            [sys.executable, "-c", code, f"chdb://{self.store_dir}", sql], cwd=REPO, capture_output=True, text=True, timeout=120
+            [sys.executable, "-c", code, f"chdb://{self.store_dir}"],
+            input=json.dumps(list(sqls)),
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120 + 2 * len(sqls),
         )
         if done.returncode != 0:
             raise AssertionError(f"store query failed: {done.stderr[-2000:]}")

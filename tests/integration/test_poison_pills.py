@@ -26,6 +26,8 @@ from tests.pipeline import Pipeline
 
 T = 1_707_000_000.0
 TURNS_32K = 40
+BIG_TEXT_BYTES = 32_760
+HUGE_KEY = b"k" * 300_000
 
 
 def _turn(cid: str, index: int, text: str = "hello") -> tuple[bytes, bytes]:
@@ -36,19 +38,14 @@ def _end(cid: str) -> tuple[bytes, bytes]:
     return cid.encode(), encode_event(EndEvent(cid, T + 100))
 
 
-def test_no_poison_pill_stops_the_worker_and_each_is_where_the_contract_says(pipeline: Pipeline) -> None:
-    worker = pipeline.start_worker()
-    sink = pipeline.start_sink()
-    pipeline.wait_assigned([worker])
-    items = _real_items()
-    real = sorted(_ids(items))[:10]
-    big_text = "x" * 32_760  # a valid turn: at most 32,768 bytes
+def poison_pills() -> list[tuple[bytes, bytes]]:
+    """The issue's poison pills as (key, value) records of the events topic, in the order sent (see the module)."""
+    big_text = "x" * BIG_TEXT_BYTES  # a valid turn: at most 32,768 bytes
     del_fields = {f"{i:04}" + "\x7f" * 56: 1 for i in range(3_797)}
     unknown = json.dumps(
         {"schema_version": 1, "type": "end", "conversation_id": "p-del", "timestamp": "2024-02-09T00:00:00Z", **del_fields},
         ensure_ascii=False,
     )
-    huge_key = b"k" * 300_000
     poison = [
         _turn("p-maxint", 2**31 - 1),
         _end("p-maxint"),
@@ -58,9 +55,19 @@ def test_no_poison_pill_stops_the_worker_and_each_is_where_the_contract_says(pip
         *(_turn("p-forty", i, big_text) for i in range(TURNS_32K)),
         _end("p-forty"),
         (b"p-del", unknown.encode()),
-        (huge_key, _turn("p-key", 0)[1]),
+        (HUGE_KEY, _turn("p-key", 0)[1]),
     ]
     assert len(poison[0][1]) < 200 and 250_000 < len(unknown.encode()) <= 262_144
+    return poison
+
+
+def test_no_poison_pill_stops_the_worker_and_each_is_where_the_contract_says(pipeline: Pipeline) -> None:
+    worker = pipeline.start_worker()
+    sink = pipeline.start_sink()
+    pipeline.wait_assigned([worker])
+    items = _real_items()
+    real = sorted(_ids(items))[:10]
+    poison = poison_pills()
     half = len(real) // 2
     first = [(i.key, i.raw) for i in items if i.event is not None and i.event.conversation_id in real[:half]]
     last = [(i.key, i.raw) for i in items if i.event is not None and i.event.conversation_id in real[half:]]
@@ -71,7 +78,7 @@ def test_no_poison_pill_stops_the_worker_and_each_is_where_the_contract_says(pip
     assert worker.metric_sum("convowatch_quarantined_records_total") == 0  # the bounds caught them all
 
     forty = scores["p-forty"][0].conversation
-    kept = -(-AssemblySettings().max_conversation_bytes // (len(big_text) + 2))  # each text "..." in JSON: 9 of 262,144
+    kept = -(-AssemblySettings().max_conversation_bytes // (BIG_TEXT_BYTES + 2))  # each text "..." in JSON: 9 of 262,144
     assert (forty.close_cause, len(forty.turns)) == ("max_bytes", kept)
     million = scores["p-million"][0].conversation
     assert ([t.index for t in million.turns], million.missing_turn_indices) == ([0], ())
@@ -86,7 +93,7 @@ def test_no_poison_pill_stops_the_worker_and_each_is_where_the_contract_says(pip
     [fields] = [d for d in letters if not isinstance(d, dict) and d.reason == "unknown_field"]
     assert len(fields.detail) <= DEAD_LETTER_DETAIL_CHARS and "3797 unknown field(s)" in fields.detail
     [key] = [d for d in letters if isinstance(d, dict)]
-    assert (key["reason"], key["key_size"], key["key_truncated"]) == ("key_mismatch", len(huge_key), True)
+    assert (key["reason"], key["key_size"], key["key_truncated"]) == ("key_mismatch", len(HUGE_KEY), True)
 
     _wait_sink_caught_up(pipeline)
     sink.terminate()
