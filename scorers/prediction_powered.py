@@ -123,14 +123,15 @@ def _variance_factor(n: int, weights: np.ndarray) -> float:
 
 
 def _plus_four_variance(human: Conversations) -> float:
-    """Σ of the squared linearised contributions of the humans' ratio, with two conversations of hits and two of
-    misses added (of the mean units and weight): Agresti & Coull's "plus four". A rare rate's sample often holds no
-    hit, and its own variance, 0, would give an interval of no width (on ABC-Eval, rates of 0.2-0.9 % were covered
-    22-54 % of the time at 50 labelled turns); the estimate itself stays the unadjusted, unbiased one."""
-    units, weight = float(np.mean(human.units)), float(np.mean(human.weights))
+    """Σ of the squared linearised contributions of the humans' ratio, with two units of hits and two of misses
+    added (each a draw of one unit, of the mean weight): Agresti & Coull's "plus four", counted in units as they
+    define it. A rare rate's sample often holds no hit, and its own variance, 0, would give an interval of no width
+    (on ABC-Eval, rates of 0.2-0.9 % were covered 22-54 % of the time at 50 labelled turns); the estimate itself
+    stays the unadjusted, unbiased one."""
+    weight = float(np.mean(human.weights))
     plus = Conversations(
-        np.concatenate([human.values, [units, units, 0.0, 0.0]]),
-        np.concatenate([human.units, np.full(4, units)]),
+        np.concatenate([human.values, [1.0, 1.0, 0.0, 0.0]]),
+        np.concatenate([human.units, np.ones(4)]),
         np.concatenate([human.weights, np.full(4, weight)]),
     )
     _, a = _linearised(plus)

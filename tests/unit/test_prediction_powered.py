@@ -59,8 +59,8 @@ def test_labels_alone_are_the_clustered_ratio_estimate_with_plus_four_and_the_fi
     judged = Conversations.of(np.zeros(50), np.full(50, 3.0))  # five of fifty conversations labelled
     r = prediction_powered_rate(judged, Labelled.of(hits, hits, np.full(5, 10.0), turns), tune=False)
     assert r.method == "labels" and r.tuning == 0 and r.estimate == pytest.approx(clustered_rate(hits, turns)[0])
-    # two conversations of all hits and two of none, of the mean 3 turns, in the variance only
-    _, variance = clustered_rate(np.append(hits, [3, 3, 0, 0]), np.append(turns, [3, 3, 3, 3]))
+    # two turns of hits and two of misses, in the variance only
+    _, variance = clustered_rate(np.append(hits, [1, 1, 0, 0]), np.append(turns, [1, 1, 1, 1]))
     half = stats.t.ppf(0.975, 4) * (variance * 5 / 4 * (1 - 5 / 50)) ** 0.5
     assert (r.high - r.estimate) == pytest.approx(half, rel=1e-5)
 
