@@ -78,7 +78,7 @@ async def score_closed(record: ConsumedRecord, rollout: ScorerRollout, metrics: 
 
 
 @dataclass
-class _Started:
+class _InWork:
     """What the score stage has started of one partition and not yet committed."""
 
     read_to: int  # where reading the partition goes on: after the last record started
@@ -101,7 +101,7 @@ class ScoreStage(PollStage):
         self.rollout = rollout
         self.concurrency = settings.scoring.concurrency
         self.budget = rollout.current.active.budget  # every version's scorer shares it (ConversationScorer.for_version)
-        self._in_work: dict[int, _Started] = {}  # partition -> its records started and not yet committed
+        self._in_work: dict[int, _InWork] = {}  # partition -> its records started and not yet committed
         self._offered: dict[int, int] = {}  # partition -> the offset `committable` last gave for it
         self._failure: BaseException | None = None  # a broker error in a conversation's sends: stops the worker
 
@@ -141,7 +141,7 @@ class ScoreStage(PollStage):
         return [t for s in self._in_work.values() for t in s.running.values() if not t.done()]
 
     def _start(self, record: ConsumedRecord) -> asyncio.Task[bool]:
-        started = self._in_work.setdefault(record.partition, _Started(read_to=record.offset))
+        started = self._in_work.setdefault(record.partition, _InWork(read_to=record.offset))
         task = asyncio.ensure_future(self._score(record))
         started.running[record.offset] = task
         started.read_to = record.offset + 1
@@ -178,14 +178,14 @@ class ScoreStage(PollStage):
                 if failure is not None and self._failure is None:
                     self._failure = failure
                 if task.cancelled() or failure is not None or not task.result():
-                    started.unfinished = min(offset, offset if started.unfinished is None else started.unfinished)
+                    started.unfinished = offset if started.unfinished is None else min(offset, started.unfinished)
 
     def committable(self, finished: dict[int, int]) -> dict[int, int]:
         self._reap()
         if self._failure is not None:
             raise self._failure
         for p, offset in finished.items():
-            self._in_work.setdefault(p, _Started(read_to=offset)).read_to = offset
+            self._in_work.setdefault(p, _InWork(read_to=offset)).read_to = offset
         offsets = {p: s.commit_offset() for p, s in self._in_work.items() if p in self.partitions}
         offsets = {p: o for p, o in offsets.items() if self._offered.get(p) != o}
         self._offered.update(offsets)
