@@ -23,9 +23,9 @@ Step 3 runs while the next poll is fetched and processed (the broker's round tri
 poll's at a time and in poll order, so an offset is committed only once every record sent before it is acknowledged.
 A crash anywhere before 3 delivers the poll again; a send that fails stops the worker rather than commit past it.
 `process` runs under `lock`, which a rebalance takes too: the poll in flight finishes, the work beyond it finishes or
-is called off (`drain`), and what finished commits before partitions are revoked (`revoked`) or assigned (`assigned`). `interrupt` runs first, before the lock is taken (and when the stage
-stops), so a subclass can call off what could hold the poll (a judge budget wait), and `resume` once the new
-assignment is in place. A poll processed for longer than half of ``kafka.max_poll_interval_s`` has the consumer keep
+is called off (`drain`), and what finished commits before partitions are revoked (`revoked`) or assigned
+(`assigned`). `interrupt` runs first, before the lock is taken (and when the stage stops), so a subclass can call off
+what could hold the poll (a judge budget wait), and `resume` once the new assignment is in place. A poll processed for longer than half of ``kafka.max_poll_interval_s`` has the consumer keep
 polling meanwhile with its partitions paused: Kafka takes a consumer that stops polling that long for stalled.
 
 A group with no offsets in its topic yet first takes those of the Faust workers' group (``kafka.app_id``, the
@@ -147,9 +147,8 @@ class PollStage:
                 if (polled or self.pending()) and not self._stopping:
                     async with self.lock:
                         await self._while_polling(self._poll({tp.partition: records for tp, records in polled.items()}))
-            async with self.lock:  # stopping: what still runs finishes or is called off, what finished is committed
-                await self.drain(set(self.partitions))
-                await self._commit({})
+            async with self.lock:
+                await self._settle(set(self.partitions))
         finally:
             try:
                 self.abandon()
@@ -262,6 +261,12 @@ class PollStage:
                 if finished.get(p, records[0].offset) <= records[-1].offset:  # left some unfinished: read them again
                     self.consumer.seek(TopicPartition(self.topic, p), finished.get(p, records[0].offset))
         await self._commit(finished)
+
+    async def _settle(self, partitions: set[int]) -> None:
+        """Before ``partitions`` are given up (a rebalance or a stop; the caller holds the lock): the work beyond the
+        polls finishes or is called off (`drain`), and what finished is committed."""
+        await self.drain(partitions)
+        await self._commit({})
 
     async def _commit(self, finished: dict[int, int]) -> None:
         """Commit `committable` ``finished`` once every record sent so far is acknowledged (in the background, after
@@ -398,8 +403,7 @@ class _Rebalance(ConsumerRebalanceListener):
         self.stage.interrupt()
         partitions = {tp.partition for tp in revoked} & self.stage.partitions
         async with self.stage.lock:  # the poll in flight finishes and commits first, then what runs beyond it
-            await self.stage.drain(partitions)
-            await self.stage._commit({})
+            await self.stage._settle(partitions)
             await self.stage.wait_for_last_commit()
             await self.stage.revoked(partitions)
 

@@ -181,21 +181,23 @@ class ScoreStage(PollStage):
                     started.unfinished = offset if started.unfinished is None else min(offset, started.unfinished)
 
     def committable(self, finished: dict[int, int]) -> dict[int, int]:
-        self._reap()
-        if self._failure is not None:
-            raise self._failure
         for p, offset in finished.items():
             self._in_work.setdefault(p, _InWork(read_to=offset)).read_to = offset
-        offsets = {p: s.commit_offset() for p, s in self._in_work.items() if p in self.partitions}
-        offsets = {p: o for p, o in offsets.items() if self._offered.get(p) != o}
+        offsets = self._new_offsets()
         self._offered.update(offsets)
         return offsets
 
     def pending(self) -> bool:
+        return bool(self._new_offsets())
+
+    def _new_offsets(self) -> dict[int, int]:
+        """Each owned partition's commit offset where it differs from the one last given; raises a broker error a
+        conversation's sends met."""
         self._reap()
         if self._failure is not None:
             raise self._failure
-        return any(self._offered.get(p) != s.commit_offset() for p, s in self._in_work.items() if p in self.partitions)
+        offsets = {p: s.commit_offset() for p, s in self._in_work.items() if p in self.partitions}
+        return {p: o for p, o in offsets.items() if self._offered.get(p) != o}
 
     async def drain(self, partitions: set[int]) -> None:
         """Wait up to ``scoring.drain_s`` for the conversations of ``partitions`` still being scored (budget waits were
