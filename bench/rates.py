@@ -28,6 +28,7 @@ import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from statistics import NormalDist
 from typing import Any
@@ -65,6 +66,15 @@ class Population:
     def per_conversation(self, values: np.ndarray) -> np.ndarray:
         return np.bincount(self.conversation, weights=values, minlength=self.conversation.max() + 1)
 
+    @cached_property
+    def conversation_sums(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per conversation: its bot turns, the humans' sum and the judge's."""
+        return (
+            self.per_conversation(np.ones_like(self.human)),
+            self.per_conversation(self.human),
+            self.per_conversation(self.judge),
+        )
+
     def truth(self) -> float:
         return float(self.human.mean())
 
@@ -94,17 +104,12 @@ def draw(p: Population, design: str, n: int, rng: np.random.Generator) -> tuple[
         judged = Conversations.of(p.judge)
         labelled = Labelled.of(p.human[picked], p.judge[picked], np.full(picked.size, p.human.size / picked.size))
     else:
-        units = p.per_conversation(np.ones_like(p.human))
+        units, human, judge = p.conversation_sums
         k = min(units.size, max(2, round(n / float(units.mean()))))
         picked = rng.choice(units.size, k, replace=False)
-        human, judge = p.per_conversation(p.human), p.per_conversation(p.judge)
         judged = Conversations.of(judge, units)
         labelled = Labelled.of(human[picked], judge[picked], np.full(k, units.size / k), units[picked])
     return prediction_powered_rate(judged, labelled), prediction_powered_rate(judged, labelled, tune=False)
-
-
-def _standard_error(r: RateEstimate) -> float:
-    return (r.high - r.estimate) / Z95
 
 
 def _classes(rates: Sequence[float], errors: Sequence[float]) -> list[int]:
@@ -164,8 +169,8 @@ def ranking(p: Population, bots: list[str], draws: int, seeds: int) -> dict[str,
     human_rates, human_errors = [], []
     for bot in bots:
         sub = _subset(p, p.bot == bot)
-        units = sub.per_conversation(np.ones_like(sub.human))
-        rate, variance = clustered_rate(sub.per_conversation(sub.human), units)
+        units, human, _ = sub.conversation_sums
+        rate, variance = clustered_rate(human, units)
         human_rates.append(rate)
         human_errors.append(math.sqrt(variance))
     truth_classes = _classes(human_rates, human_errors)
@@ -195,7 +200,7 @@ def ranking(p: Population, bots: list[str], draws: int, seeds: int) -> dict[str,
                 else:
                     for method, rs in estimates.items():
                         taus[method].append(_tau(human_rates, [r.estimate for r in rs]))
-                        classes = _classes([r.estimate for r in rs], [_standard_error(r) for r in rs])
+                        classes = _classes([r.estimate for r in rs], [r.standard_error for r in rs])
                         alike[method].append(float(np.mean([a == b for a, b in zip(classes, truth_classes, strict=True)])))
         out[f"n={n}"] = {
             method: {"kendall_tau": float(np.nanmean(taus[method])), "pairs_classed_alike": float(np.mean(alike[method])), "draws": len(taus[method])}

@@ -24,8 +24,8 @@ normal one at ``level``, with Student's t quantile for the number of labelled co
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -95,17 +95,15 @@ class RateEstimate:
     """A rate with its interval, how it was made, and on how many conversations."""
 
     estimate: float
-    low: float
+    low: float  # the interval, cut to [0, 1]
     high: float
+    standard_error: float
     level: float
     method: Method  # ppi: judge and labels; labels: the labelled alone; judge: the judge's raw rate, no interval
     labelled: int  # conversations with human labels
     judged: int  # conversations the judge labelled (the labelled among them)
     tuning: float  # PPI++'s λ (0 = labels alone)
     judge_rate: float | None  # the judge's raw rate on all its conversations, shown beside
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _linearised(c: Conversations) -> tuple[float, np.ndarray]:
@@ -180,6 +178,7 @@ def prediction_powered_rate(
         estimate=estimate,
         low=max(0.0, estimate - half),
         high=min(1.0, estimate + half),
+        standard_error=variance**0.5,
         level=level,
         method="ppi" if tuning != 0 else "labels",
         labelled=len(labelled),
@@ -192,4 +191,4 @@ def prediction_powered_rate(
 def judge_only_rate(judged: Conversations, level: float = DEFAULT_CI_LEVEL) -> RateEstimate:
     """Where no human labels exist: the judge's raw rate, labelled as such (no interval: its bias is unknown)."""
     rate = judge_rate(judged)
-    return RateEstimate(rate, float("nan"), float("nan"), level, "judge", 0, len(judged), 0.0, rate)
+    return RateEstimate(rate, float("nan"), float("nan"), float("nan"), level, "judge", 0, len(judged), 0.0, rate)

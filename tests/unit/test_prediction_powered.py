@@ -62,6 +62,7 @@ def test_labels_alone_are_the_clustered_ratio_estimate_with_plus_four_and_the_fi
     # two turns of hits and two of misses, in the variance only
     _, variance = clustered_rate(np.append(hits, [1, 1, 0, 0]), np.append(turns, [1, 1, 1, 1]))
     half = stats.t.ppf(0.975, 4) * (variance * 5 / 4 * (1 - 5 / 50)) ** 0.5
+    assert r.standard_error == pytest.approx((variance * 5 / 4 * (1 - 5 / 50)) ** 0.5, rel=1e-9)
     assert (r.high - r.estimate) == pytest.approx(half, rel=1e-5)
 
 
